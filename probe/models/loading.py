@@ -1,0 +1,214 @@
+"""Load a reward model (or a causal LM used as a reward proxy) by Hugging Face id, local path or "embedded".
+
+The core engine never calls ``from_pretrained``; commands call `load_model` and hand the result on.
+Every failure a user can cause becomes a one-line `ModelLoadError` that says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from probe.errors import ModelLoadError, TemplateError
+from probe.models.embedded import EMBEDDED_ALIASES, EMBEDDED_ID, embedded_dir
+from probe.models.registry import RewardModelSpec, lookup, REGISTRY
+
+log = logging.getLogger(__name__)
+
+ModelKind = Literal["reward", "causal"]
+# parameter-name prefixes of the heads a reward model must bring from its checkpoint
+HEAD_PREFIXES = ("score.", "classifier.", "regression_layer.", "gating.", "v_head.", "value_head.")
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    spec: RewardModelSpec
+    kind: ModelKind
+    model_id: str  # what the user passed, or the embedded model's id
+    path: str  # where the weights were read from
+    revision: str | None
+    spec_match: str  # how the registry entry was found
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"--device {device}: no CUDA device is visible (use --device cpu)")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device, spec: RewardModelSpec) -> torch.dtype:
+    """float32 on CPU (bf16 matmuls there are ~500x slower); the spec's dtype (bf16) on GPU, unless asked."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else getattr(torch, spec.dtype)
+    try:
+        out = getattr(torch, dtype)
+    except AttributeError:
+        raise ModelLoadError(f"--dtype {dtype}: not a torch dtype (use auto, float32, bfloat16 or float16)") from None
+    if device.type == "cpu" and out != torch.float32:
+        log.warning("--dtype %s on CPU: half-precision matmuls are very slow on most CPUs", dtype)
+    return out
+
+
+def apply_shims(spec: RewardModelSpec) -> None:
+    """Compatibility shims for remote modelling code written against transformers 4.x."""
+    for shim in spec.shims:
+        if shim == "llama_inputs_docstring":
+            # ArmoRM/QRM/URM import this docstring constant, removed in transformers 5.
+            import transformers.models.llama.modeling_llama as llama
+
+            if not hasattr(llama, "LLAMA_INPUTS_DOCSTRING"):
+                llama.LLAMA_INPUTS_DOCSTRING = ""
+        else:
+            raise ValueError(f"unknown shim {shim!r} in spec {spec.name!r}")
+
+
+def _source(ref: str | None) -> tuple[str, str]:
+    """(model_id, path-or-id to load from); checks local paths before any network access."""
+    if ref is None or ref in EMBEDDED_ALIASES:
+        return EMBEDDED_ID, str(embedded_dir())
+    path = Path(ref).expanduser()
+    if path.exists():
+        if path.is_file():
+            raise ModelLoadError(f"{ref} is a file; pass the model's directory (with config.json)")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{ref} is a directory but not a model: it has no config.json")
+        return ref, str(path)
+    if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+        raise ModelLoadError(f"{ref}: no such directory")
+    return ref, ref
+
+
+def _read_config(path: str, revision: str | None, trust_remote_code: bool):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise ModelLoadError(
+            f"cannot load {path!r}: not a local model directory, and the Hugging Face Hub did not serve it "
+            f"(offline, no such repo or revision, or a gated model: run `hf auth login`). ({_first_line(err)})"
+        ) from None
+    except ValueError as err:
+        if "trust_remote_code" in str(err):
+            raise ModelLoadError(f"{path} needs its own modelling code: add --trust-remote-code") from None
+        raise ModelLoadError(f"cannot read the config of {path}: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from None
+    if chat_template is not None:
+        template_path = Path(chat_template)
+        if not template_path.is_file():
+            raise TemplateError(f"--chat-template {chat_template}: no such file")
+        text = template_path.read_text()
+        if template_path.suffix == ".json":  # a tokenizer_config.json-style file
+            text = json.loads(text).get("chat_template", "")
+        tok.chat_template = text
+    if not getattr(tok, "chat_template", None):
+        raise TemplateError(
+            f"the tokenizer of {path} has no chat template; pass one with --chat-template FILE (a Jinja file, or a "
+            "tokenizer_config.json that holds one)"
+        )
+    return tok
+
+
+def load_model(
+    ref: str | None,
+    *,
+    kind: ModelKind,
+    device: str = "auto",
+    dtype: str = "auto",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    chat_template: str | None = None,
+    spec_name: str | None = None,
+    label_index: int | None = None,
+    device_map: str | None = None,
+    allow_random_head: bool = False,
+) -> LoadedModel:
+    """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head."""
+    model_id, path = _source(ref)
+    config = _read_config(path, revision, trust_remote_code)
+    if spec_name is not None:
+        if spec_name not in REGISTRY:
+            raise ModelLoadError(f"--spec {spec_name}: unknown; known: {', '.join(sorted(REGISTRY))}")
+        spec, match = REGISTRY[spec_name], "--spec"
+    else:
+        spec, match = lookup(model_id, getattr(config, "architectures", None))
+    if label_index is not None:
+        spec = replace(spec, label_index=label_index)
+    if spec.trust_remote_code and not trust_remote_code and kind == "reward":
+        raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
+    tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev, spec)
+    apply_shims(spec)
+    model = _from_pretrained(path, kind, spec, revision, trust_remote_code, torch_dtype, device_map, allow_random_head)
+    n_out = getattr(getattr(model, "score", None), "out_features", 1)
+    if kind == "reward" and spec.reader == "linear" and n_out != 1 and label_index is None and match == "default":
+        raise ModelLoadError(
+            f"{model_id} has {n_out} outputs and the registry has no rule to read one score from it: "
+            "pass --label-index K (the output column to use) or --spec NAME"
+        )
+    if device_map is None:
+        model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match)
+
+
+def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, device_map, allow_random_head):
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    auto = AutoModelForSequenceClassification if kind == "reward" else AutoModelForCausalLM
+    kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype)
+    if kind == "reward" and allow_random_head:
+        kwargs["num_labels"] = 1
+    if spec.attn_implementation:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    try:
+        model, info = auto.from_pretrained(path, output_loading_info=True, **kwargs)
+    except torch.OutOfMemoryError:
+        raise ModelLoadError(
+            f"out of GPU memory while loading {path}: use --device-map auto to spread it over several GPUs"
+        ) from None
+    except (OSError, ValueError, KeyError) as err:
+        what = "sequence-classification (reward)" if kind == "reward" else "causal language"
+        raise ModelLoadError(f"cannot load {path} as a {what} model: {_first_line(err)}") from None
+    missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(HEAD_PREFIXES))
+    if kind == "reward" and missing and not allow_random_head:
+        raise ModelLoadError(
+            f"{path} has no trained reward head (randomly initialised: {', '.join(missing)}); it is not a reward "
+            "model. Score it with --score logprob or --score judge, or pass --allow-random-head for a null model"
+        )
+    return model

@@ -1,0 +1,200 @@
+"""Split a chat template into the token ids before and after the response slot, by ids, never by re-tokenizing.
+
+For a prompt, the conversation ``[system?, user: prompt, assistant: RESPONSE]`` is rendered by the tokenizer's
+own ``apply_chat_template(..., tokenize=True)`` with several probe words as RESPONSE. The ids all renderings
+share at the start are the prefix, those they share at the end the suffix, and each probe must sit between
+them as exactly its own id. The split is then verified on a sample of ordinary vocabulary tokens: the
+tokenizer's rendering must equal ``prefix + [token_id] + suffix`` for every one, or the split fails loudly.
+
+A sweep then scores ``prefix + [token_id] + suffix`` for raw ids, so leading spaces, special tokens and ids
+that do not survive a decode/encode round trip are scored as themselves. How the template treats whitespace
+around the content (Llama-3 and Gemma templates ``trim`` it) is recorded, since a generated response
+starting with a space would reach the reward model differently through text.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from probe.errors import TemplateError
+
+Messages = list[dict[str, str]]
+# content of the response slot -> (messages, add_generation_prompt)
+ConversationBuilder = Callable[[str], tuple[Messages, bool]]
+
+PROBE_WORDS = ("Love", "Water", "Peace", "Music", "Hope", "Freedom", "Time", "Light", "Home", "Life", "Yes", "No")
+
+JUDGE_QUESTION = (
+    "Here is a question and a response to it.\n\nQuestion: {prompt}\n\nResponse:\n{response}\n\n"
+    "Is the response a good answer to the question? Answer Yes or No."
+)
+
+
+def response_conversation(prompt: str, system: str | None = None) -> ConversationBuilder:
+    """The reward-model and log-probability layout: the response is the assistant turn."""
+    _check_prompt(prompt)
+
+    def build(response: str) -> tuple[Messages, bool]:
+        msgs = [{"role": "system", "content": system}] if system else []
+        msgs += [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+        return msgs, False
+
+    return build
+
+
+def judge_conversation(prompt: str, system: str | None = None, question: str = JUDGE_QUESTION) -> ConversationBuilder:
+    """The judge layout: one user turn that shows prompt and response, then the assistant's turn opens."""
+    _check_prompt(prompt)
+    if "{response}" not in question or "{prompt}" not in question:
+        raise TemplateError("the judge question must contain {prompt} and {response}")
+
+    def build(response: str) -> tuple[Messages, bool]:
+        msgs = [{"role": "system", "content": system}] if system else []
+        msgs.append({"role": "user", "content": question.replace("{prompt}", prompt).replace("{response}", response)})
+        return msgs, True
+
+    return build
+
+
+def _check_prompt(prompt: str) -> None:
+    if not prompt or not prompt.strip():
+        raise TemplateError("the prompt is empty; give a non-empty --prompt")
+
+
+@dataclass(frozen=True)
+class TemplateSplit:
+    prefix_ids: tuple[int, ...]
+    suffix_ids: tuple[int, ...]
+    prefix_text: str
+    suffix_text: str
+    leading_space: str  # "kept" | "stripped" | "changed": what the template does to a response's leading space
+    trailing_space: str
+    bos_count: int  # BOS ids at the start of the prefix (1 for Llama-3/Gemma, 0 for ChatML)
+    verified_tokens: int  # how many vocabulary tokens the split was checked on
+
+    def full_ids(self, response_ids: Sequence[int]) -> list[int]:
+        return [*self.prefix_ids, *response_ids, *self.suffix_ids]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
+    messages, gen = build(response)
+    try:
+        out = tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=gen, return_dict=False, sanitize_control_tokens=True
+        )
+    except Exception as err:  # jinja2 raises its own errors from inside the template (role order, ...)
+        raise TemplateError(f"the chat template failed to render: {type(err).__name__}: {err}") from None
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(i) for i in out]
+
+
+def _single_id(tokenizer, text: str) -> int | None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def _common_prefix_len(seqs: list[list[int]]) -> int:
+    n = min(len(s) for s in seqs)
+    i = 0
+    while i < n and all(s[i] == seqs[0][i] for s in seqs):
+        i += 1
+    return i
+
+
+def _probes(tokenizer) -> list[tuple[str, int]]:
+    probes = [(w, i) for w in PROBE_WORDS if (i := _single_id(tokenizer, w)) is not None]
+    if len(probes) < 3:
+        raise TemplateError("fewer than 3 of the probe words encode to a single token; cannot locate the response slot")
+    return probes
+
+
+def split_template(
+    tokenizer, build: ConversationBuilder, *, n_verify: int = 32, seed: int = 0, candidates: Sequence[int] | None = None
+) -> TemplateSplit:
+    """Locate the response slot by ids and verify it (see the module docstring)."""
+    probes = _probes(tokenizer)
+    rendered = [render(tokenizer, build, word) for word, _ in probes]
+    n_pre = _common_prefix_len(rendered)
+    n_suf = _common_prefix_len([r[::-1] for r in rendered])
+    for (word, tid), ids in zip(probes, rendered):
+        middle = ids[n_pre : len(ids) - n_suf]
+        if middle != [tid]:
+            raise TemplateError(
+                f"the chat template does not keep the response as its own tokens: response {word!r} (id {tid}) "
+                f"rendered as ids {middle}"
+            )
+    prefix, suffix = tuple(rendered[0][:n_pre]), tuple(rendered[0][len(rendered[0]) - n_suf :])
+    split = TemplateSplit(
+        prefix_ids=prefix,
+        suffix_ids=suffix,
+        prefix_text=tokenizer.decode(list(prefix)),
+        suffix_text=tokenizer.decode(list(suffix)),
+        leading_space=_space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0], side="lead"),
+        trailing_space=_space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0], side="trail"),
+        bos_count=_bos_count(tokenizer, prefix),
+        verified_tokens=0,
+    )
+    if split.bos_count > 1:
+        raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
+    sample = _verification_sample(tokenizer, n_verify, seed, candidates)
+    _verify(tokenizer, build, split, sample)
+    return TemplateSplit(**{**asdict(split), "verified_tokens": len(sample) + len(probes)})
+
+
+def _bos_count(tokenizer, prefix: tuple[int, ...]) -> int:
+    bos = tokenizer.bos_token_id
+    n = 0
+    while bos is not None and n < len(prefix) and prefix[n] == bos:
+        n += 1
+    return n
+
+
+def _space_treatment(tokenizer, build, *, split_ids, word: str, side: str) -> str:
+    prefix, suffix = split_ids
+    text = f" {word}" if side == "lead" else f"{word} "
+    ids = render(tokenizer, build, text)
+    if list(ids[: len(prefix)]) != list(prefix) or (suffix and list(ids[len(ids) - len(suffix) :]) != list(suffix)):
+        return "changed"
+    middle = ids[len(prefix) : len(ids) - len(suffix)]
+    if middle == tokenizer.encode(text, add_special_tokens=False):
+        return "kept"
+    if middle == tokenizer.encode(word, add_special_tokens=False):
+        return "stripped"
+    return "changed"
+
+
+def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int] | None) -> list[int]:
+    """Ordinary tokens: alphabetic text with no surrounding space, not special, surviving decode -> encode."""
+    special = set(tokenizer.all_special_ids)
+    pool = list(candidates) if candidates is not None else list(range(len(tokenizer)))
+    rng = random.Random(seed)
+    rng.shuffle(pool)
+    chosen: list[int] = []
+    for tid in pool:
+        if len(chosen) >= n:
+            break
+        if tid in special:
+            continue
+        text = tokenizer.decode([tid])
+        if text.isalpha() and text.isascii() and tokenizer.encode(text, add_special_tokens=False) == [tid]:
+            chosen.append(tid)
+    return chosen
+
+
+def _verify(tokenizer, build, split: TemplateSplit, sample: list[int]) -> None:
+    bad = []
+    for tid in sample:
+        text = tokenizer.decode([tid])
+        if render(tokenizer, build, text) != split.full_ids([tid]):
+            bad.append(f"{tid} ({text!r})")
+    if bad:
+        raise TemplateError(
+            f"the id-level split disagrees with the tokenizer's own chat template for {len(bad)} of {len(sample)} "
+            f"ordinary tokens, e.g. {', '.join(bad[:5])}: the template merges the response with its neighbours"
+        )

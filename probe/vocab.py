@@ -1,0 +1,63 @@
+"""The vocabulary table: one row per token id with its text and the flags an auditor filters on.
+
+Columns: ``token_id``, ``piece`` (the raw vocabulary entry, e.g. ``ĠLove`` or ``▁Love``), ``decoded``
+(``tokenizer.decode([id])``), ``is_special`` (a special or control token), ``is_added`` (an added token:
+specials, chat markers, Gemma's ``<unused..>``), ``is_word`` (alphabetic once a leading space and the
+``Ġ``/``▁``/``##`` markers are stripped), ``leading_space``, ``valid_utf8`` (the id decodes to whole
+characters, not a byte fragment), ``roundtrips`` (encoding the decoded text gives back exactly this one id,
+the property the paper's text-based method silently relied on).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+SPACE_MARKERS = ("Ġ", "▁", "##")
+VOCAB_SCHEMA = {
+    "token_id": pl.UInt32,
+    "piece": pl.String,
+    "decoded": pl.String,
+    "is_special": pl.Boolean,
+    "is_added": pl.Boolean,
+    "is_word": pl.Boolean,
+    "leading_space": pl.Boolean,
+    "valid_utf8": pl.Boolean,
+    "roundtrips": pl.Boolean,
+}
+
+
+def strip_markers(text: str) -> str:
+    """Word form of a piece or decoded token: no leading whitespace or subword markers."""
+    text = text.lstrip()
+    for marker in SPACE_MARKERS:
+        if text.startswith(marker):
+            text = text[len(marker) :]
+    return text.strip()
+
+
+def build_vocab_table(tokenizer, n_ids: int | None = None, batch: int = 8192) -> pl.DataFrame:
+    n = len(tokenizer) if n_ids is None else n_ids
+    ids = list(range(n))
+    pieces = [p if p is not None else "" for p in tokenizer.convert_ids_to_tokens(ids)]
+    decoded = [tokenizer.decode([i]) for i in ids]
+    special = set(tokenizer.all_special_ids)
+    added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    roundtrips: list[bool] = []
+    for start in range(0, n, batch):
+        chunk = decoded[start : start + batch]
+        enc = tokenizer(chunk, add_special_tokens=False)["input_ids"]
+        roundtrips.extend(e == [start + k] for k, e in enumerate(enc))
+    return pl.DataFrame(
+        {
+            "token_id": ids,
+            "piece": pieces,
+            "decoded": decoded,
+            "is_special": [i in special for i in ids],
+            "is_added": [i in added for i in ids],
+            "is_word": [strip_markers(d).isalpha() for d in decoded],
+            "leading_space": [d[:1].isspace() or p.startswith(SPACE_MARKERS[:2]) for d, p in zip(decoded, pieces)],
+            "valid_utf8": ["\ufffd" not in d for d in decoded],
+            "roundtrips": roundtrips,
+        },
+        schema=VOCAB_SCHEMA,
+    )
