@@ -107,10 +107,13 @@ def _common_prefix_len(seqs: list[list[int]]) -> int:
     return i
 
 
-def _probes(tokenizer) -> list[tuple[str, int]]:
+def _probes(tokenizer, candidates: Sequence[int] | None) -> list[tuple[str, int]]:
+    """Single-token words to render as the response: common words, else ordinary tokens of the vocabulary."""
     probes = [(w, i) for w in PROBE_WORDS if (i := _single_id(tokenizer, w)) is not None]
     if len(probes) < 3:
-        raise TemplateError("fewer than 3 of the probe words encode to a single token; cannot locate the response slot")
+        probes += [(tokenizer.decode([i]), i) for i in _verification_sample(tokenizer, 6 - len(probes), 1, candidates)]
+    if len(probes) < 3:
+        raise TemplateError("cannot find 3 single-token words in the vocabulary to locate the response slot")
     return probes
 
 
@@ -118,7 +121,7 @@ def split_template(
     tokenizer, build: ConversationBuilder, *, n_verify: int = 32, seed: int = 0, candidates: Sequence[int] | None = None
 ) -> TemplateSplit:
     """Locate the response slot by ids and verify it (see the module docstring)."""
-    probes = _probes(tokenizer)
+    probes = _probes(tokenizer, candidates)
     rendered = [render(tokenizer, build, word) for word, _ in probes]
     n_pre = _common_prefix_len(rendered)
     n_suf = _common_prefix_len([r[::-1] for r in rendered])

@@ -1,0 +1,359 @@
+"""Exhaustive single-token sweep: score every token id of the vocabulary as the one-token response.
+
+    python -m probe.exhaustive                       # the embedded SmolLM2, log-probability proxy, 3 paper prompts
+    python -m probe.exhaustive --rm Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 --device cuda
+    python -m probe.exhaustive --resume              # continue the newest unfinished run with these settings
+
+For each prompt the templated prefix runs once (KV cache); each batch row is ``[token_id, *suffix_ids]``.
+Results go to ``<output>/<model>/exhaustive_<time>/`` (see probe.results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import numpy as np
+import polars as pl
+import torch
+
+from probe.cliargs import add_dataclass_args, config_from_args
+from probe.errors import ProbeError
+from probe.models.embedded import EMBEDDED_ALIASES
+from probe.models.loading import LoadedModel, load_model
+from probe.prompts import Prompt, resolve_prompts
+from probe.results import RunDir, check_resumable, environment, find_resumable, fingerprint
+from probe.scoring import (
+    AdaptiveBatcher,
+    HeadOptions,
+    ScoreMode,
+    build_scorer,
+    default_batch_size,
+    make_head,
+    model_kind,
+    prompt_split,
+    self_check,
+    sweep_rows,
+)
+from probe.template import JUDGE_QUESTION, TemplateSplit
+from probe.vocab import build_vocab_table
+
+log = logging.getLogger(__name__)
+EXPERIMENT = "exhaustive"
+
+
+@dataclass(frozen=True)
+class ScoreVocabConfig:
+    rm: str | None = field(default=None, metadata={
+        "help": "reward model: Hugging Face id or local directory; omit for the embedded SmolLM2-135M-Instruct"})
+    prompt: tuple[str, ...] = field(default=(), metadata={
+        "help": "a prompt to sweep (repeatable); default: the paper's greatest/best/worst prompts", "repeat": True})
+    prompts: str | None = field(default=None, metadata={
+        "help": "file of prompts: YAML (key: text, or a list) or text (one per line)", "metavar": "FILE"})
+    system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
+    score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
+        "help": "reward: the RM's head; logprob: log-likelihood of response + end-of-turn tokens under a causal LM; "
+                "judge: logit(Yes) - logit(No) after a judging question. auto: logprob for the embedded model, "
+                "reward otherwise"})
+    logprob_reduce: Literal["sum", "mean"] = field(default="sum", metadata={
+        "help": "how --score logprob combines token log-probabilities"})
+    judge_question: str = field(default=JUDGE_QUESTION, metadata={
+        "help": "judging question for --score judge, with {prompt} and {response}"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
+    dtype: str = field(default="auto", metadata={
+        "help": "float32, bfloat16, float16, or auto (float32 on CPU, the registry's dtype, bf16, on GPU)"})
+    device_map: str | None = field(default=None, metadata={
+        "help": "passed to from_pretrained, e.g. auto to spread a large model over several GPUs"})
+    revision: str | None = field(default=None, metadata={"help": "model revision (branch, tag or commit)"})
+    trust_remote_code: bool = field(default=False, metadata={"help": "allow the model's own modelling code"})
+    chat_template: str | None = field(default=None, metadata={
+        "help": "Jinja chat template file, for tokenizers without one", "metavar": "FILE"})
+    spec: str | None = field(default=None, metadata={"help": "registry entry to use instead of the looked-up one"})
+    label_index: int | None = field(default=None, metadata={"help": "output column of a multi-output reward head"})
+    allow_random_head: bool = field(default=False, metadata={
+        "help": "accept a classifier whose head is randomly initialised (a null model)"})
+    batch_size: int | None = field(default=None, metadata={
+        "help": "rows per forward (default: 256 on CPU, what fits on GPU); halved automatically on out-of-memory"})
+    shard_size: int = field(default=4096, metadata={"help": "tokens per checkpoint file"})
+    limit: int | None = field(default=None, metadata={"help": "score only the first N token ids (quick looks)"})
+    verify: int = field(default=16, metadata={
+        "help": "tokens re-scored through the model's own forward before each prompt's sweep (0: skip)"})
+    output: str = field(default="results", metadata={"help": "root folder for run directories"})
+    resume: str | None = field(default=None, metadata={
+        "help": "continue an unfinished run: a run directory, or no value for the newest matching one",
+        "optional_value": "latest"})
+    top: int = field(default=20, metadata={"help": "how many best and worst tokens to print per prompt"})
+    seed: int = field(default=0, metadata={"help": "seed for the verification samples"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+
+    def __post_init__(self) -> None:
+        for name in ("shard_size", "top"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError("--batch-size must be >= 1")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError("--limit must be >= 1")
+        if self.verify < 0:
+            raise ValueError("--verify must be >= 0")
+
+    @property
+    def mode(self) -> ScoreMode:
+        if self.score != "auto":
+            return self.score
+        return "logprob" if self.rm is None or self.rm in EMBEDDED_ALIASES else "reward"
+
+    def head_options(self) -> HeadOptions:
+        return HeadOptions(self.logprob_reduce, self.judge_question)
+
+
+@dataclass
+class VocabScores:
+    """Scores of every token id for one prompt, with the vocabulary table and the template split."""
+
+    prompt: Prompt
+    split: TemplateSplit
+    token_ids: np.ndarray
+    scores: np.ndarray
+    vocab: pl.DataFrame
+
+    def table(self) -> pl.DataFrame:
+        return ranked_table(self.prompt, self.token_ids, self.scores, self.vocab)
+
+
+def ranked_table(prompt: Prompt, token_ids: np.ndarray, scores: np.ndarray, vocab: pl.DataFrame) -> pl.DataFrame:
+    df = pl.DataFrame({"prompt_key": prompt.key, "token_id": token_ids.astype(np.uint32), "score": scores})
+    df = df.with_columns(pl.col("score").rank(method="min", descending=True).cast(pl.UInt32).alias("rank"))
+    return df.join(vocab, on="token_id", how="left").sort("rank", "token_id")
+
+
+def load_for(config: ScoreVocabConfig) -> LoadedModel:
+    return load_model(
+        config.rm, kind=model_kind(config.mode), device=config.device, dtype=config.dtype, revision=config.revision,
+        trust_remote_code=config.trust_remote_code, chat_template=config.chat_template, spec_name=config.spec,
+        label_index=config.label_index, device_map=config.device_map, allow_random_head=config.allow_random_head,
+    )
+
+
+def n_scorable(loaded: LoadedModel) -> int:
+    return min(len(loaded.tokenizer), loaded.model.get_input_embeddings().num_embeddings)
+
+
+class VocabSweep:
+    """Owns one sweep: the head, per-prompt template splits and scorers, shards on disk, timing."""
+
+    def __init__(self, loaded: LoadedModel, config: ScoreVocabConfig, prompts: list[Prompt]):
+        self.loaded, self.config, self.prompts = loaded, config, prompts
+        n = n_scorable(loaded)
+        self.token_ids = np.arange(min(n, config.limit or n), dtype=np.int64)
+        self.head = make_head(loaded, config.mode, config.head_options())
+        opts = config.head_options()
+        self.splits = {p.key: prompt_split(loaded, config.mode, p.text, config.system, opts, n) for p in prompts}
+        first = self.splits[prompts[0].key]
+        self.batch_size = config.batch_size or default_batch_size(
+            loaded, len(first.prefix_ids), 1 + len(first.suffix_ids), config.mode)
+        self.checks: dict[str, dict] = {}
+        self.timing: dict[str, dict] = {}
+
+    def settings(self) -> dict:
+        """Everything that changes a number; two runs with equal settings give identical scores."""
+        c, lm = self.config, self.loaded
+        return {
+            "model": lm.model_id, "path": lm.path, "revision": c.revision, "spec": lm.spec.name,
+            "label_index": lm.spec.label_index, "dtype": str(lm.dtype), "device_type": lm.device.type,
+            "mode": c.mode, "head": self.head.describe(), "n_tokens": int(self.token_ids.size),
+            "prompts": {k: [list(s.prefix_ids), list(s.suffix_ids)] for k, s in self.splits.items()},
+            "shard_size": c.shard_size, "batch_size": self.batch_size,
+        }
+
+    def score_prompt(self, prompt: Prompt, run: RunDir | None = None) -> np.ndarray:
+        split = self.splits[prompt.key]
+        t0 = time.perf_counter()
+        scorer = build_scorer(self.loaded, self.head, split)
+        if self.config.verify:
+            rng = np.random.default_rng(self.config.seed)
+            sample = rng.choice(self.token_ids, size=min(self.config.verify, self.token_ids.size), replace=False)
+            self.checks[prompt.key] = self_check(self.loaded, self.head, split, scorer, sample.tolist()).to_json()
+        batcher = AdaptiveBatcher(self.batch_size)
+        k = self.config.shard_size
+        n_shards = -(-self.token_ids.size // k)
+        out = np.empty(self.token_ids.size, dtype=np.float32)
+        todo = []
+        for s in range(n_shards):
+            ids = self.token_ids[s * k : (s + 1) * k]
+            done = run.read_shard(prompt.key, s, ids.size) if run else None
+            if done is None:
+                todo.append(s)
+            else:
+                out[s * k : s * k + ids.size] = done
+        n_todo = sum(min(k, self.token_ids.size - s * k) for s in todo)
+        bar = _progress(n_todo, f"{prompt.key}", self.config.progress)
+        t1 = time.perf_counter()
+        for s in todo:
+            ids = self.token_ids[s * k : (s + 1) * k]
+            scores = batcher.run(scorer.score, sweep_rows(ids, split.suffix_ids), progress=bar.update)
+            if run:
+                run.write_shard(prompt.key, s, scores)
+            out[s * k : s * k + ids.size] = scores
+        bar.close()
+        t2 = time.perf_counter()
+        self.batch_size = batcher.batch_size
+        self.timing[prompt.key] = {
+            "prefix_and_check_s": round(t1 - t0, 3), "sweep_s": round(t2 - t1, 3), "tokens_scored_now": n_todo,
+            "tokens_per_s": round(n_todo / (t2 - t1), 2) if n_todo and t2 > t1 else None,
+        }
+        return out
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="tok", unit_scale=True, disable=not enabled, file=sys.stderr,
+                dynamic_ncols=True, smoothing=0.1)
+
+
+def score_vocab(model, tokenizer, prompt: str, config: ScoreVocabConfig | None = None, spec=None) -> VocabScores:
+    """Front door: every token id of ``tokenizer`` as the one-token response to ``prompt``, in memory.
+
+    ``model`` is a loaded sequence classifier (``config.score="reward"``) or causal LM (logprob/judge).
+    """
+    from probe.models.registry import lookup
+
+    config = config or ScoreVocabConfig(score="reward", verify=0, progress=False)
+    if spec is None:
+        spec, _ = lookup(getattr(model.config, "name_or_path", ""), getattr(model.config, "architectures", None))
+    loaded = LoadedModel(model, tokenizer, spec, model_kind(config.mode), model.config.name_or_path,
+                         model.config.name_or_path, None, "front door")
+    p = Prompt("prompt", prompt)
+    sweep = VocabSweep(loaded, config, [p])
+    scores = sweep.score_prompt(p)
+    vocab = build_vocab_table(tokenizer, n_scorable(loaded))
+    return VocabScores(p, sweep.splits[p.key], sweep.token_ids, scores, vocab)
+
+
+def run(config: ScoreVocabConfig) -> RunDir:
+    """The command: load, split, open (or resume) a run directory, sweep each prompt, write results."""
+    t_start = time.perf_counter()
+    prompts = resolve_prompts(config.prompt, config.prompts)
+    loaded = load_for(config)
+    t_loaded = time.perf_counter()
+    sweep = VocabSweep(loaded, config, prompts)
+    settings = sweep.settings()
+    fp = fingerprint(settings)
+    run_dir, meta = _open_run(config, sweep, settings, fp)
+    sweep.batch_size = meta["settings"]["batch_size"]
+    vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
+    run_dir.write_table("vocab.parquet", vocab)
+    tables = []
+    for p in prompts:
+        scores = sweep.score_prompt(p, run_dir)
+        meta["self_check"][p.key] = sweep.checks.get(p.key)
+        meta["timing"]["prompts"][p.key] = sweep.timing[p.key]
+        run_dir.write_meta(meta)
+        tables.append(ranked_table(p, sweep.token_ids, scores, vocab))
+    run_dir.write_table("scores.parquet", pl.concat(tables))
+    n_now = sum(t["tokens_scored_now"] for t in sweep.timing.values())
+    sweep_s = sum(t["sweep_s"] for t in sweep.timing.values())
+    meta["timing"].update({
+        "load_s": round(t_loaded - t_start, 3), "wall_s": round(time.perf_counter() - t_start, 3),
+        "sweep_s": round(sweep_s, 3), "tokens_per_s": round(n_now / sweep_s, 2) if sweep_s else None,
+    })
+    meta["status"], meta["finished"] = "complete", _now()
+    run_dir.write_meta(meta)
+    return run_dir
+
+
+def _now() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _open_run(config: ScoreVocabConfig, sweep: VocabSweep, settings: dict, fp: str) -> tuple[RunDir, dict]:
+    loaded = sweep.loaded
+    if config.resume:
+        run_dir = (find_resumable(config.output, loaded.model_id, EXPERIMENT, fp) if config.resume == "latest"
+                   else RunDir(config.resume))
+        if run_dir is None:
+            raise ProbeError(f"--resume: no unfinished run of {loaded.model_id} with these settings under "
+                             f"{config.output}; run without --resume to start one")
+        meta = check_resumable(run_dir, fp, settings)
+        meta.setdefault("resumed", []).append({"at": _now(), "command": sys.argv})
+        log.info("resuming %s", run_dir.path)
+        return run_dir, meta
+    run_dir = RunDir.create(config.output, loaded.model_id, EXPERIMENT)
+    meta = _new_meta(config, sweep, settings, fp)
+    run_dir.write_meta(meta)
+    return run_dir, meta
+
+
+def _new_meta(config: ScoreVocabConfig, sweep: VocabSweep, settings: dict, fp: str) -> dict:
+    loaded = sweep.loaded
+    tok, model = loaded.tokenizer, loaded.model
+    return {
+        "schema": "rm-probe/exhaustive/1",
+        "experiment": EXPERIMENT,
+        "status": "running",
+        "created": _now(),
+        "fingerprint": fp,
+        "settings": settings,
+        "config": asdict(config),
+        "model": {
+            "id": loaded.model_id, "path": loaded.path, "revision": config.revision, "kind": loaded.kind,
+            "spec": asdict(loaded.spec), "spec_match": loaded.spec_match,
+            "architecture": (getattr(model.config, "architectures", None) or [type(model).__name__])[0],
+            "n_parameters": sum(p.numel() for p in model.parameters()),
+            "dtype": str(loaded.dtype), "device": str(loaded.device),
+            "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
+            "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
+            "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
+        },
+        "score": {"mode": config.mode, **settings["head"]},
+        "prompts": {p.key: {"text": p.text, "system": config.system, **sweep.splits[p.key].to_json()}
+                    for p in sweep.prompts},
+        "self_check": {},
+        "timing": {"prompts": {}},
+        "environment": environment(),
+    }
+
+
+def print_summary(run_dir: RunDir, top: int) -> None:
+    from probe.report_text import format_top_bottom
+
+    df = run_dir.read_table("scores.parquet")
+    meta = run_dir.read_meta()
+    for key, info in meta["prompts"].items():
+        print(format_top_bottom(df.filter(pl.col("prompt_key") == key), key, info["text"], meta, top))
+    t = meta["timing"]
+    print(f"wrote {run_dir.path}  ({t.get('sweep_s')} s sweeping, {t.get('tokens_per_s')} tokens/s)")
+
+
+def make_parser(subparsers=None) -> argparse.ArgumentParser:
+    kw = dict(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser("score", help="exhaustive single-token sweep", **kw) if subparsers else \
+        argparse.ArgumentParser(prog="python -m probe.exhaustive", **kw)
+    add_dataclass_args(parser, ScoreVocabConfig)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    parser.set_defaults(func=main_from_args)
+    return parser
+
+
+def main_from_args(ns: argparse.Namespace) -> int:
+    config = config_from_args(ScoreVocabConfig, ns)
+    run_dir = run(config)
+    print_summary(run_dir, config.top)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from probe.cli import run_command
+
+    return run_command(make_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

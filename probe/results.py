@@ -1,0 +1,210 @@
+"""Run directories: the only interface between scoring and analysis.
+
+``<root>/<sanitized-model>/<experiment>_<UTC timestamp>/`` holds ``meta.json`` (settings, provenance,
+timings, status), ``vocab.parquet``, ``scores.parquet`` and ``checkpoints/``. A directory is never reused
+for another run; ``--resume`` continues an unfinished one only when its fingerprint (every setting that
+changes a number) matches. Every file is written to a temporary name and renamed into place, so a crash
+leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from probe.errors import ResumeError
+
+META = "meta.json"
+SCORES = "scores.parquet"
+VOCAB = "vocab.parquet"
+
+
+def sanitize_model_name(name: str) -> str:
+    """``org/model`` or a path -> a safe folder name (``org__model``)."""
+    name = name.rstrip("/")
+    if os.sep in name and Path(name).exists():
+        name = "/".join(Path(name).parts[-2:])
+    return re.sub(r"[^A-Za-z0-9._-]+", "__", name).strip("_") or "model"
+
+
+def utc_stamp() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
+
+
+def atomic_write_parquet(path: Path, df: pl.DataFrame) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        df.write_parquet(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def fingerprint(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def environment() -> dict:
+    import torch
+    import transformers
+
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(pkg: str) -> str | None:
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return None
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_threads": torch.get_num_threads(),
+        "gpus": gpus,
+        "cuda": torch.version.cuda,
+        "versions": {
+            "rm-probe": ver("rm-probe"),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "numpy": np.__version__,
+            "polars": pl.__version__,
+        },
+        "git_commit": git_commit(),
+        "command": sys.argv,
+    }
+
+
+class RunDir:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, root: str | Path, model: str, experiment: str) -> RunDir:
+        base = Path(root) / sanitize_model_name(model)
+        base.mkdir(parents=True, exist_ok=True)
+        stamp = utc_stamp()
+        for n in range(1000):
+            path = base / (f"{experiment}_{stamp}" + (f"-{n}" if n else ""))
+            try:
+                path.mkdir()
+                return cls(path)
+            except FileExistsError:
+                continue
+        raise RuntimeError(f"cannot create a run directory under {base}")
+
+    # --- meta -------------------------------------------------------------------------------------
+    @property
+    def meta_path(self) -> Path:
+        return self.path / META
+
+    def read_meta(self) -> dict:
+        try:
+            return json.loads(self.meta_path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise ResumeError(f"{self.path}: no readable {META} ({err})") from None
+
+    def write_meta(self, meta: dict) -> None:
+        atomic_write_json(self.meta_path, meta)
+
+    # --- checkpoints --------------------------------------------------------------------------------
+    def shard_path(self, prompt_key: str, shard: int) -> Path:
+        return self.path / "checkpoints" / prompt_key / f"shard_{shard:06d}.npy"
+
+    def read_shard(self, prompt_key: str, shard: int, expected_len: int) -> np.ndarray | None:
+        path = self.shard_path(prompt_key, shard)
+        if not path.is_file():
+            return None
+        try:
+            arr = np.load(path)
+        except (OSError, ValueError):
+            return None  # unreadable: score it again
+        return arr if arr.shape == (expected_len,) else None
+
+    def write_shard(self, prompt_key: str, shard: int, scores: np.ndarray) -> None:
+        import io
+
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(scores, dtype=np.float32))
+        atomic_write_bytes(self.shard_path(prompt_key, shard), buf.getvalue())
+
+    # --- tables ---------------------------------------------------------------------------------------
+    def write_table(self, name: str, df: pl.DataFrame) -> Path:
+        path = self.path / name
+        atomic_write_parquet(path, df)
+        return path
+
+    def read_table(self, name: str) -> pl.DataFrame:
+        return pl.read_parquet(self.path / name)
+
+
+def find_resumable(root: str | Path, model: str, experiment: str, fp: str) -> RunDir | None:
+    """The newest unfinished run of this model and experiment with the same fingerprint."""
+    base = Path(root) / sanitize_model_name(model)
+    if not base.is_dir():
+        return None
+    for path in sorted(base.glob(f"{experiment}_*"), reverse=True):
+        try:
+            meta = json.loads((path / META).read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if meta.get("status") != "complete" and meta.get("fingerprint") == fp:
+            return RunDir(path)
+    return None
+
+
+def check_resumable(run: RunDir, fp: str, settings: dict) -> dict:
+    meta = run.read_meta()
+    if meta.get("fingerprint") != fp:
+        old = meta.get("settings", {})
+        diff = sorted(k for k in set(old) | set(settings) if json.dumps(old.get(k), default=str, sort_keys=True)
+                      != json.dumps(settings.get(k), default=str, sort_keys=True))
+        raise ResumeError(
+            f"{run.path} was made with other settings ({', '.join(diff) or 'unknown'} differ); start a new run "
+            "or pass the same settings"
+        )
+    return meta

@@ -1,0 +1,182 @@
+"""Glue between a loaded model and the engine: pick the head, split the template, build the scorer,
+score many rows in OOM-adaptive batches, and self-check the fast path against the model's own forward."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from probe.engine import FullSequenceScorer, PrefixScorer
+from probe.errors import ProbeError
+from probe.heads import GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, OwnForwardHead, ScoreHead
+from probe.models.loading import LoadedModel
+from probe.template import (
+    JUDGE_QUESTION,
+    ConversationBuilder,
+    TemplateSplit,
+    judge_conversation,
+    response_conversation,
+    split_template,
+)
+
+log = logging.getLogger(__name__)
+
+ScoreMode = Literal["reward", "logprob", "judge"]
+Scorer = PrefixScorer | FullSequenceScorer
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    logprob_reduce: Literal["sum", "mean"] = "sum"
+    judge_question: str = JUDGE_QUESTION
+
+
+def model_kind(mode: ScoreMode) -> Literal["reward", "causal"]:
+    return "reward" if mode == "reward" else "causal"
+
+
+def make_head(loaded: LoadedModel, mode: ScoreMode, opts: HeadOptions = HeadOptions()) -> ScoreHead:
+    model, spec, tok = loaded.model, loaded.spec, loaded.tokenizer
+    if mode == "reward":
+        if loaded.kind != "reward":
+            raise ProbeError("--score reward needs a sequence-classification model")
+        if spec.reader == "linear":
+            return LinearRewardHead(model, spec.label_index)
+        if spec.reader == "gated":
+            pattern = tok.encode(spec.gating_pattern, add_special_tokens=False)
+            return GatedRewardHead(model, pattern, spec.output)
+        return OwnForwardHead(spec.output, spec.label_index)
+    if loaded.kind != "causal":
+        raise ProbeError(f"--score {mode} needs a causal language model")
+    if mode == "logprob":
+        return LogprobHead(model, opts.logprob_reduce)
+    yes, no = (tok.encode(w, add_special_tokens=False) for w in ("Yes", "No"))
+    if len(yes) != 1 or len(no) != 1:
+        raise ProbeError(f"'Yes'/'No' are not single tokens for this tokenizer ({yes}, {no}); the judge needs them")
+    return JudgeHead(model, yes[0], no[0])
+
+
+def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: HeadOptions) -> ConversationBuilder:
+    if mode == "judge":
+        return judge_conversation(prompt, system, opts.judge_question)
+    return response_conversation(prompt, system)
+
+
+def build_scorer(loaded: LoadedModel, head: ScoreHead, split: TemplateSplit, use_cache: bool = True) -> Scorer:
+    if isinstance(head, OwnForwardHead) or not use_cache:
+        return FullSequenceScorer(loaded.model, head, split.prefix_ids, batch_size=64)
+    return PrefixScorer(loaded.model, head, split.prefix_ids)
+
+
+def prompt_split(loaded: LoadedModel, mode: ScoreMode, prompt: str, system: str | None, opts: HeadOptions,
+                 n_ids: int) -> TemplateSplit:
+    build = conversation(mode, prompt, system, opts)
+    return split_template(loaded.tokenizer, build, candidates=range(n_ids))
+
+
+def is_oom(err: BaseException) -> bool:
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    return isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+
+
+class AdaptiveBatcher:
+    """Scores rows in batches; on out-of-memory, halves the batch and retries the same rows.
+
+    The batch size stays halved for the rest of the run (and is recorded), and memory is released once
+    per failure, not after every batch.
+    """
+
+    def __init__(self, batch_size: int, on_change: Callable[[int], None] | None = None):
+        if batch_size < 1:
+            raise ValueError("batch size must be >= 1")
+        self.batch_size = batch_size
+        self.on_change = on_change
+
+    def run(self, score: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor,
+            progress: Callable[[int], None] | None = None) -> np.ndarray:
+        out = np.empty(rows.shape[0], dtype=np.float32)
+        start = 0
+        while start < rows.shape[0]:
+            stop = min(start + self.batch_size, rows.shape[0])
+            try:
+                out[start:stop] = score(rows[start:stop]).cpu().numpy()
+            except Exception as err:
+                if not is_oom(err) or self.batch_size == 1:
+                    if is_oom(err):
+                        raise ProbeError("out of memory even at batch size 1: use a smaller dtype, "
+                                         "--device-map auto over several GPUs, or a bigger device") from None
+                    raise
+                self.batch_size //= 2
+                log.warning("out of memory: batch size halved to %d", self.batch_size)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                if self.on_change:
+                    self.on_change(self.batch_size)
+                continue
+            if progress:
+                progress(stop - start)
+            start = stop
+        return out
+
+
+def sweep_rows(token_ids: Sequence[int] | np.ndarray, suffix_ids: Sequence[int]) -> torch.Tensor:
+    """``[[t, *suffix] for t in token_ids]`` as one tensor."""
+    ids = torch.as_tensor(np.asarray(token_ids), dtype=torch.long)[:, None]
+    suffix = torch.tensor(list(suffix_ids), dtype=torch.long)[None, :].expand(ids.shape[0], -1)
+    return torch.cat([ids, suffix], 1)
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    token_ids: tuple[int, ...]
+    max_abs_diff: float
+    tolerance: float
+
+    def to_json(self) -> dict:
+        return {"token_ids": list(self.token_ids), "max_abs_diff": self.max_abs_diff, "tolerance": self.tolerance}
+
+
+def self_check(loaded: LoadedModel, head: ScoreHead, split: TemplateSplit, fast: Scorer, token_ids: Sequence[int],
+               ) -> SelfCheck:
+    """Score ``token_ids`` through the fast path and through the model's own forward; raise if they differ.
+
+    float32: |diff| <= 1e-3 * (1 + |ref|). Half precision: |diff| <= 0.05 * (1 + spread of the reference),
+    loose enough for bf16 rounding of two computation orders, tight enough for a wrong reader (another
+    position, a missing gate or soft-cap) to fail.
+    """
+    rows = sweep_rows(token_ids, split.suffix_ids)
+    ref = FullSequenceScorer(loaded.model, head, split.prefix_ids, batch_size=1).score(rows).numpy()
+    got = fast.score(rows).cpu().numpy()
+    diff = np.abs(got - ref)
+    if loaded.dtype == torch.float32:
+        tol = 1e-3 * (1 + np.abs(ref))
+    else:
+        tol = np.full_like(ref, 0.05 * (1 + float(ref.max() - ref.min())))
+    check = SelfCheck(tuple(int(t) for t in token_ids), float(diff.max()), float(tol.max()))
+    if (diff > tol).any():
+        worst = int(np.argmax(diff - tol))
+        raise ProbeError(
+            f"self-check failed: the cached scores disagree with the model's own forward (token {token_ids[worst]}: "
+            f"{got[worst]:.5g} vs {ref[worst]:.5g}); the registry spec {loaded.spec.name!r} does not fit this model. "
+            "Pass --spec/--label-index, or --verify 0 to skip the check at your own risk"
+        )
+    return check
+
+
+def default_batch_size(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode) -> int:
+    """CPU: 256 (measured best on 2 cores for SmolLM2). GPU: what fits in 70% of free memory, at most 4096."""
+    dev = loaded.device
+    if dev.type != "cuda":
+        return 256
+    from probe.memory import row_bytes
+
+    free, _ = torch.cuda.mem_get_info(dev)
+    per_row = row_bytes(loaded.model.config, n_prefix, n_new, loaded.dtype, mode)
+    size = int(0.7 * free // max(per_row, 1))
+    return max(1, min(4096, 1 << max(0, size.bit_length() - 1)))

@@ -1,0 +1,96 @@
+"""Shared fixtures: tiny tokenizers/models (built once per session, read-only) and the real SmolLM2.
+
+``--device cuda`` runs the device-parametrised tests on a GPU; CPU CI uses the default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+
+from probe.models.loading import LoadedModel
+from probe.models.registry import DEFAULT, REGISTRY
+from tests import tiny
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never wait on a hub that cannot be reached
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu", help="device for model tests (cpu or cuda)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--device") == "cpu" or not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs --device cuda and a GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig) -> torch.device:
+    return torch.device(pytestconfig.getoption("--device"))
+
+
+@pytest.fixture(scope="session")
+def tokenizers():
+    return {name: tiny.make_tokenizer(name) for name in tiny.FAMILIES}
+
+
+def _loaded(model, tokenizer, spec=DEFAULT, kind="reward", name="tiny") -> LoadedModel:
+    return LoadedModel(model, tokenizer, spec, kind, name, name, None, "test")
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tokenizers, device):
+    """name -> LoadedModel for each family x head the engine supports."""
+    from transformers import Gemma2ForCausalLM, Gemma2ForSequenceClassification, LlamaForCausalLM, \
+        LlamaForSequenceClassification
+
+    from tests.gated_reference import TinyGatedRM
+
+    llama_tok, gemma_tok, chatml_tok = tokenizers["llama3"], tokenizers["gemma"], tokenizers["chatml"]
+    out = {
+        "llama-rm": _loaded(tiny.build(LlamaForSequenceClassification, tiny.llama_config(llama_tok)), llama_tok),
+        "gemma2-rm": _loaded(tiny.build(Gemma2ForSequenceClassification, tiny.gemma2_config(gemma_tok)), gemma_tok),
+        # pad id = end-of-turn id, which the template itself contains: the pooling pitfall
+        "chatml-rm-padeot": _loaded(
+            tiny.build(LlamaForSequenceClassification,
+                       tiny.llama_config(chatml_tok, pad_token_id=chatml_tok.convert_tokens_to_ids("<|im_end|>"))),
+            chatml_tok),
+        "llama-lm": _loaded(tiny.build(LlamaForCausalLM, tiny.llama_config(llama_tok)), llama_tok, kind="causal"),
+        "gemma2-lm": _loaded(tiny.build(Gemma2ForCausalLM, tiny.gemma2_config(gemma_tok)), gemma_tok, kind="causal"),
+    }
+    # the ArmoRM pattern without its trailing "\n\n", which this tiny GPT-2-regex tokenizer splits by context
+    gate_text = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>"
+    pattern = llama_tok.encode(gate_text, add_special_tokens=False)
+    spec = replace(REGISTRY["RLHFlow/ArmoRM-Llama3-8B-v0.1"], gating_pattern=gate_text)
+    for name, nq in (("armo-like", None), ("qrm-like", 3)):
+        torch.manual_seed(1)
+        gated = TinyGatedRM(tiny.llama_config(llama_tok), pattern, n_objectives=5, n_quantiles=nq).float().eval()
+        gated.requires_grad_(False)
+        out[name] = _loaded(gated, llama_tok, spec)
+    for lm in out.values():
+        lm.model.to(device)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smol():
+    """The real SmolLM2-135M-Instruct (embedded), as a causal LM, float32 on CPU."""
+    from probe.models.loading import load_model
+
+    return load_model(None, kind="causal", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smol_rm():
+    """SmolLM2 as a sequence classifier with a random (seeded) head: pad id <|im_end|> sits in the template."""
+    from probe.models.loading import load_model
+
+    torch.manual_seed(0)
+    return load_model(None, kind="reward", device="cpu", allow_random_head=True)

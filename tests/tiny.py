@@ -1,0 +1,112 @@
+"""Tiny in-process tokenizers and models for the unit tests (no downloads, a few seconds to build).
+
+Tokenizers are BPE models trained here on a word list, wrapped with the special tokens and chat template of
+each family (written for these tests in the families' shapes: Llama-3 trims content and adds BOS, Gemma
+trims and uses <start_of_turn>, ChatML keeps content as is). Models are random-weight miniatures of the real
+architectures with float32 weights from a fixed seed.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+FAMILIES = {
+    "llama3": dict(
+        template=LLAMA3_TEMPLATE, bos="<|begin_of_text|>", eos="<|eot_id|>", pad="<|finetune_right_pad_id|>",
+        extra=["<|start_header_id|>", "<|end_header_id|>", "<|end_of_text|>"], style="bytelevel"),
+    "gemma": dict(
+        template=GEMMA_TEMPLATE, bos="<bos>", eos="<eos>", pad="<pad>",
+        extra=["<start_of_turn>", "<end_of_turn>", "<unused0>", "<unused1>"], style="metaspace"),
+    "chatml": dict(
+        template=CHATML_TEMPLATE, bos=None, eos="<|im_end|>", pad="<|endoftext|>",
+        extra=["<|im_start|>"], style="bytelevel"),
+}
+
+
+def _corpus() -> list[str]:
+    import wordfreq
+
+    words = wordfreq.top_n_list("en", 3000)
+    lines = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
+    caps = [" ".join(w.capitalize() for w in words[i : i + 8]) for i in range(0, 800, 8)]
+    extra = ["What, in one word, is the greatest thing ever?", "Love Water Peace Music Hope Freedom Time Light Home Life",
+             "Yes No yes no. Here is a question and a response to it. Is the response a good answer?",
+             "system user assistant model\n\n\n"]
+    return lines + caps + extra * 20 + ["No Yes No Yes"] * 200
+
+
+def make_tokenizer(family: str, vocab_size: int = 1500) -> PreTrainedTokenizerFast:
+    spec = FAMILIES[family]
+    specials = [t for t in [spec["bos"], spec["eos"], spec["pad"], *spec["extra"]] if t]
+    tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+    if spec["style"] == "bytelevel":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="never")
+        alphabet = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789?.,!'\n▁")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=alphabet,
+                                  show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=spec["bos"], eos_token=spec["eos"], pad_token=spec["pad"],
+        additional_special_tokens=spec["extra"],
+    )
+    fast.chat_template = spec["template"]
+    return fast
+
+
+def _common(tokenizer, **kw) -> dict:
+    base = dict(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    return {**base, **kw}
+
+
+def llama_config(tokenizer, **kw):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**_common(tokenizer, **{"num_labels": 1, **kw}))
+
+
+def gemma2_config(tokenizer, **kw):
+    from transformers import Gemma2Config
+
+    # sliding window 8 < prompt length: the sliding layers' cache really is cut
+    return Gemma2Config(**_common(tokenizer, num_labels=1, head_dim=16, num_hidden_layers=3, sliding_window=8,
+                                  attn_logit_softcapping=2.0, final_logit_softcapping=1.0,
+                                  query_pre_attn_scalar=16, **kw))
+
+
+def build(cls, config, seed: int = 0):
+    torch.manual_seed(seed)
+    model = cls(config).float().eval()
+    # random init puts norms at 1 and heads near 0; spread the score head so scores differ visibly
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("score"):
+                p.normal_(0, 1.0)
+    model.requires_grad_(False)
+    return model
