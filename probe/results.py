@@ -120,7 +120,7 @@ def environment() -> dict:
 
 
 class RunDir:
-    def __init__(self, path: Path):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
 
     @classmethod

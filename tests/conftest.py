@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never wait on an unreachable hub
 from dataclasses import replace
 
 import pytest
@@ -15,7 +17,6 @@ from probe.models.loading import LoadedModel
 from probe.models.registry import DEFAULT, REGISTRY
 from tests import tiny
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never wait on a hub that cannot be reached
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
@@ -94,3 +95,40 @@ def smol_rm():
 
     torch.manual_seed(0)
     return load_model(None, kind="reward", device="cpu", allow_random_head=True)
+
+
+def _save(path, model, tokenizer):
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory, tokenizers):
+    """Tiny models saved as Hugging Face folders, for tests that go through loading and the CLI."""
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+    root = tmp_path_factory.mktemp("models")
+    tok = tokenizers["llama3"]
+    out = {
+        "rm": _save(root / "tiny-rm", tiny.build(LlamaForSequenceClassification, tiny.llama_config(tok)), tok),
+        "rm3": _save(root / "tiny-rm3", tiny.build(LlamaForSequenceClassification, tiny.llama_config(tok, num_labels=3)),
+                     tok),
+        "lm": _save(root / "tiny-lm", tiny.build(LlamaForCausalLM, tiny.llama_config(tok)), tok),
+    }
+    no_template = root / "tiny-rm-notemplate"
+    _save(no_template, tiny.build(LlamaForSequenceClassification, tiny.llama_config(tok)), tok)
+    for name in ("chat_template.jinja",):
+        (no_template / name).unlink(missing_ok=True)
+    cfg = no_template / "tokenizer_config.json"
+    import json
+
+    data = json.loads(cfg.read_text())
+    data.pop("chat_template", None)
+    cfg.write_text(json.dumps(data))
+    out["rm_notemplate"] = str(no_template)
+    (root / "template.jinja").write_text(tok.chat_template)
+    out["template"] = str(root / "template.jinja")
+    (root / "empty").mkdir()
+    out["empty"] = str(root / "empty")
+    return out

