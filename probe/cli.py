@@ -15,6 +15,7 @@ from probe.errors import ProbeError
 
 SUBCOMMANDS = {
     "score": "probe.exhaustive",
+    "gcg": "probe.gcg",
 }
 
 

@@ -100,11 +100,16 @@ class PrefixScorer:
             return self.head.score(hidden, cont, lengths).float()
 
     def score_embeds(
-        self, embeds: Float[Tensor, "b n d"], cont: Int[Tensor, "b m"], lengths: Int[Tensor, " b"] | None = None
+        self,
+        embeds: Float[Tensor, "b n d"],
+        cont: Int[Tensor, "b m"],
+        lengths: Int[Tensor, " b"] | None = None,
+        onehot: Float[Tensor, "b k v"] | None = None,
     ) -> Float[Tensor, " b"]:
-        """Differentiable twin of `score`: the first ``n`` continuation tokens given as embeddings (GCG)."""
+        """Differentiable twin of `score`: the model's input given as embeddings (its first ``n`` rows are the
+        continuation's first ``n`` tokens; GCG passes ``onehot @ W_E`` for the optimised ones)."""
         cont, lengths = _as_batch(cont, lengths, self.device)
-        return self.head.score(self.hidden(inputs_embeds=embeds), cont, lengths).float()
+        return self.head.score(self.hidden(inputs_embeds=embeds), cont, lengths, onehot=onehot).float()
 
 
 class FullSequenceScorer:

@@ -35,6 +35,7 @@ from probe.scoring import (
     default_batch_size,
     make_head,
     model_kind,
+    n_scorable,
     prompt_split,
     self_check,
     sweep_rows,
@@ -137,10 +138,6 @@ def load_for(config: ScoreVocabConfig) -> LoadedModel:
         trust_remote_code=config.trust_remote_code, chat_template=config.chat_template, spec_name=config.spec,
         label_index=config.label_index, device_map=config.device_map, allow_random_head=config.allow_random_head,
     )
-
-
-def n_scorable(loaded: LoadedModel) -> int:
-    return min(len(loaded.tokenizer), loaded.model.get_input_embeddings().num_embeddings)
 
 
 class VocabSweep:

@@ -36,8 +36,15 @@ class ScoreHead(ABC):
 
     @abstractmethod
     def score(
-        self, hidden: Float[Tensor, "b n d"], cont: Int[Tensor, "b m"], lengths: Int[Tensor, " b"]
-    ) -> Float[Tensor, " b"]: ...
+        self,
+        hidden: Float[Tensor, "b n d"],
+        cont: Int[Tensor, "b m"],
+        lengths: Int[Tensor, " b"],
+        onehot: Float[Tensor, "b k v"] | None = None,
+    ) -> Float[Tensor, " b"]:
+        """Scores of right-padded continuation rows. ``onehot`` (GCG) gives the first k continuation tokens as
+        differentiable one-hot rows; heads whose score depends on a token only through the model's input
+        ignore it, heads that also read tokens as targets (log-probabilities) use it there."""
 
     @abstractmethod
     def own_forward(
@@ -118,7 +125,7 @@ class LinearRewardHead(ScoreHead):
         self.prefix_ids = list(prefix_ids)
         self.prefix_hidden = prefix_hidden
 
-    def score(self, hidden, cont, lengths):
+    def score(self, hidden, cont, lengths, onehot=None):
         pos = pool_positions(self.prefix_ids, cont, lengths, self.pad_id, self.pooling)
         h = gather_rows(self.prefix_hidden, hidden, pos).float()
         out = h @ self.weight.float().to(h.device)
@@ -184,7 +191,7 @@ class GatedRewardHead(ScoreHead):
         gate = gating(h_gate.to(next(gating.parameters()).dtype)).float()
         return (gate * rewards).sum(1)
 
-    def score(self, hidden, cont, lengths):
+    def score(self, hidden, cont, lengths, onehot=None):
         pos = pool_positions(self.prefix_ids, cont, lengths, self.pad_id, "before_first_pad")
         gate_pos = self._gate_positions(cont, lengths)
         return self._combine(gather_rows(self.prefix_hidden, hidden, pos), gather_rows(self.prefix_hidden, hidden, gate_pos))
@@ -221,51 +228,74 @@ class LogprobHead(ScoreHead):
     """Sum (or mean) of the log-probabilities of the continuation's tokens: response then end-of-turn tokens.
 
     The first token's distribution comes from the prefix's last position (computed once); the last token is
-    only predicted, never fed in, so the model runs on ``m - 1`` new tokens per row.
+    only predicted, never fed in, so the model runs on ``m - 1`` new tokens per row. With
+    ``response_in_prefix=k`` the last k prefix ids are already part of the response (beam extension): their
+    log-probabilities, read from the prefix's own hidden states, are added to every row.
     """
 
     name = "logprob"
     drops_last_input = True
 
-    def __init__(self, model: torch.nn.Module, reduce: str = "sum", logits_budget: int = LOGITS_BUDGET):
+    def __init__(self, model: torch.nn.Module, reduce: str = "sum", logits_budget: int = LOGITS_BUDGET,
+                 response_in_prefix: int = 0):
         if reduce not in ("sum", "mean"):
             raise ValueError(f"reduce must be sum or mean, not {reduce!r}")
         self.model = model
         self.reduce = reduce
         self.logits_budget = logits_budget
+        self.k_fixed = response_in_prefix
 
     def prepare(self, prefix_ids, prefix_hidden):
         self.first = torch.log_softmax(lm_logits(self.model, prefix_hidden[-1:]).float(), -1)[0]
+        self.offset = torch.zeros((), device=self.first.device)
+        k = self.k_fixed
+        if k:
+            if k >= len(prefix_ids):
+                raise ValueError("response_in_prefix must leave some prompt in the prefix")
+            targets = torch.tensor(list(prefix_ids[-k:]), device=prefix_hidden.device)[None]
+            self.offset = self._token_logprobs(prefix_hidden[None, -k - 1 : -1], targets).sum()
 
-    def _token_logprobs(self, hidden: Tensor, targets: Tensor) -> Tensor:
-        """log p(targets[i, j]) from hidden[i, j], in row chunks that keep the logits within budget."""
+    def _token_logprobs(self, hidden: Tensor, targets: Tensor, onehot: Tensor | None = None) -> Tensor:
+        """log p(targets[i, j]) from hidden[i, j], in row chunks that keep the logits within budget. Where
+        ``onehot[i, j]`` is given (the first k target columns), the target is that soft row instead."""
         b, n = targets.shape
-        vocab = self.first.shape[0]
+        vocab = self.model.get_output_embeddings().weight.shape[0]
         rows = max(1, self.logits_budget // max(1, n * vocab))
         out = []
         for s in range(0, b, rows):
             logp = torch.log_softmax(lm_logits(self.model, hidden[s : s + rows]).float(), -1)
-            out.append(logp.gather(-1, targets[s : s + rows, :, None])[..., 0])
+            tok = logp.gather(-1, targets[s : s + rows, :, None])[..., 0]
+            if onehot is not None and onehot.shape[1]:
+                k = onehot.shape[1]
+                soft = (logp[:, :k] * onehot[s : s + rows].float()).sum(-1)
+                tok = torch.cat([soft, tok[:, k:]], 1)
+            out.append(tok)
         return torch.cat(out)
 
-    def score(self, hidden, cont, lengths):
-        lp = self.first[cont[:, 0]]
+    def score(self, hidden, cont, lengths, onehot=None):
+        if onehot is None:
+            lp = self.first[cont[:, 0]]
+        else:
+            lp = (self.first[None, :] * onehot[:, 0].float()).sum(-1)
         m = cont.shape[1]
         total = lp
         if m > 1:
-            rest = self._token_logprobs(hidden[:, : m - 1], cont[:, 1:])
+            soft = None if onehot is None else onehot[:, 1:]
+            rest = self._token_logprobs(hidden[:, : m - 1], cont[:, 1:], soft)
             mask = torch.arange(1, m, device=cont.device)[None, :] < lengths[:, None]
             total = lp + (rest * mask).sum(1)
-        return total / lengths.float() if self.reduce == "mean" else total
+        total = total + self.offset
+        return total / (lengths.float() + self.k_fixed) if self.reduce == "mean" else total
 
     def own_forward(self, model, input_ids, n_prefix):
         logits = model(input_ids=input_ids).logits.float()
-        logp = torch.log_softmax(logits[:, n_prefix - 1 : -1], -1)
-        tok = logp.gather(-1, input_ids[:, n_prefix:, None])[..., 0]
+        start = n_prefix - self.k_fixed
+        logp = torch.log_softmax(logits[:, start - 1 : -1], -1)
+        tok = logp.gather(-1, input_ids[:, start:, None])[..., 0]
         return tok.mean(1) if self.reduce == "mean" else tok.sum(1)
 
     def describe(self):
-        return {"head": self.name, "reduce": self.reduce}
+        return {"head": self.name, "reduce": self.reduce, "response_in_prefix": self.k_fixed}
 
 
 class JudgeHead(ScoreHead):
@@ -284,7 +314,7 @@ class JudgeHead(ScoreHead):
         logits = lm_logits(self.model, h, rows=(self.yes_id, self.no_id)).float()
         return logits[:, 0] - logits[:, 1]
 
-    def score(self, hidden, cont, lengths):
+    def score(self, hidden, cont, lengths, onehot=None):
         p = self.prefix_hidden.shape[0]
         return self._margin(gather_rows(self.prefix_hidden, hidden, p + lengths - 1))
 
@@ -304,7 +334,7 @@ class OwnForwardHead(ScoreHead):
     def __init__(self, output: str = "logits", label_index: int = 0):
         self.output, self.label_index = output, label_index
 
-    def score(self, hidden, cont, lengths):
+    def score(self, hidden, cont, lengths, onehot=None):
         raise NotImplementedError("this model has no cached reader; use FullSequenceScorer")
 
     def own_forward(self, model, input_ids, n_prefix):

@@ -40,7 +40,10 @@ def model_kind(mode: ScoreMode) -> Literal["reward", "causal"]:
     return "reward" if mode == "reward" else "causal"
 
 
-def make_head(loaded: LoadedModel, mode: ScoreMode, opts: HeadOptions = HeadOptions()) -> ScoreHead:
+def make_head(loaded: LoadedModel, mode: ScoreMode, opts: HeadOptions = HeadOptions(),
+              response_in_prefix: int = 0) -> ScoreHead:
+    """A fresh head (heads keep per-prefix state). ``response_in_prefix``: the last k prefix ids are already
+    response tokens (beam extension); only the log-probability head needs to know."""
     model, spec, tok = loaded.model, loaded.spec, loaded.tokenizer
     if mode == "reward":
         if loaded.kind != "reward":
@@ -54,7 +57,7 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: HeadOptions = HeadOpti
     if loaded.kind != "causal":
         raise ProbeError(f"--score {mode} needs a causal language model")
     if mode == "logprob":
-        return LogprobHead(model, opts.logprob_reduce)
+        return LogprobHead(model, opts.logprob_reduce, response_in_prefix=response_in_prefix)
     yes, no = (tok.encode(w, add_special_tokens=False) for w in ("Yes", "No"))
     if len(yes) != 1 or len(no) != 1:
         raise ProbeError(f"'Yes'/'No' are not single tokens for this tokenizer ({yes}, {no}); the judge needs them")
@@ -167,6 +170,11 @@ def self_check(loaded: LoadedModel, head: ScoreHead, split: TemplateSplit, fast:
             "Pass --spec/--label-index, or --verify 0 to skip the check at your own risk"
         )
     return check
+
+
+def n_scorable(loaded: LoadedModel) -> int:
+    """Token ids that both the tokenizer can name and the embedding matrix holds."""
+    return min(len(loaded.tokenizer), loaded.model.get_input_embeddings().num_embeddings)
 
 
 def default_batch_size(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode) -> int:

@@ -1,0 +1,144 @@
+"""GCG and the exact beam on tiny models: monotone, symmetric, reproducible, exact where it claims to be."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from probe.engine import FullSequenceScorer
+from probe.gcg import GCG, GCGConfig, allowed_tokens, beam_search, run
+from probe.scoring import HeadOptions, make_head, prompt_split, sweep_rows
+from probe.vocab import build_vocab_table
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+
+
+def _cfg(**kw):
+    base = dict(prompt=PROMPT, score="reward", length=3, steps=10, search_width=64, topk=32, seed=3,
+                progress=False, batch_size=64)
+    return GCGConfig(**{**base, **kw})
+
+
+def _gcg(lm, cfg, allowed=None):
+    split = prompt_split(lm, cfg.mode, cfg.prompt, None, HeadOptions(), len(lm.tokenizer))
+    if allowed is None:
+        allowed = allowed_tokens(build_vocab_table(lm.tokenizer), cfg.allowed, cfg.allow_special)
+    return GCG(lm, make_head(lm, cfg.mode), split, cfg, allowed), split
+
+
+@pytest.mark.parametrize("name,mode", [("llama-rm", "reward"), ("armo-like", "reward"), ("gemma2-lm", "logprob")])
+def test_max_raises_min_lowers_and_best_never_worsens(tiny_models, name, mode):
+    lm = tiny_models[name]
+    hi = run(lm, _cfg(score=mode, direction="max"))
+    lo = run(lm, _cfg(score=mode, direction="min"))
+    for res, sign in ((hi, 1), (lo, -1)):
+        best = [row["best_objective"] for row in res.runs[0].trajectory]
+        assert all(b2 >= b1 for b1, b2 in zip(best, best[1:]))  # best-so-far is monotone
+        base = res.random_baseline
+        # well beyond random responses of the same length: past the best (worst) of 256 random ones
+        if sign > 0:
+            assert res.best_score > base["max"] + 0.5 * base["std"]
+        else:
+            assert res.best_score < base["min"] - 0.5 * base["std"]
+    assert hi.best_score > lo.best_score
+
+
+@pytest.mark.parametrize("name,mode", [("llama-rm", "reward"), ("armo-like", "reward"), ("llama-lm", "logprob")])
+def test_reported_score_equals_an_independent_full_forward(tiny_models, name, mode):
+    lm = tiny_models[name]
+    res = run(lm, _cfg(score=mode, steps=4))
+    split = prompt_split(lm, mode, PROMPT, None, HeadOptions(), len(lm.tokenizer))
+    ids = torch.tensor([list(split.prefix_ids) + res.best_ids + list(split.suffix_ids)])
+    with torch.no_grad():
+        out = lm.model(input_ids=ids)
+    if mode == "reward":
+        own = float(getattr(out, "score", out.logits).reshape(-1)[0])
+    else:
+        logp = torch.log_softmax(out.logits[0].float(), -1)
+        p = len(split.prefix_ids)
+        own = float(sum(logp[i - 1, ids[0, i]] for i in range(p, ids.shape[1])))
+    assert res.best_score == pytest.approx(own, abs=1e-4)
+    assert res.search_score == pytest.approx(own, abs=1e-4)
+
+
+def test_fixed_seed_reproduces_the_run(tiny_models):
+    lm = tiny_models["llama-rm"]
+    a, b = run(lm, _cfg(steps=6)), run(lm, _cfg(steps=6))
+    assert [r["best_ids"] for r in a.runs[0].trajectory] == [r["best_ids"] for r in b.runs[0].trajectory]
+    assert a.best_score == b.best_score
+    c = run(lm, _cfg(steps=6, seed=4))
+    assert c.runs[0].init_ids != a.runs[0].init_ids
+
+
+@pytest.mark.parametrize("name,mode", [("llama-rm", "reward"), ("gemma2-lm", "logprob"), ("armo-like", "reward")])
+def test_gradient_matches_finite_differences_and_flips_with_direction(tiny_models, name, mode):
+    lm = tiny_models[name]
+    gcg, _ = _gcg(lm, _cfg(score=mode))
+    ids = torch.tensor(lm.tokenizer.encode("Love and peace", add_special_tokens=False)[:3])
+    grad = gcg.token_gradient(ids)
+    base = gcg.onehot(ids)
+    rng = np.random.default_rng(0)
+    eps = 1e-2  # float32 objective: smaller steps drown in rounding (checked in float64: agrees to 3e-7)
+    for _ in range(5):
+        i, v = int(rng.integers(len(ids))), int(rng.integers(base.shape[1]))
+        d = torch.zeros_like(base)
+        d[i, v] += 1
+        d[i, ids[i]] -= 1
+        with torch.no_grad():
+            f1 = gcg.relaxed_objective(base + eps * d, ids)
+            f0 = gcg.relaxed_objective(base - eps * d, ids)
+        fd = float(f1 - f0) / (2 * eps)
+        assert fd == pytest.approx(float(grad[i, v] - grad[i, ids[i]]), rel=2e-2, abs=1e-3)
+    with torch.no_grad():
+        assert float(gcg.relaxed_objective(base, ids)) == pytest.approx(float(gcg.objective(ids[None])[0]), abs=1e-4)
+    gmin, _ = _gcg(lm, _cfg(score=mode, direction="min"))
+    torch.testing.assert_close(gmin.token_gradient(ids), -grad)
+    torch.testing.assert_close(gmin.objective(ids[None]), -gcg.objective(ids[None]))
+
+
+def test_allowed_and_filter_are_respected(tiny_models):
+    lm = tiny_models["llama-rm"]
+    res = run(lm, _cfg(allowed="words", filter_ids=True, steps=6))
+    vocab = build_vocab_table(lm.tokenizer)
+    words = set(vocab.filter(vocab["is_word"])["token_id"].to_list())
+    for r in res.runs[0].trajectory:
+        assert set(r["best_ids"]) <= words
+    special = set(lm.tokenizer.all_special_ids)
+    res2 = run(lm, _cfg(steps=6))
+    assert not set(res2.best_ids) & special  # special tokens banned by default
+
+
+def _brute_force(lm, mode, split, allowed_ids, depth, first=None):
+    head = make_head(lm, mode)
+    firsts = allowed_ids if first is None else first
+    seqs = [list(s) for s in itertools.product(firsts, *([allowed_ids] * (depth - 1)))]
+    scores = FullSequenceScorer(lm.model, head, split.prefix_ids, batch_size=256).score(
+        [s + list(split.suffix_ids) for s in seqs])
+    return seqs, scores.numpy()
+
+
+@pytest.mark.parametrize("name,mode", [("llama-rm", "reward"), ("llama-lm", "logprob")])
+def test_beam_equals_brute_force_on_a_small_vocabulary(tiny_models, name, mode):
+    lm = tiny_models[name]
+    vocab = build_vocab_table(lm.tokenizer)
+    words = vocab.filter(vocab["is_word"])["token_id"].to_list()[:12]
+    allowed = torch.zeros(len(lm.tokenizer), dtype=torch.bool)
+    allowed[words] = True
+    split = prompt_split(lm, mode, PROMPT, None, HeadOptions(), len(lm.tokenizer))
+    # K = all 12: depth 2 is the exact optimum over all 144 two-token responses
+    levels = beam_search(lm, _cfg(score=mode, beam=12, length=2), split, allowed)
+    seqs, scores = _brute_force(lm, mode, split, words, 2)
+    order = np.argsort(-scores, kind="stable")[:12]
+    assert levels[1]["ids"].to_list()[0] == seqs[order[0]]
+    np.testing.assert_allclose(levels[1]["score"].to_numpy(), scores[order], atol=1e-4)
+    # K = 3, depth 3, minimising: the optimum over responses whose first two tokens survive the beam
+    levels = beam_search(lm, _cfg(score=mode, beam=3, length=3, direction="min"), split, allowed)
+    kept = [tuple(x) for x in levels[1]["ids"].to_list()]
+    seqs, scores = _brute_force(lm, mode, split, words, 3)
+    mask = np.array([tuple(s[:2]) in kept for s in seqs])
+    want = np.sort(scores[mask])[:3]
+    np.testing.assert_allclose(levels[2]["score"].to_numpy(), want, atol=1e-4)
+    one = sweep_rows(words, split.suffix_ids)
+    direct = FullSequenceScorer(lm.model, make_head(lm, mode), split.prefix_ids, batch_size=64).score(one).numpy()
+    np.testing.assert_allclose(levels[0]["score"].to_numpy(), np.sort(direct)[:3], atol=1e-4)
