@@ -16,6 +16,7 @@ from probe.errors import ProbeError
 SUBCOMMANDS = {
     "score": "probe.exhaustive",
     "gcg": "probe.gcg",
+    "analyze": "probe.analyze",
 }
 
 

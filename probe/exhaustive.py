@@ -33,12 +33,13 @@ from probe.scoring import (
     ScoreMode,
     build_scorer,
     default_batch_size,
+    TemplateRows,
+    conversation,
     make_head,
     model_kind,
     n_scorable,
     prompt_split,
     self_check,
-    sweep_rows,
 )
 from probe.template import JUDGE_QUESTION, TemplateSplit
 from probe.vocab import build_vocab_table
@@ -81,6 +82,9 @@ class ScoreVocabConfig:
         "help": "rows per forward (default: 256 on CPU, what fits on GPU); halved automatically on out-of-memory"})
     shard_size: int = field(default=4096, metadata={"help": "tokens per checkpoint file"})
     limit: int | None = field(default=None, metadata={"help": "score only the first N token ids (quick looks)"})
+    input_method: Literal["ids", "paper"] = field(default="ids", metadata={
+        "help": "ids: raw token ids in the verified template split; paper: the paper's decode-render-re-tokenize "
+                "inputs (for comparison only; see probe/paper_method.py)"})
     verify: int = field(default=16, metadata={
         "help": "tokens re-scored through the model's own forward before each prompt's sweep (0: skip)"})
     output: str = field(default="results", metadata={"help": "root folder for run directories"})
@@ -154,6 +158,7 @@ class VocabSweep:
         self.batch_size = config.batch_size or default_batch_size(
             loaded, len(first.prefix_ids), 1 + len(first.suffix_ids), config.mode)
         self.checks: dict[str, dict] = {}
+        self.paper_info: dict[str, dict] = {}
         self.timing: dict[str, dict] = {}
 
     def settings(self) -> dict:
@@ -164,17 +169,30 @@ class VocabSweep:
             "label_index": lm.spec.label_index, "dtype": str(lm.dtype), "device_type": lm.device.type,
             "mode": c.mode, "head": self.head.describe(), "n_tokens": int(self.token_ids.size),
             "prompts": {k: [list(s.prefix_ids), list(s.suffix_ids)] for k, s in self.splits.items()},
-            "shard_size": c.shard_size, "batch_size": self.batch_size,
+            "shard_size": c.shard_size, "batch_size": self.batch_size, "input_method": c.input_method,
         }
 
-    def score_prompt(self, prompt: Prompt, run: RunDir | None = None) -> np.ndarray:
+    def row_source(self, prompt: Prompt):
         split = self.splits[prompt.key]
+        if self.config.input_method == "ids":
+            return TemplateRows(split)
+        from probe.paper_method import PaperRows
+
+        build = conversation(self.config.mode, prompt.text, self.config.system, self.config.head_options())
+        source = PaperRows(self.loaded.tokenizer, build, self.token_ids, template_ids=lambda t: split.full_ids([t]))
+        self.paper_info[prompt.key] = {"prefix_ids": source.prefix_ids,
+                                       "prefix_text": self.loaded.tokenizer.decode(source.prefix_ids),
+                                       "fraction_identical_to_raw_ids": source.same_as_template}
+        return source
+
+    def score_prompt(self, prompt: Prompt, run: RunDir | None = None) -> np.ndarray:
         t0 = time.perf_counter()
-        scorer = build_scorer(self.loaded, self.head, split)
+        source = self.row_source(prompt)
+        scorer = build_scorer(self.loaded, self.head, source.prefix_ids)
         if self.config.verify:
             rng = np.random.default_rng(self.config.seed)
             sample = rng.choice(self.token_ids, size=min(self.config.verify, self.token_ids.size), replace=False)
-            self.checks[prompt.key] = self_check(self.loaded, self.head, split, scorer, sample.tolist()).to_json()
+            self.checks[prompt.key] = self_check(self.loaded, self.head, source, scorer, sample.tolist()).to_json()
         batcher = AdaptiveBatcher(self.batch_size)
         k = self.config.shard_size
         n_shards = -(-self.token_ids.size // k)
@@ -192,7 +210,8 @@ class VocabSweep:
         t1 = time.perf_counter()
         for s in todo:
             ids = self.token_ids[s * k : (s + 1) * k]
-            scores = batcher.run(scorer.score, sweep_rows(ids, split.suffix_ids), progress=bar.update)
+            rows, lengths = source.rows(ids)
+            scores = batcher.run(scorer.score, rows, progress=bar.update, lengths=lengths)
             if run:
                 run.write_shard(prompt.key, s, scores)
             out[s * k : s * k + ids.size] = scores
@@ -249,6 +268,8 @@ def run(config: ScoreVocabConfig) -> RunDir:
     for p in prompts:
         scores = sweep.score_prompt(p, run_dir)
         meta["self_check"][p.key] = sweep.checks.get(p.key)
+        if p.key in sweep.paper_info:
+            meta["prompts"][p.key]["paper_method"] = sweep.paper_info[p.key]
         meta["timing"]["prompts"][p.key] = sweep.timing[p.key]
         run_dir.write_meta(meta)
         tables.append(ranked_table(p, sweep.token_ids, scores, vocab))

@@ -70,10 +70,22 @@ def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: HeadOpt
     return response_conversation(prompt, system)
 
 
-def build_scorer(loaded: LoadedModel, head: ScoreHead, split: TemplateSplit, use_cache: bool = True) -> Scorer:
+def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True) -> Scorer:
     if isinstance(head, OwnForwardHead) or not use_cache:
-        return FullSequenceScorer(loaded.model, head, split.prefix_ids, batch_size=64)
-    return PrefixScorer(loaded.model, head, split.prefix_ids)
+        return FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=64)
+    return PrefixScorer(loaded.model, head, prefix_ids)
+
+
+class TemplateRows:
+    """rm-probe's inputs: ``prefix`` then ``[token_id, *suffix]`` per row, all of one length."""
+
+    def __init__(self, split: TemplateSplit):
+        self.prefix_ids = list(split.prefix_ids)
+        self.suffix_ids = list(split.suffix_ids)
+
+    def rows(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = sweep_rows(token_ids, self.suffix_ids)
+        return rows, torch.full((rows.shape[0],), rows.shape[1])
 
 
 def prompt_split(loaded: LoadedModel, mode: ScoreMode, prompt: str, system: str | None, opts: HeadOptions,
@@ -101,14 +113,16 @@ class AdaptiveBatcher:
         self.batch_size = batch_size
         self.on_change = on_change
 
-    def run(self, score: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor,
-            progress: Callable[[int], None] | None = None) -> np.ndarray:
+    def run(self, score: Callable[..., torch.Tensor], rows: torch.Tensor,
+            progress: Callable[[int], None] | None = None, lengths: torch.Tensor | None = None) -> np.ndarray:
+        """``score(rows[i:j])`` (or ``score(rows[i:j], lengths[i:j])``) over all rows, in batches."""
         out = np.empty(rows.shape[0], dtype=np.float32)
         start = 0
         while start < rows.shape[0]:
             stop = min(start + self.batch_size, rows.shape[0])
             try:
-                out[start:stop] = score(rows[start:stop]).cpu().numpy()
+                part = score(rows[start:stop]) if lengths is None else score(rows[start:stop], lengths[start:stop])
+                out[start:stop] = part.cpu().numpy()
             except Exception as err:
                 if not is_oom(err) or self.batch_size == 1:
                     if is_oom(err):
@@ -145,17 +159,16 @@ class SelfCheck:
         return {"token_ids": list(self.token_ids), "max_abs_diff": self.max_abs_diff, "tolerance": self.tolerance}
 
 
-def self_check(loaded: LoadedModel, head: ScoreHead, split: TemplateSplit, fast: Scorer, token_ids: Sequence[int],
-               ) -> SelfCheck:
+def self_check(loaded: LoadedModel, head: ScoreHead, source, fast: Scorer, token_ids: Sequence[int]) -> SelfCheck:
     """Score ``token_ids`` through the fast path and through the model's own forward; raise if they differ.
 
     float32: |diff| <= 1e-3 * (1 + |ref|). Half precision: |diff| <= 0.05 * (1 + spread of the reference),
     loose enough for bf16 rounding of two computation orders, tight enough for a wrong reader (another
     position, a missing gate or soft-cap) to fail.
     """
-    rows = sweep_rows(token_ids, split.suffix_ids)
-    ref = FullSequenceScorer(loaded.model, head, split.prefix_ids, batch_size=1).score(rows).numpy()
-    got = fast.score(rows).cpu().numpy()
+    rows, lengths = source.rows(token_ids)
+    ref = FullSequenceScorer(loaded.model, head, source.prefix_ids, batch_size=1).score(rows, lengths).numpy()
+    got = fast.score(rows, lengths).cpu().numpy()
     diff = np.abs(got - ref)
     if loaded.dtype == torch.float32:
         tol = 1e-3 * (1 + np.abs(ref))

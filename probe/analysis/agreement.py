@@ -1,0 +1,61 @@
+"""Agreement between reward models on a shared vocabulary: Kendall tau-b, Spearman, rank-biased overlap at the
+top and at the bottom, an MDS map, and whether models of the same base family (or developer) agree more."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from probe.analysis import stats
+from probe.models.registry import REGISTRY
+
+
+@dataclass
+class Agreement:
+    models: list[str]
+    n_strings: int
+    kendall: np.ndarray
+    spearman: np.ndarray
+    rbo_top: np.ndarray
+    rbo_bottom: np.ndarray
+    mds: np.ndarray  # models x 2, from 1 - tau
+    groups: dict[str, dict]  # grouping -> {labels, statistic, p_value, ...}
+
+    def to_json(self) -> dict:
+        def mat(m: np.ndarray) -> dict:
+            return {a: {b: round(float(m[i, j]), 6) for j, b in enumerate(self.models)} for i, a in enumerate(self.models)}
+
+        return {"models": self.models, "n_strings": self.n_strings, "kendall_tau_b": mat(self.kendall),
+                "spearman": mat(self.spearman), "rbo_top_p0.9": mat(self.rbo_top),
+                "rbo_bottom_p0.9": mat(self.rbo_bottom),
+                "mds": {m: [float(x) for x in self.mds[i]] for i, m in enumerate(self.models)}, "groups": self.groups}
+
+
+def family_of(model_id: str) -> str:
+    spec = REGISTRY.get(model_id)
+    return spec.family if spec and spec.family else "unknown"
+
+
+def developer_of(model_id: str) -> str:
+    return model_id.split("/")[0] if "/" in model_id else "unknown"
+
+
+def agreement(wide: pl.DataFrame, models: list[str], p: float = 0.9, groupings: dict[str, list[str]] | None = None,
+              n_perm: int = 10_000, seed: int = 0) -> Agreement:
+    """``wide``: one row per shared string, one score column per model (see sweeps.shared_vocabulary)."""
+    cols = [wide[m].to_numpy() for m in models]
+    tau = stats.matrix(cols, stats.kendall_tau_b)
+    rho = stats.matrix(cols, stats.spearman)
+    top = stats.matrix(cols, lambda a, b: stats.rbo(a, b, p))
+    bottom = stats.matrix(cols, lambda a, b: stats.rbo(a, b, p, bottom=True))
+    mds = stats.classical_mds(1 - tau) if len(models) > 2 else np.zeros((len(models), 2))
+    groups = {}
+    for name, labels in (groupings or {}).items():
+        if len(set(labels)) < 2 or len(set(labels)) == len(labels):
+            continue  # nothing to test: one group, or every model alone
+        test = stats.group_permutation_test(tau, labels, n_perm, seed)
+        groups[name] = {"labels": dict(zip(models, labels)), "same_minus_different_tau": test.statistic,
+                        "p_value": test.p_value, "n_permutations": test.n_permutations, "exact": test.exact}
+    return Agreement(models, wide.height, tau, rho, top, bottom, mds, groups)

@@ -1,0 +1,90 @@
+"""Saved sweeps as tables, and the shared vocabulary across models with different tokenizers."""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from probe.errors import DataFormatError
+from probe.results import RunDir
+from probe.vocab import strip_markers
+
+NORMALISATIONS = ("exact", "strip", "lower")
+
+
+@dataclass
+class Sweep:
+    path: Path
+    meta: dict
+    scores: pl.DataFrame  # prompt_key, token_id, score, rank, vocabulary columns
+
+    @property
+    def model(self) -> str:
+        return self.meta["model"]["id"]
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        return {k: v["text"] for k, v in self.meta["prompts"].items()}
+
+    def prompt(self, key: str) -> pl.DataFrame:
+        if key not in self.prompts:
+            raise DataFormatError(f"{self.path}: no prompt {key!r} (has {sorted(self.prompts)})")
+        return self.scores.filter(pl.col("prompt_key") == key)
+
+    def key_for(self, text_or_key: str) -> str:
+        if text_or_key in self.prompts:
+            return text_or_key
+        for k, t in self.prompts.items():
+            if t == text_or_key:
+                return k
+        raise DataFormatError(f"{self.path}: no prompt {text_or_key!r} (has {sorted(self.prompts)})")
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    rd = RunDir(path)
+    meta = rd.read_meta()
+    if meta.get("status") != "complete":
+        raise DataFormatError(f"{path}: the run is not complete (status {meta.get('status')!r}); finish it with --resume")
+    if not (rd.path / "scores.parquet").is_file():
+        raise DataFormatError(f"{path}: no scores.parquet")
+    return Sweep(rd.path, meta, rd.read_table("scores.parquet"))
+
+
+def normalise(text: str, mode: str = "exact") -> str:
+    """``exact``: Unicode NFC only (a leading space is part of the string); ``strip``: also strip surrounding
+    whitespace and sub-word markers; ``lower``: also lower-case."""
+    text = unicodedata.normalize("NFC", text)
+    if mode == "exact":
+        return text
+    text = strip_markers(text)
+    return text.lower() if mode == "lower" else text
+
+
+def unique_strings(df: pl.DataFrame, mode: str = "exact") -> pl.DataFrame:
+    """One prompt's rows -> ``string, score``, dropping strings that several ids of this tokenizer decode to
+    (after normalisation): such a string has no single score. Invalid UTF-8 fragments and empty strings go too."""
+    rows = df.filter(pl.col("valid_utf8")).select(
+        pl.col("decoded").map_elements(lambda t: normalise(t, mode), return_dtype=pl.String).alias("string"),
+        "score", "token_id")
+    rows = rows.filter(pl.col("string").str.len_chars() > 0)
+    counts = rows.group_by("string").len()
+    keep = counts.filter(pl.col("len") == 1).select("string")
+    return rows.join(keep, on="string").select("string", "score", "token_id")
+
+
+def shared_vocabulary(frames: dict[str, pl.DataFrame], mode: str = "exact") -> pl.DataFrame:
+    """Strings that every model's tokenizer has as exactly one id: ``string`` plus one score column per model."""
+    out = None
+    for name, df in frames.items():
+        u = unique_strings(df, mode).select("string", pl.col("score").alias(name))
+        out = u if out is None else out.join(u, on="string", how="inner")
+    if out is None or out.height == 0:
+        raise DataFormatError("the models share no vocabulary strings under this normalisation")
+    return out.sort("string")
+
+
+def short_name(model_id: str) -> str:
+    return model_id.rstrip("/").split("/")[-1]

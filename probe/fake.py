@@ -1,0 +1,63 @@
+"""A deterministic stand-in for a scored model, for testing analyses, figures and reports without one.
+
+`write_fake_run` writes a complete exhaustive-sweep run directory (same files and schema as the real
+command) for a made-up vocabulary and any score function of (prompt key, token text).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from probe.prompts import Prompt
+from probe.results import RunDir
+from probe.vocab import VOCAB_SCHEMA, strip_markers
+
+ScoreFn = Callable[[str, str], float]
+
+
+def hashed_score(prompt_key: str, text: str) -> float:
+    """A stable pseudo-random score in [-1, 1) from the prompt key and the token text."""
+    digest = hashlib.sha256(f"{prompt_key}\x00{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") / 2**63 - 1.0
+
+
+def fake_vocab(tokens: Sequence[str], special: Sequence[str] = ()) -> pl.DataFrame:
+    specials = set(special)
+    return pl.DataFrame({
+        "token_id": list(range(len(tokens))),
+        "piece": [t.replace(" ", "Ġ") for t in tokens],
+        "decoded": list(tokens),
+        "is_special": [t in specials for t in tokens],
+        "is_added": [t in specials for t in tokens],
+        "is_word": [strip_markers(t).isalpha() for t in tokens],
+        "leading_space": [t[:1] == " " for t in tokens],
+        "valid_utf8": ["\ufffd" not in t for t in tokens],
+        "roundtrips": [True] * len(tokens),
+    }, schema=VOCAB_SCHEMA)
+
+
+def write_fake_run(root: str | Path, model_id: str, tokens: Sequence[str], prompts: dict[str, str],
+                   score_fn: ScoreFn = hashed_score, family: str = "", special: Sequence[str] = ()) -> RunDir:
+    from probe.exhaustive import ranked_table
+
+    vocab = fake_vocab(tokens, special)
+    run = RunDir.create(root, model_id, "exhaustive")
+    run.write_table("vocab.parquet", vocab)
+    tables = []
+    for key, text in prompts.items():
+        scores = np.array([score_fn(key, t) for t in tokens], dtype=np.float32)
+        tables.append(ranked_table(Prompt(key, text), np.arange(len(tokens)), scores, vocab))
+    run.write_table("scores.parquet", pl.concat(tables))
+    run.write_meta({
+        "schema": "rm-probe/exhaustive/1", "experiment": "exhaustive", "status": "complete", "fake": True,
+        "model": {"id": model_id, "spec": {"family": family}, "kind": "reward"},
+        "score": {"mode": "reward"},
+        "prompts": {k: {"text": t} for k, t in prompts.items()},
+        "timing": {}, "settings": {"n_tokens": len(tokens)},
+    })
+    return run

@@ -1,0 +1,128 @@
+"""Analyses on fake sweeps with planted effects: the statistics must recover what was planted."""
+
+import json
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+from wordfreq import word_frequency
+
+from probe.analysis.contrast import contrast
+from probe.analysis.lexicons import read_bnc, valence
+from probe.analysis.misalignment import identity_ranks, identity_terms, misalignment
+from probe.analysis.regressions import exposure_slopes, framing_slopes
+from probe.analysis.sweeps import load_sweep, shared_vocabulary, unique_strings
+from probe.analyze import main as analyze_main
+from probe.fake import fake_vocab, hashed_score, write_fake_run
+
+PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?", "worst": "What, in one word, is the worst thing ever?"}
+
+
+@pytest.fixture(scope="module")
+def lexicon_words():
+    afinn = valence("afinn111")
+    words = afinn.filter(pl.col("word").str.contains(r"^[a-z]+$")).sort("word")
+    pos = words.filter(pl.col("valence") > 0).head(40)
+    neg = words.filter(pl.col("valence") < 0).head(40)
+    return dict(zip(pl.concat([pos, neg])["word"], pl.concat([pos, neg])["valence"]))
+
+
+def test_framing_recovers_planted_slopes(tmp_path, lexicon_words):
+    tokens = list(lexicon_words) + [" " + w for w in list(lexicon_words)[:10]] + ["zzq", "<s>"]
+
+    def score(key, t):
+        v = lexicon_words.get(t.strip().lower(), 0.0)
+        if key == "greatest":
+            return 2.0 * v if v > 0 else -1.0 * v
+        return 0.5 * v if v > 0 else 3.0 * v
+
+    run = write_fake_run(tmp_path, "org/fake", tokens, PROMPTS, score, special=["<s>"])
+    sw = load_sweep(run.path)
+    frames = {("fake", k): sw.prompt(k) for k in PROMPTS}
+    df = framing_slopes(frames, "afinn111")
+    got = {(r["prompt"], r["affect"]): r for r in df.iter_rows(named=True)}
+    assert got[("greatest", "positive")]["estimate"] == pytest.approx(2.0)
+    assert got[("greatest", "negative")]["estimate"] == pytest.approx(-1.0)
+    assert got[("worst", "positive")]["estimate"] == pytest.approx(0.5)
+    assert got[("worst", "negative")]["estimate"] == pytest.approx(3.0)
+    n_pos = sum(v > 0 for v in lexicon_words.values())
+    assert got[("greatest", "positive")]["n"] == n_pos + sum(lexicon_words[t.strip()] > 0 for t in tokens[80:90])
+    per_word = framing_slopes(frames, "afinn111", per="word")
+    assert per_word.filter((pl.col("prompt") == "greatest") & (pl.col("affect") == "positive"))["n"][0] == n_pos
+
+
+def test_exposure_recovers_planted_frequency_slope(tmp_path, lexicon_words):
+    words = [w for w in lexicon_words if word_frequency(w, "en") > 0]
+
+    def score(key, t):
+        return 0.7 * math.log(word_frequency(t, "en")) + 0.2 * lexicon_words[t]
+
+    run = write_fake_run(tmp_path, "org/fake", words, {"greatest": PROMPTS["greatest"]}, score)
+    df = exposure_slopes({("fake", "greatest"): load_sweep(run.path).prompt("greatest")}, "afinn111")
+    assert df["estimate"][0] == pytest.approx(0.7, abs=1e-6)
+    assert df["n"][0] == len(words)
+
+
+def test_bnc_reader_forms_lemmas_and_flags(tmp_path):
+    text = ("\tWord\tPoS\t\tFreq\tRa\tDisp\n"
+            "\tlove\tVerb\t%\t300\t100\t0.9\n\t@\t@\tlove\t200\t100\t0.9\n\t@\t@\tloved\t100#\t99\t0.9\n"
+            "\tlove\tNoC\t:\t150\t100\t0.9\n\tbase\tNoC\t%\t98#\t100\t0.95#\n\t@\t@\tbase\t86\t100\t0.95\n")
+    path = tmp_path / "bnc.txt"
+    path.write_text(text, encoding="latin-1")
+    form = dict(read_bnc(path).iter_rows())
+    assert form == {"love": 350.0, "loved": 100.0, "base": 86.0}
+    lemma = dict(read_bnc(path, unit="lemma").iter_rows())
+    assert lemma == {"love": 450.0, "base": 98.0}
+
+
+def test_misalignment_by_hand():
+    df = pl.DataFrame({"name": ["a", "b", "c", "d"], "human": [4.0, 3, 2, 1], "m1": [1.0, 2, 3, 4], "m2": [4.0, 3, 2, 1]})
+    res = misalignment(df, "human", ["m1", "m2"])
+    assert res.items["human_rank"].to_list() == [1, 2, 3, 4]
+    assert res.items["center_rank"].to_list() == [2.5, 2.5, 2.5, 2.5]
+    assert res.items["rank_diff"].to_list() == [1.5, 0.5, -0.5, -1.5]
+    assert res.most_undervalued(2) == ["a", "b"] and res.most_overvalued(1) == ["d"]
+    assert res.tau_human == {"m1": pytest.approx(-1.0), "m2": pytest.approx(1.0)}
+    terms = pl.DataFrame({"term": ["A", "zz"], "category": ["x", "y"]})
+    assert identity_ranks(res, terms)["name"].to_list() == ["a"]  # case-insensitive, unmatched terms dropped
+
+
+def test_shipped_identity_terms():
+    terms = identity_terms()
+    assert terms.height > 40 and {"race/ethnicity", "religion", "gender", "sexuality"} <= set(terms["category"])
+
+
+def test_shared_vocabulary_drops_ambiguous_strings():
+    a = fake_vocab(["Love", " Love", "peace", "x"]).with_columns(pl.Series("score", [1.0, 2, 3, 4]))
+    b = fake_vocab(["peace", "Love", "joy"]).with_columns(pl.Series("score", [5.0, 6, 7]))
+    assert set(unique_strings(a, "exact")["string"]) == {"Love", " Love", "peace", "x"}
+    assert set(unique_strings(a, "strip")["string"]) == {"peace", "x"}  # "Love" and " Love" collide
+    wide = shared_vocabulary({"a": a, "b": b}, "exact")
+    assert wide.sort("string").rows() == [("Love", 1.0, 6.0), ("peace", 3.0, 5.0)]
+
+
+def test_contrast_identical_and_reversed():
+    v = fake_vocab([f"w{i}" for i in range(300)])
+    a = v.with_columns(pl.Series("score", np.arange(300.0)))
+    same = contrast(a, a, k=100)
+    assert same.kendall == pytest.approx(1) and same.top_overlap == 1 and same.bottom_overlap == 1
+    rev = contrast(a, a.with_columns(-pl.col("score")), k=100)
+    assert rev.kendall == pytest.approx(-1) and rev.top_overlap == 0 and rev.bottom_overlap == 0
+    assert rev.moved["rank_change"].abs().max() == 299
+
+
+def test_analyze_cli_on_fake_runs(tmp_path, lexicon_words, capsys):
+    tokens = list(lexicon_words) + ["zzq", "Black", "Islam"]
+    runs = [str(write_fake_run(tmp_path / "runs", f"org{i}/m{i}", tokens, PROMPTS,
+                               lambda k, t, i=i: hashed_score(f"{k}{i}", t), family=fam).path)
+            for i, fam in enumerate(["Llama 3", "Llama 3", "Gemma 2"])]
+    for analysis, extra in (("top", []), ("agreement", []), ("framing", []), ("exposure", []),
+                            ("contrast", runs[:2]), ("input-method", runs[:2]), ("misalignment", runs[:1])):
+        args = [analysis, *(extra or runs), "--out", str(tmp_path / analysis), "--permutations", "50"]
+        assert analyze_main(args) == 0, analysis
+        assert json.loads((tmp_path / analysis / "summary.json").read_text())["summary"] is not None
+    agree = json.loads((tmp_path / "agreement" / "agreement.json").read_text())
+    assert set(agree) == {"greatest", "worst"}
+    assert agree["greatest"]["n_strings"] == len(tokens)
+    assert agree["greatest"]["kendall_tau_b"]["m0"]["m0"] == 1.0
