@@ -1,0 +1,107 @@
+"""Shared pieces of the figure scripts: finding runs, the paper's model nicknames, colours, saving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from probe.analysis.sweeps import Sweep, load_sweep, short_name  # noqa: E402
+
+FIGURES = Path(__file__).resolve().parents[1] / "figures"
+PAPER_RELEASE = Path(__file__).resolve().parents[2] / "shared" / "data" / "paper-release"
+
+# Christian et al., Table 1: nickname = developer initial - base model - size
+NICKNAMES = {
+    "nicolinho/QRM-Gemma-2-27B": "N-Gem-27B",
+    "Skywork/Skywork-Reward-Gemma-2-27B-v0.2": "S-Gem-27B-v0.2",
+    "Skywork/Skywork-Reward-Gemma-2-27B": "S-Gem-27B",
+    "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2": "S-Lla-8B-v0.2",
+    "nicolinho/QRM-Llama3.1-8B": "N-Lla-8B",
+    "LxzGordon/URM-LLaMa-3.1-8B": "L-Lla-8B",
+    "Ray2333/GRM-Llama3-8B-rewardmodel-ft": "R-Lla-8B",
+    "Ray2333/GRM-Llama3.2-3B-rewardmodel-ft": "R-Lla-3B",
+    "RLHFlow/ArmoRM-Llama3-8B-v0.1": "F-Lla-8B-v0.1",
+    "Ray2333/GRM-gemma2-2B-rewardmodel-ft": "R-Gem-2B",
+}
+SIZES_B = {"nicolinho/QRM-Gemma-2-27B": 27, "Skywork/Skywork-Reward-Gemma-2-27B-v0.2": 27,
+           "Skywork/Skywork-Reward-Gemma-2-27B": 27, "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2": 8,
+           "nicolinho/QRM-Llama3.1-8B": 8, "LxzGordon/URM-LLaMa-3.1-8B": 8, "Ray2333/GRM-Llama3-8B-rewardmodel-ft": 8,
+           "Ray2333/GRM-Llama3.2-3B-rewardmodel-ft": 3, "RLHFlow/ArmoRM-Llama3-8B-v0.1": 8,
+           "Ray2333/GRM-gemma2-2B-rewardmodel-ft": 2}
+
+
+def nickname(model_id: str) -> str:
+    return NICKNAMES.get(model_id, short_name(model_id))
+
+
+def sweep_label(sweep: Sweep) -> str:
+    """Nickname plus the score mode when it is not a reward (e.g. SmolLM2-135M-Instruct [logprob])."""
+    mode = sweep.meta.get("score", {}).get("mode", "reward")
+    method = sweep.meta.get("settings", {}).get("input_method", "ids")
+    tag = [m for m in (mode if mode != "reward" else "", "paper inputs" if method == "paper" else "") if m]
+    return nickname(sweep.model) + (f" [{', '.join(tag)}]" if tag else "")
+
+
+def colors(n: int) -> list:
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def discover_runs(root: str | Path = "results") -> list[Path]:
+    """Complete exhaustive runs under ``root`` (newest per model, score mode and input method)."""
+    newest: dict[tuple, Path] = {}
+    for meta_path in sorted(Path(root).glob("*/exhaustive_*/meta.json")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if meta.get("status") != "complete":
+            continue
+        key = (meta["model"]["id"], meta.get("score", {}).get("mode"), meta.get("settings", {}).get("input_method"),
+               meta.get("settings", {}).get("n_tokens"))
+        newest[key] = meta_path.parent
+    return sorted(newest.values())
+
+
+def load_runs(paths) -> list[Sweep]:
+    return [load_sweep(p) for p in paths]
+
+
+def save(fig, out_dir: str | Path, name: str) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def place_labels(ax, xy, labels, colors_, fontsize=8) -> None:
+    """Label points without overlaps: for each point, the offset (of 8 around it) farthest from the other
+    points and from the labels already placed, in display coordinates."""
+    import numpy as np
+
+    fig = ax.figure
+    fig.canvas.draw()
+    pts = ax.transData.transform(np.asarray(xy, dtype=float))
+    placed: list[np.ndarray] = []
+    offsets = [(8, 8), (8, -12), (-8, 8), (-8, -12), (10, -2), (-10, -2), (0, 12), (0, -16)]
+    for i, (p, lab, c) in enumerate(zip(pts, labels, colors_)):
+        width = 6.2 * len(lab) * fontsize / 8
+        best, best_cost = offsets[0], -1.0
+        for dx, dy in offsets:
+            centre = p + np.array([dx + (width / 2 if dx >= 0 else -width / 2), dy])
+            others = [q for j, q in enumerate(pts) if j != i] + placed
+            cost = min((np.hypot(*((centre - q) / np.array([max(width / 2, 1), 8]))) for q in others), default=9.0)
+            if cost > best_cost:
+                best, best_cost = (dx, dy), cost
+        dx, dy = best
+        placed.append(p + np.array([dx + (width / 2 if dx >= 0 else -width / 2), dy]))
+        ax.annotate(lab, xy[i], xytext=(dx, dy), textcoords="offset points", fontsize=fontsize, color=c,
+                    fontweight="bold", ha="left" if dx >= 0 else "right", va="center",
+                    bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="0.7", alpha=0.85))

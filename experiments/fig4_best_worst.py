@@ -1,0 +1,73 @@
+"""Figure 4: every token's score under the "best" prompt against its score under the "worst" prompt, per model.
+Tokens above the diagonal score higher when asked for the worst thing.
+
+    python experiments/fig4_best_worst.py --runs RUN... [--x best --y worst]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments.common import colors, discover_runs, load_runs, plt, save, sweep_label  # noqa: E402
+from probe.analysis import stats  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Fig4Config:
+    runs: tuple[str, ...] = field(default=(), metadata={"help": "run directories (default: all under results/)",
+                                                        "repeat": True, "flag": "--runs", "metavar": "DIR"})
+    x: str = field(default="best", metadata={"help": "prompt on the x axis"})
+    y: str = field(default="worst", metadata={"help": "prompt on the y axis"})
+    out: str = field(default="figures", metadata={"help": "output folder"})
+
+
+def main(cfg: Fig4Config) -> list[dict]:
+    sweeps = [s for s in load_runs(cfg.runs or discover_runs())
+              if all(p in s.prompts or p in s.prompts.values() for p in (cfg.x, cfg.y))]
+    if not sweeps:
+        raise SystemExit(f"no run has both prompts {cfg.x!r} and {cfg.y!r}")
+    ncol = min(5, len(sweeps))
+    nrow = -(-len(sweeps) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.4 * ncol, 3.4 * nrow), squeeze=False)
+    out = []
+    for ax, s, c in zip(axes.flat, sweeps, colors(len(sweeps))):
+        a = s.prompt(s.key_for(cfg.x)).sort("token_id")
+        b = s.prompt(s.key_for(cfg.y)).sort("token_id")
+        x, y = a["score"].to_numpy(), b["score"].to_numpy()
+        ax.scatter(x, y, s=1, alpha=0.25, color=c, rasterized=True)
+        lo, hi = min(x.min(), y.min()), max(x.max(), y.max())
+        ax.plot([lo, hi], [lo, hi], ls="--", color="0.3", lw=1)
+        tau = stats.kendall_tau_b(x, y)
+        above = float(np.mean(y > x))
+        ax.set_title(f"{sweep_label(s)}\ntau-b {tau:.2f}; {above:.0%} of tokens above the diagonal", fontsize=8)
+        ax.set_xlabel(f"score, prompt '{cfg.x}'")
+        ax.set_ylabel(f"score, prompt '{cfg.y}'")
+        out.append({"model": sweep_label(s), "kendall_tau_b": tau, "fraction_above_diagonal": above})
+    for ax in list(axes.flat)[len(sweeps):]:
+        ax.axis("off")
+    fig.tight_layout()
+    save(fig, cfg.out, "fig4_best_vs_worst.png")
+    return out
+
+
+def make_parser(subparsers=None) -> argparse.ArgumentParser:
+    from probe.cliargs import add_dataclass_args
+
+    parser = argparse.ArgumentParser(prog="experiments/fig4_best_worst.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_dataclass_args(parser, Fig4Config)
+    return parser
+
+
+if __name__ == "__main__":
+    from probe.cliargs import config_from_args
+
+    print(main(config_from_args(Fig4Config, make_parser().parse_args())))

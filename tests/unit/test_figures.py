@@ -1,0 +1,58 @@
+"""Figure scripts run from saved results only; the EloEverything check agrees with the paper."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import make_figures
+from experiments.common import PAPER_RELEASE
+from probe.fake import hashed_score, write_fake_run
+from probe.prompts import PAPER_PROMPTS
+
+
+def test_elo_summary_agrees_with_the_paper(tmp_path):
+    from experiments.fig5_elo import EloConfig, main
+
+    assert PAPER_RELEASE.is_dir(), f"the paper release data is expected at {PAPER_RELEASE}"
+    summary = main(EloConfig(data=str(PAPER_RELEASE), out=str(tmp_path)))
+    on_disk = json.loads((tmp_path / "elo_summary.json").read_text())
+    assert set(on_disk) == {"elo_greatest_ever", "elo_humans_most_prefer", "elo_greatest_one_word"}
+    # the paper: human-model tau 0.20-0.38, 0.10-0.30, 0.22-0.39
+    for stem, (lo, hi) in {"elo_greatest_ever": (0.20, 0.38), "elo_humans_most_prefer": (0.10, 0.30),
+                           "elo_greatest_one_word": (0.22, 0.39)}.items():
+        taus = list(on_disk[stem]["kendall_tau_human"].values())
+        assert len(taus) == 10
+        assert round(min(taus), 2) == lo and round(max(taus), 2) == hi
+        assert len(on_disk[stem]["most_undervalued"]) >= 20 and len(on_disk[stem]["most_overvalued"]) >= 20
+    assert "Black people" in on_disk["elo_greatest_ever"]["most_undervalued"][:3]
+    assert summary["elo_greatest_ever"]["most_undervalued"] == on_disk["elo_greatest_ever"]["most_undervalued"]
+    for name in ("fig5b_rank_diff.png", "fig5c_rank_trajectories.png", "figA5_kendall_tau_heatmap.png",
+                 "figA6_kendall_tau_across_prompts.png", "figA7_rank_diff_humans_most_prefer.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_make_figures_from_fake_runs(tmp_path):
+    words = ["love", "hate", "good", "bad", "happy", "sad", "peace", "war", "joy", "pain", "nice", "awful",
+             "great", "terrible", "kind", "cruel", "hope", "fear", "win", "lose", " love", " hate", "zzq", "<s>"]
+    for i, fam in enumerate(["Llama 3", "Llama 3", "Gemma 2"]):
+        write_fake_run(tmp_path / "results", f"org{i}/model{i}", words, PAPER_PROMPTS,
+                       lambda k, t, i=i: hashed_score(f"{k}/{i % 2}", t), family=fam, special=["<s>"])
+    elo = tmp_path / "elo"
+    elo.mkdir()
+    src = (PAPER_RELEASE / "elo_greatest_ever.csv").read_text().splitlines()
+    (elo / "elo_greatest_ever.csv").write_text("\n".join(src[:400]) + "\n")
+    out = tmp_path / "figures"
+    assert make_figures.main(["--results", str(tmp_path / "results"), "--elo-data", str(elo), "--out", str(out),
+                              "--permutations", "100"]) == 0
+    made = {p.name for p in out.iterdir()}
+    for name in ("fig1_distributions_greatest.png", "figA1_distributions_worst.png", "fig2a_kendall_heatmap.png",
+                 "fig2b_mds.png", "fig2c_rsa.png", "fig3ab_valence_scatter.png", "fig3c_framing_slopes.png",
+                 "fig3d_frequency_slopes.png", "fig4_best_vs_worst.png", "fig5b_rank_diff.png", "elo_summary.json",
+                 "fig2a_kendall_heatmap_elo_greatest_ever.png", "table3_moments_greatest.csv"):
+        assert name in made, name
+    agreement = json.loads((out / "fig2_agreement.json").read_text())
+    tau = agreement["kendall_tau_b"]
+    # models 0 and 2 were given the same score function, model 1 another one
+    assert tau[0][2] == pytest.approx(1.0) and abs(tau[0][1]) < 0.9
+    assert Path(out / "fig2c_rsa.png").stat().st_size > 10_000
