@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "gcg": "probe.gcg",
     "analyze": "probe.analyze",
     "report": "probe.report",
+    "social": "probe.social.__main__",
 }
 
 

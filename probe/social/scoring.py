@@ -1,0 +1,79 @@
+"""Score every option of every item through the prefix-cache engine.
+
+Options are whole text responses, so each is rendered by the tokenizer's own chat template (text in, ids
+out: how a reward model is used on text). The ids before the response slot, found once per distinct prompt
+by `split_template`, are the shared prefix; items with the same prompt share one cache and one batch. An
+option whose rendering does not start with that prefix (the template merged it with the text before it)
+falls back to the longest prefix its item's options share.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import polars as pl
+import torch
+
+from probe.engine import FullSequenceScorer, PrefixScorer
+from probe.models.loading import LoadedModel
+from probe.paper_method import common_prefix
+from probe.scoring import AdaptiveBatcher, HeadOptions, ScoreMode, conversation, make_head
+from probe.social.items import Item
+from probe.template import render, split_template
+
+
+def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: HeadOptions, system: str | None):
+    """prefix ids -> list of (item index, option index, continuation ids)."""
+    tok = loaded.tokenizer
+    prefixes: dict[str, tuple[int, ...]] = {}
+    groups: dict[tuple[int, ...], list] = defaultdict(list)
+    for i, item in enumerate(items):
+        build = conversation(mode, item.prompt, system, opts)
+        if item.prompt not in prefixes:
+            prefixes[item.prompt] = split_template(tok, build, n_verify=0).prefix_ids
+        prefix = prefixes[item.prompt]
+        full = [render(tok, build, o) for o in item.options]
+        if not all(f[: len(prefix)] == list(prefix) and len(f) > len(prefix) for f in full):
+            lcp = common_prefix(full)
+            prefix = tuple(lcp[: min(len(lcp), min(len(f) for f in full) - 1)])
+        for j, f in enumerate(full):
+            groups[tuple(prefix)].append((i, j, f[len(prefix):]))
+    return groups
+
+
+def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: HeadOptions = HeadOptions(),
+                system: str | None = None, batch_size: int = 64, verify: int = 4, progress=None) -> pl.DataFrame:
+    """One row per item x option: dataset, domain, item_id, option, label, score, text."""
+    groups = _groups(loaded, mode, items, opts, system)
+    scores: dict[tuple[int, int], float] = {}
+    batcher = AdaptiveBatcher(batch_size)
+    checked = 0
+    for prefix, rows in groups.items():
+        head = make_head(loaded, mode, opts)
+        scorer = PrefixScorer(loaded.model, head, list(prefix))
+        rows = sorted(rows, key=lambda r: len(r[2]))  # similar lengths together: less padding
+        for s in range(0, len(rows), 256):
+            part = rows[s : s + 256]
+            m = max(len(r[2]) for r in part)
+            cont = torch.tensor([r[2] + [r[2][-1]] * (m - len(r[2])) for r in part])
+            lengths = torch.tensor([len(r[2]) for r in part])
+            out = batcher.run(scorer.score, cont, lengths=lengths)
+            if checked < verify:
+                ref = FullSequenceScorer(loaded.model, head, list(prefix)).score(cont[:2], lengths[:2]).numpy()
+                tol = 1e-3 * (1 + np.abs(ref)) if loaded.dtype == torch.float32 else 0.05 * (1 + np.abs(ref))
+                if (np.abs(out[:2] - ref) > tol).any():
+                    from probe.errors import ProbeError
+
+                    raise ProbeError(f"self-check failed on item {items[part[0][0]].item_id}: cached {out[:2]} vs "
+                                     f"own forward {ref}; the registry spec {loaded.spec.name!r} does not fit")
+                checked += 2
+            for (i, j, _), v in zip(part, out):
+                scores[(i, j)] = float(v)
+            if progress:
+                progress(len(part))
+    return pl.DataFrame([
+        {"dataset": it.dataset, "domain": it.domain, "item_id": it.item_id, "option": j, "label": it.labels[j],
+         "score": scores[(i, j)], "gold": it.gold, "undesirable": it.undesirable, "text": it.options[j]}
+        for i, it in enumerate(items) for j in range(len(it.options))
+    ])
