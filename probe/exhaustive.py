@@ -14,7 +14,7 @@ import argparse
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -22,6 +22,7 @@ import polars as pl
 import torch
 
 from probe.cliargs import add_dataclass_args, config_from_args
+from probe.distributed import Dist, barrier, broadcast, device_for, init
 from probe.errors import ProbeError
 from probe.models.embedded import EMBEDDED_ALIASES
 from probe.models.loading import LoadedModel, load_model
@@ -94,6 +95,11 @@ class ScoreVocabConfig:
     top: int = field(default=20, metadata={"help": "how many best and worst tokens to print per prompt"})
     seed: int = field(default=0, metadata={"help": "seed for the verification samples"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    dry_run: bool = field(default=False, metadata={
+        "help": "build the model from its config on the meta device (no weights), print the memory per batch "
+                "row and the batch size it would pick, and stop"})
+    device_memory: float | None = field(default=None, metadata={
+        "help": "GiB of device memory for --dry-run (default: the visible GPU's, else 80)"})
 
     def __post_init__(self) -> None:
         for name in ("shard_size", "top"):
@@ -185,7 +191,8 @@ class VocabSweep:
                                        "fraction_identical_to_raw_ids": source.same_as_template}
         return source
 
-    def score_prompt(self, prompt: Prompt, run: RunDir | None = None) -> np.ndarray:
+    def score_prompt(self, prompt: Prompt, run: RunDir | None = None, dist: Dist = Dist()) -> np.ndarray | None:
+        """This prompt's scores for every token (None on ranks other than 0 of a multi-process sweep)."""
         t0 = time.perf_counter()
         source = self.row_source(prompt)
         scorer = build_scorer(self.loaded, self.head, source.prefix_ids)
@@ -202,7 +209,8 @@ class VocabSweep:
             ids = self.token_ids[s * k : (s + 1) * k]
             done = run.read_shard(prompt.key, s, ids.size) if run else None
             if done is None:
-                todo.append(s)
+                if dist.owns(s):
+                    todo.append(s)
             else:
                 out[s * k : s * k + ids.size] = done
         n_todo = sum(min(k, self.token_ids.size - s * k) for s in todo)
@@ -216,6 +224,16 @@ class VocabSweep:
                 run.write_shard(prompt.key, s, scores)
             out[s * k : s * k + ids.size] = scores
         bar.close()
+        if dist.enabled:  # the other ranks' shards are on disk once everyone reaches the barrier
+            barrier(dist)
+            if not dist.main:
+                return None
+            for s in range(n_shards):
+                ids = self.token_ids[s * k : (s + 1) * k]
+                shard = run.read_shard(prompt.key, s, ids.size)
+                if shard is None:
+                    raise ProbeError(f"shard {s} of {prompt.key} is missing after the barrier; resume the run")
+                out[s * k : s * k + ids.size] = shard
         t2 = time.perf_counter()
         self.batch_size = batcher.batch_size
         self.timing[prompt.key] = {
@@ -252,36 +270,48 @@ def score_vocab(model, tokenizer, prompt: str, config: ScoreVocabConfig | None =
 
 
 def run(config: ScoreVocabConfig) -> RunDir:
-    """The command: load, split, open (or resume) a run directory, sweep each prompt, write results."""
+    """The command: load, split, open (or resume) a run directory, sweep each prompt, write results.
+
+    Under torchrun every rank loads the model and scores its share of the shards; rank 0 writes the results.
+    """
     t_start = time.perf_counter()
+    dist = init()
+    if dist.enabled:
+        config = replace(config, device=device_for(dist, config.device), progress=config.progress and dist.main)
     prompts = resolve_prompts(config.prompt, config.prompts)
     loaded = load_for(config)
     t_loaded = time.perf_counter()
     sweep = VocabSweep(loaded, config, prompts)
-    settings = sweep.settings()
-    fp = fingerprint(settings)
-    run_dir, meta = _open_run(config, sweep, settings, fp)
-    sweep.batch_size = meta["settings"]["batch_size"]
+    run_dir, meta = broadcast(dist, _open_run(config, sweep) if dist.main else None)
+    if not dist.main:
+        run_dir = RunDir(run_dir.path)
+    sweep.batch_size = meta["settings"]["batch_size"]  # a resumed run keeps its batch size: identical batches
     vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
-    run_dir.write_table("vocab.parquet", vocab)
+    if dist.main:
+        run_dir.write_table("vocab.parquet", vocab)
     tables = []
     for p in prompts:
-        scores = sweep.score_prompt(p, run_dir)
+        scores = sweep.score_prompt(p, run_dir, dist)
+        if not dist.main:
+            continue
         meta["self_check"][p.key] = sweep.checks.get(p.key)
         if p.key in sweep.paper_info:
             meta["prompts"][p.key]["paper_method"] = sweep.paper_info[p.key]
         meta["timing"]["prompts"][p.key] = sweep.timing[p.key]
         run_dir.write_meta(meta)
         tables.append(ranked_table(p, sweep.token_ids, scores, vocab))
-    run_dir.write_table("scores.parquet", pl.concat(tables))
-    n_now = sum(t["tokens_scored_now"] for t in sweep.timing.values())
-    sweep_s = sum(t["sweep_s"] for t in sweep.timing.values())
-    meta["timing"].update({
-        "load_s": round(t_loaded - t_start, 3), "wall_s": round(time.perf_counter() - t_start, 3),
-        "sweep_s": round(sweep_s, 3), "tokens_per_s": round(n_now / sweep_s, 2) if sweep_s else None,
-    })
-    meta["status"], meta["finished"] = "complete", _now()
-    run_dir.write_meta(meta)
+    if dist.main:
+        run_dir.write_table("scores.parquet", pl.concat(tables))
+        n_now = sum(t["tokens_scored_now"] for t in sweep.timing.values())
+        sweep_s = sum(t["sweep_s"] for t in sweep.timing.values())
+        meta["timing"].update({
+            "load_s": round(t_loaded - t_start, 3), "wall_s": round(time.perf_counter() - t_start, 3),
+            "sweep_s": round(sweep_s, 3), "tokens_per_s": round(n_now / sweep_s, 2) if sweep_s else None,
+            "processes": dist.world,
+        })
+        meta["status"], meta["finished"] = "complete", _now()
+        run_dir.write_meta(meta)
+    barrier(dist)
     return run_dir
 
 
@@ -291,22 +321,40 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _open_run(config: ScoreVocabConfig, sweep: VocabSweep, settings: dict, fp: str) -> tuple[RunDir, dict]:
+def _open_run(config: ScoreVocabConfig, sweep: VocabSweep) -> tuple[RunDir, dict]:
+    """A new run directory, or the one to resume. The batch size is stored but not fingerprinted: a resumed
+    run adopts its stored batch size, so its remaining batches are the ones it would have run."""
     loaded = sweep.loaded
+    fp = fingerprint({k: v for k, v in sweep.settings().items() if k != "batch_size"})
     if config.resume:
         run_dir = (find_resumable(config.output, loaded.model_id, EXPERIMENT, fp) if config.resume == "latest"
                    else RunDir(config.resume))
         if run_dir is None:
             raise ProbeError(f"--resume: no unfinished run of {loaded.model_id} with these settings under "
                              f"{config.output}; run without --resume to start one")
-        meta = check_resumable(run_dir, fp, settings)
+        stored = run_dir.read_meta().get("settings", {}).get("batch_size")
+        if stored and stored != sweep.batch_size:
+            if config.batch_size is not None:
+                log.warning("--resume keeps the run's batch size %s (not %s) so that results stay identical",
+                            stored, config.batch_size)
+            sweep.batch_size = stored
+        meta = check_resumable(run_dir, fp, {k: v for k, v in sweep.settings().items() if k != "batch_size"})
         meta.setdefault("resumed", []).append({"at": _now(), "command": sys.argv})
         log.info("resuming %s", run_dir.path)
         return run_dir, meta
     run_dir = RunDir.create(config.output, loaded.model_id, EXPERIMENT)
-    meta = _new_meta(config, sweep, settings, fp)
+    meta = _new_meta(config, sweep, sweep.settings(), fp)
     run_dir.write_meta(meta)
     return run_dir, meta
+
+
+JOB_FIELDS = ("rm", "prompt", "prompts", "system", "score", "logprob_reduce", "judge_question", "dtype", "revision",
+              "chat_template", "spec", "label_index", "limit", "input_method")
+
+
+def job_key(config: ScoreVocabConfig) -> dict:
+    """The settings that define a job for the batch runner (what to compute, not how fast)."""
+    return {f: getattr(config, f) for f in JOB_FIELDS} | {"prompt": list(config.prompt)}
 
 
 def _new_meta(config: ScoreVocabConfig, sweep: VocabSweep, settings: dict, fp: str) -> dict:
@@ -316,6 +364,7 @@ def _new_meta(config: ScoreVocabConfig, sweep: VocabSweep, settings: dict, fp: s
         "schema": "rm-probe/exhaustive/1",
         "experiment": EXPERIMENT,
         "status": "running",
+        "job": job_key(config),
         "created": _now(),
         "fingerprint": fp,
         "settings": settings,
@@ -360,8 +409,29 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     return parser
 
 
+def dry_run(config: ScoreVocabConfig) -> dict:
+    """Plan for the named device type without needing it: GPU memory is the visible card's, else
+    --device-memory, else 80 GiB; CPU plans against --device-memory (default 80)."""
+    from probe.dryrun import describe, plan
+    from probe.models.loading import resolve_dtype
+    from probe.models.registry import lookup
+
+    wants_gpu = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+    memory = config.device_memory
+    if memory is None:
+        memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
+    spec, _ = lookup(config.rm or "embedded")
+    dtype = resolve_dtype(config.dtype, torch.device("cuda" if wants_gpu else "cpu"), spec)
+    p = plan(config.rm, dtype, memory, config.mode, n_prompts=len(resolve_prompts(config.prompt, config.prompts)))
+    print(describe(p))
+    return p
+
+
 def main_from_args(ns: argparse.Namespace) -> int:
     config = config_from_args(ScoreVocabConfig, ns)
+    if config.dry_run:
+        dry_run(config)
+        return 0
     run_dir = run(config)
     print_summary(run_dir, config.top)
     return 0

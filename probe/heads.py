@@ -201,11 +201,30 @@ class GatedRewardHead(ScoreHead):
         return out.reshape(out.shape[0], -1)[:, 0].float()
 
 
+def logit_transform(model: torch.nn.Module):
+    """The family's elementwise transform of LM-head logits, or None: Gemma 2/3 soft-cap
+    (``final_logit_softcapping``), Cohere scales (``logit_scale``), Granite divides (``logits_scaling``)."""
+    cfg = model.config.get_text_config()
+    scale, divide = getattr(cfg, "logit_scale", None), getattr(cfg, "logits_scaling", None)
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if scale is None and divide is None and cap is None:
+        return None
+
+    def transform(logits: Tensor) -> Tensor:
+        if scale is not None:
+            logits = logits * scale
+        if divide is not None:
+            logits = logits / divide
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return transform
+
+
 def lm_logits(model: torch.nn.Module, hidden: Tensor, rows: Sequence[int] | None = None) -> Tensor:
     """The causal LM's logits (all, or only vocabulary ``rows``) from final hidden states, with the family's
-    output transform: Gemma 2/3 soft-cap (``final_logit_softcapping``), Cohere scales (``logit_scale``),
-    Granite divides (``logits_scaling``). The parity tests compare this with each family's own forward.
-    """
+    output transform (`logit_transform`). The parity tests compare this with each family's own forward."""
     head = model.get_output_embeddings()
     if rows is None:
         logits = head(hidden)
@@ -213,15 +232,8 @@ def lm_logits(model: torch.nn.Module, hidden: Tensor, rows: Sequence[int] | None
         idx = torch.tensor(list(rows), device=head.weight.device)
         bias = None if head.bias is None else head.bias[idx]
         logits = F.linear(hidden.to(head.weight.dtype), head.weight[idx], bias)
-    cfg = model.config.get_text_config()
-    if getattr(cfg, "logit_scale", None) is not None:
-        logits = logits * cfg.logit_scale
-    if getattr(cfg, "logits_scaling", None) is not None:
-        logits = logits / cfg.logits_scaling
-    cap = getattr(cfg, "final_logit_softcapping", None)
-    if cap is not None:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+    transform = logit_transform(model)
+    return logits if transform is None else transform(logits)
 
 
 class LogprobHead(ScoreHead):
@@ -237,13 +249,14 @@ class LogprobHead(ScoreHead):
     drops_last_input = True
 
     def __init__(self, model: torch.nn.Module, reduce: str = "sum", logits_budget: int = LOGITS_BUDGET,
-                 response_in_prefix: int = 0):
+                 response_in_prefix: int = 0, fused: bool = False):
         if reduce not in ("sum", "mean"):
             raise ValueError(f"reduce must be sum or mean, not {reduce!r}")
         self.model = model
         self.reduce = reduce
         self.logits_budget = logits_budget
         self.k_fixed = response_in_prefix
+        self.fused = fused  # kernels/fused_logprob: no rows x vocabulary logits (hard targets only)
 
     def prepare(self, prefix_ids, prefix_hidden):
         self.first = torch.log_softmax(lm_logits(self.model, prefix_hidden[-1:]).float(), -1)[0]
@@ -259,7 +272,14 @@ class LogprobHead(ScoreHead):
         """log p(targets[i, j]) from hidden[i, j], in row chunks that keep the logits within budget. Where
         ``onehot[i, j]`` is given (the first k target columns), the target is that soft row instead."""
         b, n = targets.shape
-        vocab = self.model.get_output_embeddings().weight.shape[0]
+        head = self.model.get_output_embeddings()
+        if self.fused and onehot is None:
+            from kernels.fused_logprob import fused_token_logprobs
+
+            flat = fused_token_logprobs(hidden.reshape(b * n, -1).to(head.weight.dtype), head.weight,
+                                        targets.reshape(-1), head.bias, logit_transform(self.model))
+            return flat.reshape(b, n)
+        vocab = head.weight.shape[0]
         rows = max(1, self.logits_budget // max(1, n * vocab))
         out = []
         for s in range(0, b, rows):
@@ -295,7 +315,7 @@ class LogprobHead(ScoreHead):
         return tok.mean(1) if self.reduce == "mean" else tok.sum(1)
 
     def describe(self):
-        return {"head": self.name, "reduce": self.reduce, "response_in_prefix": self.k_fixed}
+        return {"head": self.name, "reduce": self.reduce, "response_in_prefix": self.k_fixed, "fused": self.fused}
 
 
 class JudgeHead(ScoreHead):

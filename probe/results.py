@@ -200,7 +200,7 @@ def find_resumable(root: str | Path, model: str, experiment: str, fp: str) -> Ru
 def check_resumable(run: RunDir, fp: str, settings: dict) -> dict:
     meta = run.read_meta()
     if meta.get("fingerprint") != fp:
-        old = meta.get("settings", {})
+        old = {k: v for k, v in meta.get("settings", {}).items() if k in settings}
         diff = sorted(k for k in set(old) | set(settings) if json.dumps(old.get(k), default=str, sort_keys=True)
                       != json.dumps(settings.get(k), default=str, sort_keys=True))
         raise ResumeError(

@@ -69,10 +69,30 @@ def test_resume_refuses_other_settings(tiny_dirs, tmp_path, monkeypatch):
         run(_config(tiny_dirs, tmp_path))
     monkeypatch.undo()
     (broken,) = list(tmp_path.glob("*/exhaustive_*"))
-    with pytest.raises(ResumeError, match="batch_size"):
-        run(_config(tiny_dirs, tmp_path, resume=str(broken), batch_size=32))
+    with pytest.raises(ResumeError, match="n_tokens"):
+        run(_config(tiny_dirs, tmp_path, resume=str(broken), limit=500))
     with pytest.raises(ProbeError, match="no unfinished run"):
         run(_config(tiny_dirs, tmp_path, resume="latest", shard_size=64))
+
+
+def test_resume_keeps_the_runs_batch_size(tiny_dirs, tmp_path, monkeypatch):
+    reference = run(_config(tiny_dirs, tmp_path / "a")).read_table("scores.parquet")
+    writes = {"n": 0}
+    original = RunDir.write_shard
+
+    def crashing(self, key, shard, scores):
+        if writes["n"] == 3:
+            raise Crash
+        writes["n"] += 1
+        original(self, key, shard, scores)
+
+    monkeypatch.setattr(RunDir, "write_shard", crashing)
+    with pytest.raises(Crash):
+        run(_config(tiny_dirs, tmp_path / "b"))
+    monkeypatch.setattr(RunDir, "write_shard", original)
+    resumed = run(_config(tiny_dirs, tmp_path / "b", resume="latest", batch_size=7))
+    assert resumed.read_meta()["settings"]["batch_size"] == 48
+    assert resumed.read_table("scores.parquet").equals(reference)
 
 
 def test_corrupt_or_short_shard_is_rescored(tiny_dirs, tmp_path):

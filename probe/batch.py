@@ -1,0 +1,114 @@
+"""Run many sweeps from one file: models x prompts, in sequence; skip what is complete, resume what is not.
+
+    python -m probe.batch experiments/paper_ten_rms.yaml [--dry-run]
+
+The file has ``defaults`` (any exhaustive-sweep setting), ``prompts`` (a list of texts, or ``paper`` for the
+paper's three) and ``models`` (a list of settings, at least ``rm``). A model's job is done when a complete run
+under the output root records the same job (model, prompts, score mode, dtype, ...); an unfinished one with
+the same job is resumed; otherwise a new run starts. A job that fails is reported and the next one runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import yaml
+
+from probe.errors import DataFormatError, ProbeError
+from probe.exhaustive import EXPERIMENT, ScoreVocabConfig, dry_run, job_key, run
+from probe.prompts import PAPER_PROMPTS
+from probe.results import sanitize_model_name
+
+FIELDS = {f.name for f in fields(ScoreVocabConfig)}
+
+
+def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(f"{path}: no such file")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+        raise DataFormatError(f"{path}: expected a mapping with a 'models' list")
+    defaults = data.get("defaults") or {}
+    prompts = data.get("prompts", "paper")
+    prompts = tuple(PAPER_PROMPTS.values()) if prompts == "paper" else tuple(prompts)
+    jobs = []
+    for k, entry in enumerate(data["models"], start=1):
+        if isinstance(entry, str):
+            entry = {"rm": entry}
+        unknown = sorted(set(entry) - FIELDS) + sorted(set(defaults) - FIELDS)
+        if unknown:
+            raise DataFormatError(f"{path} models[{k}]: unknown settings {unknown}")
+        try:
+            jobs.append(ScoreVocabConfig(**{"prompt": prompts, **defaults, **entry}))
+        except (TypeError, ValueError) as err:
+            raise DataFormatError(f"{path} models[{k}]: {err}") from None
+    return jobs
+
+
+def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
+    """('complete' | 'partial' | 'new', the run directory found)."""
+    base = Path(config.output) / sanitize_model_name(config.rm or "HuggingFaceTB/SmolLM2-135M-Instruct")
+    key = json.dumps(job_key(config), sort_keys=True, default=str)
+    partial = None
+    for meta_path in sorted(base.glob(f"{EXPERIMENT}_*/meta.json"), reverse=True):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if json.dumps(meta.get("job"), sort_keys=True, default=str) != key:
+            continue
+        if meta.get("status") == "complete":
+            return "complete", meta_path.parent
+        partial = partial or meta_path.parent
+    return ("partial", partial) if partial else ("new", None)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m probe.batch", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("jobs", help="YAML file of defaults, prompts and models")
+    ap.add_argument("--dry-run", action="store_true", help="print each job's state and memory plan; run nothing")
+    args = ap.parse_args(argv)
+    from probe.cli import setup_logging
+
+    setup_logging(False)
+    try:
+        jobs = read_jobs(args.jobs)
+    except ProbeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    failed = 0
+    for config in jobs:
+        status, where = state(config)
+        name = config.rm or "embedded"
+        if args.dry_run:
+            print(f"[{status}] {name}" + (f" ({where})" if where else ""))
+            try:
+                dry_run(config)
+            except ProbeError as err:
+                print(f"  error: {err}")
+            continue
+        if status == "complete":
+            print(f"[skip] {name}: complete in {where}")
+            continue
+        if status == "partial":
+            config = ScoreVocabConfig(**{**{f: getattr(config, f) for f in FIELDS}, "resume": str(where)})
+            print(f"[resume] {name}: {where}")
+        else:
+            print(f"[run] {name}")
+        try:
+            rd = run(config)
+            print(f"  done: {rd.path}")
+        except ProbeError as err:
+            failed += 1
+            print(f"  error: {err}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
