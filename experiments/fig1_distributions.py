@@ -62,12 +62,10 @@ def main(cfg: Fig1Config) -> Path:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cliargs import add_dataclass_args
+    from probe.cli import command_parser
 
-    parser = argparse.ArgumentParser(prog="experiments/fig1_distributions.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_dataclass_args(parser, Fig1Config)
-    return parser
+    return command_parser(subparsers, "fig1_distributions", (__doc__ or "").splitlines()[0], "experiments/fig1_distributions.py",
+                          __doc__, Fig1Config, verbose=False)
 
 
 if __name__ == "__main__":

@@ -122,12 +122,10 @@ def main(cfg: Fig2Config) -> dict:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cliargs import add_dataclass_args
+    from probe.cli import command_parser
 
-    parser = argparse.ArgumentParser(prog="experiments/fig2_agreement.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_dataclass_args(parser, Fig2Config)
-    return parser
+    return command_parser(subparsers, "fig2_agreement", (__doc__ or "").splitlines()[0], "experiments/fig2_agreement.py",
+                          __doc__, Fig2Config, verbose=False)
 
 
 if __name__ == "__main__":

@@ -109,12 +109,10 @@ def main(cfg: Fig3Config) -> dict:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cliargs import add_dataclass_args
+    from probe.cli import command_parser
 
-    parser = argparse.ArgumentParser(prog="experiments/fig3_framing.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_dataclass_args(parser, Fig3Config)
-    return parser
+    return command_parser(subparsers, "fig3_framing", (__doc__ or "").splitlines()[0], "experiments/fig3_framing.py",
+                          __doc__, Fig3Config, verbose=False)
 
 
 if __name__ == "__main__":

@@ -59,12 +59,10 @@ def main(cfg: Fig4Config) -> list[dict]:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cliargs import add_dataclass_args
+    from probe.cli import command_parser
 
-    parser = argparse.ArgumentParser(prog="experiments/fig4_best_worst.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_dataclass_args(parser, Fig4Config)
-    return parser
+    return command_parser(subparsers, "fig4_best_worst", (__doc__ or "").splitlines()[0], "experiments/fig4_best_worst.py",
+                          __doc__, Fig4Config, verbose=False)
 
 
 if __name__ == "__main__":

@@ -207,13 +207,10 @@ def main(cfg: EloConfig) -> dict:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cliargs import add_dataclass_args
+    from probe.cli import command_parser
 
-    kw = dict(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser = subparsers.add_parser("fig5", help="EloEverything figures", **kw) if subparsers else \
-        argparse.ArgumentParser(prog="experiments/fig5_elo.py", **kw)
-    add_dataclass_args(parser, EloConfig)
-    return parser
+    return command_parser(subparsers, "fig5_elo", (__doc__ or "").splitlines()[0], "experiments/fig5_elo.py",
+                          __doc__, EloConfig, verbose=False)
 
 
 if __name__ == "__main__":

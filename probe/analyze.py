@@ -28,7 +28,7 @@ from probe.analysis.lexicons import valence
 from probe.analysis.misalignment import identity_ranks, identity_terms, misalignment
 from probe.analysis.regressions import exposure_slopes, framing_slopes, lexicon_matches
 from probe.analysis.sweeps import Sweep, load_sweep, shared_vocabulary, short_name
-from probe.cliargs import add_dataclass_args, config_from_args
+from probe.cliargs import config_from_args
 from probe.errors import DataFormatError, ProbeError
 from probe.results import atomic_write_json, utc_stamp
 
@@ -216,14 +216,12 @@ def run(config: AnalysisConfig) -> Path:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    kw = dict(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser = subparsers.add_parser("analyze", help="analyses of saved runs", **kw) if subparsers else \
-        argparse.ArgumentParser(prog="python -m probe.analyze", **kw)
-    parser.add_argument("analysis", choices=ANALYSES, help="which analysis")
-    parser.add_argument("runs", nargs="*", help="run directories written by probe.exhaustive")
-    add_dataclass_args(parser, AnalysisConfig)
-    parser.set_defaults(func=main_from_args)
-    return parser
+    from probe.cli import command_parser
+
+    return command_parser(subparsers, "analyze", "analyses of saved runs", "python -m probe.analyze", __doc__,
+                          AnalysisConfig, main_from_args, verbose=False, positional=(
+                              ("analysis", {"choices": ANALYSES, "help": "which analysis"}),
+                              ("runs", {"nargs": "*", "help": "run directories written by probe.exhaustive"})))
 
 
 def main_from_args(ns: argparse.Namespace) -> int:

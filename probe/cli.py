@@ -31,6 +31,25 @@ def setup_logging(verbose: bool) -> None:
         transformers.logging.disable_progress_bar()
 
 
+def command_parser(subparsers, name: str, help_: str, prog: str, doc: str | None, config_cls=None, func=None,
+                   positional: tuple[tuple[str, dict], ...] = (), verbose: bool = True) -> argparse.ArgumentParser:
+    """A command's parser, standalone (``python -m ...``) or as a ``probe`` subcommand: its positional
+    arguments, then one flag per field of its config dataclass (help written once, in the dataclass)."""
+    from probe.cliargs import add_dataclass_args
+
+    kw = dict(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(name, help=help_, **kw) if subparsers else argparse.ArgumentParser(prog=prog, **kw)
+    for arg, opts in positional:
+        parser.add_argument(arg, **opts)
+    if config_cls is not None:
+        add_dataclass_args(parser, config_cls)
+    if verbose:
+        parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    if func is not None:
+        parser.set_defaults(func=func)
+    return parser
+
+
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     ns = parser.parse_args(argv)
     setup_logging(getattr(ns, "verbose", False))

@@ -21,11 +21,12 @@ import numpy as np
 import polars as pl
 import torch
 
-from probe.cliargs import add_dataclass_args, config_from_args
+from probe.cliargs import config_from_args
 from probe.distributed import Dist, barrier, broadcast, device_for, init
 from probe.errors import ProbeError
 from probe.models.embedded import EMBEDDED_ALIASES
-from probe.models.loading import LoadedModel, load_model
+from probe.models.loading import LoadedModel, load_for_config
+from probe.models.options import ModelOptions
 from probe.prompts import Prompt, resolve_prompts
 from probe.results import RunDir, check_resumable, environment, find_resumable, fingerprint
 from probe.scoring import (
@@ -50,9 +51,7 @@ EXPERIMENT = "exhaustive"
 
 
 @dataclass(frozen=True)
-class ScoreVocabConfig:
-    rm: str | None = field(default=None, metadata={
-        "help": "reward model: Hugging Face id or local directory; omit for the embedded SmolLM2-135M-Instruct"})
+class ScoreVocabConfig(ModelOptions):
     prompt: tuple[str, ...] = field(default=(), metadata={
         "help": "a prompt to sweep (repeatable); default: the paper's greatest/best/worst prompts", "repeat": True})
     prompts: str | None = field(default=None, metadata={
@@ -66,19 +65,6 @@ class ScoreVocabConfig:
         "help": "how --score logprob combines token log-probabilities"})
     judge_question: str = field(default=JUDGE_QUESTION, metadata={
         "help": "judging question for --score judge, with {prompt} and {response}"})
-    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
-    dtype: str = field(default="auto", metadata={
-        "help": "float32, bfloat16, float16, or auto (float32 on CPU, the registry's dtype, bf16, on GPU)"})
-    device_map: str | None = field(default=None, metadata={
-        "help": "passed to from_pretrained, e.g. auto to spread a large model over several GPUs"})
-    revision: str | None = field(default=None, metadata={"help": "model revision (branch, tag or commit)"})
-    trust_remote_code: bool = field(default=False, metadata={"help": "allow the model's own modelling code"})
-    chat_template: str | None = field(default=None, metadata={
-        "help": "Jinja chat template file, for tokenizers without one", "metavar": "FILE"})
-    spec: str | None = field(default=None, metadata={"help": "registry entry to use instead of the looked-up one"})
-    label_index: int | None = field(default=None, metadata={"help": "output column of a multi-output reward head"})
-    allow_random_head: bool = field(default=False, metadata={
-        "help": "accept a classifier whose head is randomly initialised (a null model)"})
     batch_size: int | None = field(default=None, metadata={
         "help": "rows per forward (default: 256 on CPU, what fits on GPU); halved automatically on out-of-memory"})
     shard_size: int = field(default=4096, metadata={"help": "tokens per checkpoint file"})
@@ -143,11 +129,7 @@ def ranked_table(prompt: Prompt, token_ids: np.ndarray, scores: np.ndarray, voca
 
 
 def load_for(config: ScoreVocabConfig) -> LoadedModel:
-    return load_model(
-        config.rm, kind=model_kind(config.mode), device=config.device, dtype=config.dtype, revision=config.revision,
-        trust_remote_code=config.trust_remote_code, chat_template=config.chat_template, spec_name=config.spec,
-        label_index=config.label_index, device_map=config.device_map, allow_random_head=config.allow_random_head,
-    )
+    return load_for_config(config, model_kind(config.mode))
 
 
 class VocabSweep:
@@ -400,13 +382,10 @@ def print_summary(run_dir: RunDir, top: int) -> None:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    kw = dict(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser = subparsers.add_parser("score", help="exhaustive single-token sweep", **kw) if subparsers else \
-        argparse.ArgumentParser(prog="python -m probe.exhaustive", **kw)
-    add_dataclass_args(parser, ScoreVocabConfig)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
-    parser.set_defaults(func=main_from_args)
-    return parser
+    from probe.cli import command_parser
+
+    return command_parser(subparsers, "score", "exhaustive single-token sweep", "python -m probe.exhaustive",
+                          __doc__, ScoreVocabConfig, main_from_args)
 
 
 def dry_run(config: ScoreVocabConfig) -> dict:

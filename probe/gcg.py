@@ -28,11 +28,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from probe.cliargs import add_dataclass_args, config_from_args
+from probe.cliargs import config_from_args
 from probe.engine import FullSequenceScorer, PrefixScorer
 from probe.errors import ProbeError
 from probe.models.embedded import EMBEDDED_ALIASES
-from probe.models.loading import LoadedModel, load_model
+from probe.models.loading import LoadedModel, load_for_config
+from probe.models.options import ModelOptions
 from probe.prompts import PAPER_PROMPTS
 from probe.results import RunDir, atomic_write_json, environment
 from probe.scoring import (
@@ -52,8 +53,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class GCGConfig:
-    rm: str | None = field(default=None, metadata={"help": "reward model id or path; omit for the embedded SmolLM2"})
+class GCGConfig(ModelOptions):
     prompt: str = field(default=PAPER_PROMPTS["greatest"], metadata={"help": "the user prompt"})
     system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
     score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
@@ -81,14 +81,6 @@ class GCGConfig:
         "help": "instead of GCG: exact beam search keeping the K best prefixes, extending each by every allowed "
                 "token, up to --length tokens (2 or 3 is practical)"})
     batch_size: int | None = field(default=None, metadata={"help": "rows per forward (default: 256 CPU; GPU by memory)"})
-    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
-    dtype: str = field(default="auto", metadata={"help": "float32, bfloat16, float16, or auto"})
-    revision: str | None = field(default=None, metadata={"help": "model revision"})
-    trust_remote_code: bool = field(default=False, metadata={"help": "allow the model's own modelling code"})
-    chat_template: str | None = field(default=None, metadata={"help": "Jinja chat template file", "metavar": "FILE"})
-    spec: str | None = field(default=None, metadata={"help": "registry entry to use"})
-    label_index: int | None = field(default=None, metadata={"help": "output column of a multi-output reward head"})
-    allow_random_head: bool = field(default=False, metadata={"help": "accept a randomly initialised reward head"})
     output: str = field(default="results", metadata={"help": "root folder for run directories"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
@@ -367,11 +359,7 @@ def beam_search(loaded: LoadedModel, config: GCGConfig, split: TemplateSplit, al
 
 
 def load_for(config: GCGConfig) -> LoadedModel:
-    return load_model(
-        config.rm, kind=model_kind(config.mode), device=config.device, dtype=config.dtype, revision=config.revision,
-        trust_remote_code=config.trust_remote_code, chat_template=config.chat_template, spec_name=config.spec,
-        label_index=config.label_index, allow_random_head=config.allow_random_head,
-    )
+    return load_for_config(config, model_kind(config.mode))
 
 
 def main_from_args(ns: argparse.Namespace) -> int:
@@ -432,13 +420,10 @@ def _print_beam(levels: list[pl.DataFrame], config: GCGConfig) -> None:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    kw = dict(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser = subparsers.add_parser("gcg", help="multi-token search (GCG, exact beam)", **kw) if subparsers else \
-        argparse.ArgumentParser(prog="python -m probe.gcg", **kw)
-    add_dataclass_args(parser, GCGConfig)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
-    parser.set_defaults(func=main_from_args)
-    return parser
+    from probe.cli import command_parser
+
+    return command_parser(subparsers, "gcg", "multi-token search (GCG, exact beam)", "python -m probe.gcg", __doc__,
+                          GCGConfig, main_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from probe.cliargs import add_dataclass_args, config_from_args
+from probe.cliargs import config_from_args
 from probe.results import RunDir, atomic_write_bytes
 
 FLAG_BITS = {"is_special": 1, "is_added": 2, "is_word": 4, "leading_space": 8, "roundtrips": 16, "valid_utf8": 32}
@@ -191,13 +191,11 @@ def main_from_args(ns: argparse.Namespace) -> int:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    kw = dict(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser = subparsers.add_parser("report", help="the auditors' HTML report of a run", **kw) if subparsers else \
-        argparse.ArgumentParser(prog="python -m probe.report", **kw)
-    parser.add_argument("run", help="a complete exhaustive run directory")
-    add_dataclass_args(parser, ReportConfig)
-    parser.set_defaults(func=main_from_args)
-    return parser
+    from probe.cli import command_parser
+
+    return command_parser(subparsers, "report", "the auditors' HTML report of a run", "python -m probe.report",
+                          __doc__, ReportConfig, main_from_args,
+                          positional=(("run", {"help": "a complete exhaustive run directory"}),), verbose=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from typing import Literal
 import polars as pl
 import yaml
 
-from probe.cliargs import add_dataclass_args, config_from_args
+from probe.cliargs import config_from_args
 from probe.errors import DataFormatError, ProbeError
 from probe.models.embedded import EMBEDDED_ALIASES
 from probe.models.loading import load_model
@@ -179,12 +179,10 @@ def main_from_args(ns: argparse.Namespace) -> int:
 
 
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    kw = dict(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser = subparsers.add_parser("social", help="social-preference benchmark", **kw) if subparsers else \
-        argparse.ArgumentParser(prog="python -m probe.social", **kw)
-    add_dataclass_args(parser, SocialConfig)
-    parser.set_defaults(func=main_from_args)
-    return parser
+    from probe.cli import command_parser
+
+    return command_parser(subparsers, "social", "social-preference benchmark", "python -m probe.social", __doc__,
+                          SocialConfig, main_from_args, verbose=False)
 
 
 def main(argv: list[str] | None = None) -> int:

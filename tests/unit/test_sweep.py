@@ -25,23 +25,28 @@ class Crash(Exception):
     pass
 
 
-def test_resume_after_interruption_is_identical(tiny_dirs, tmp_path, monkeypatch):
-    full = run(_config(tiny_dirs, tmp_path / "a"))
-    reference = full.read_table("scores.parquet")
-
-    writes = {"n": 0}
+def crash_after(monkeypatch, n: int) -> None:
+    """Make RunDir.write_shard raise after ``n`` shards were written (a kill between two shards)."""
     original = RunDir.write_shard
+    writes = {"n": 0}
 
     def crashing(self, key, shard, scores):
-        if writes["n"] == 7:  # die after 7 shards: the first prompt's 12 shards are not all done
+        if writes["n"] == n:
             raise Crash
         writes["n"] += 1
         original(self, key, shard, scores)
 
     monkeypatch.setattr(RunDir, "write_shard", crashing)
+
+
+def test_resume_after_interruption_is_identical(tiny_dirs, tmp_path, monkeypatch):
+    full = run(_config(tiny_dirs, tmp_path / "a"))
+    reference = full.read_table("scores.parquet")
+
+    crash_after(monkeypatch, 7)  # die after 7 shards: the first prompt's 12 shards are not all done
     with pytest.raises(Crash):
         run(_config(tiny_dirs, tmp_path / "b"))
-    monkeypatch.setattr(RunDir, "write_shard", original)
+    monkeypatch.undo()
     (broken,) = list((tmp_path / "b").glob("*/exhaustive_*"))
     assert json.loads((broken / "meta.json").read_text())["status"] == "running"
     assert not (broken / "scores.parquet").exists()
@@ -61,10 +66,7 @@ def test_resume_after_interruption_is_identical(tiny_dirs, tmp_path, monkeypatch
 
 
 def test_resume_refuses_other_settings(tiny_dirs, tmp_path, monkeypatch):
-    def crash(self, *a):
-        raise Crash
-
-    monkeypatch.setattr(RunDir, "write_shard", crash)
+    crash_after(monkeypatch, 0)
     with pytest.raises(Crash):
         run(_config(tiny_dirs, tmp_path))
     monkeypatch.undo()
@@ -77,19 +79,10 @@ def test_resume_refuses_other_settings(tiny_dirs, tmp_path, monkeypatch):
 
 def test_resume_keeps_the_runs_batch_size(tiny_dirs, tmp_path, monkeypatch):
     reference = run(_config(tiny_dirs, tmp_path / "a")).read_table("scores.parquet")
-    writes = {"n": 0}
-    original = RunDir.write_shard
-
-    def crashing(self, key, shard, scores):
-        if writes["n"] == 3:
-            raise Crash
-        writes["n"] += 1
-        original(self, key, shard, scores)
-
-    monkeypatch.setattr(RunDir, "write_shard", crashing)
+    crash_after(monkeypatch, 3)
     with pytest.raises(Crash):
         run(_config(tiny_dirs, tmp_path / "b"))
-    monkeypatch.setattr(RunDir, "write_shard", original)
+    monkeypatch.undo()
     resumed = run(_config(tiny_dirs, tmp_path / "b", resume="latest", batch_size=7))
     assert resumed.read_meta()["settings"]["batch_size"] == 48
     assert resumed.read_table("scores.parquet").equals(reference)
