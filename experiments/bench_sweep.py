@@ -9,6 +9,7 @@ In one process, on the same tokens and prompts, it times
      padding, and run the model's own forward (probe/paper_method.py: naive_scores);
   2. full-sequence scoring of raw ids without a cache (the prefix recomputed for every row);
   3. rm-probe's cached sweep (prefix once, then [token, *suffix] rows on its KV cache);
+  4. the same with shared-prefix attention (kernels/prefix_attention.py: the prefix K/V read once per batch);
 and measures the matmul rate (float32 GEMM of 2048^3 on CPU, bf16 8192^3 on GPU) in the same run. The floor
 is the FLOPs the sweep must do (2 x non-embedding parameters x new tokens per row, plus the score head) over
 that rate; each method reports the fraction of the floor it reaches (floor time / its time).
@@ -126,6 +127,7 @@ def run_methods(lm: LoadedModel, prompts: dict[str, str], n_tokens: int, batch: 
         rows = sweep_rows(ids, split.suffix_ids)
         shapes[key] = {"prefix": len(split.prefix_ids), "new_tokens": rows.shape[1]}
         cached = PrefixScorer(lm.model, head, split.prefix_ids)
+        shared = PrefixScorer(lm.model, head, split.prefix_ids, shared_attention=True)
         uncached = PrefixScorer(lm.model, head, split.prefix_ids, use_cache=False)
         texts = paper_texts(lm.tokenizer, build, ids) if "paper" in methods else None
 
@@ -135,7 +137,7 @@ def run_methods(lm: LoadedModel, prompts: dict[str, str], n_tokens: int, batch: 
                     scorer.score(rows[s : s + batch])
             return go
 
-        fns = {"cached": sweep(cached), "uncached": sweep(uncached),
+        fns = {"cached": sweep(cached), "shared": sweep(shared), "uncached": sweep(uncached),
                "paper": lambda: naive_scores(lm.model, lm.tokenizer, texts, batch)}
         for m in methods:
             out[m] += timed(fns[m], device, repeats)
@@ -154,7 +156,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2, help="timed repeats (best is kept) after one warm-up")
     ap.add_argument("--layers", default="1,2", help="random-weight models: 'full' or two layer counts to fit")
-    ap.add_argument("--methods", default="paper,uncached,cached")
+    ap.add_argument("--methods", default="paper,uncached,cached,shared",
+                    help="paper, uncached, cached (plain prefix cache), shared (cache + shared-prefix attention)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--profile", action="store_true", help="print a torch.profiler table of one cached batch")
@@ -204,7 +207,7 @@ def main(argv=None) -> dict:
             result["methods"][m]["speedup_vs_paper"] = seconds["paper"] / seconds[m]
     result.update(rows=rows_total, flops_per_row=flops_row, floor_s=floor_s, layers=full_layers or
                   next(iter(fits.values()))["layers"], shapes=next(iter(fits.values()))["shapes"],
-                  vocab=None, command=" ".join(sys.argv))
+                  command=" ".join(sys.argv))
     name = f"bench_sweep_{args.model}_{device.type}{'' if args.dtype == 'float32' else '_' + args.dtype}.json"
     path = Path(args.out) if args.out else RESULTS / name
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,10 @@ def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
 class PrefixScorer:
     """Scores continuations of one prefix: ``score([[t, *suffix], ...]) -> scores``."""
 
-    def __init__(self, model: torch.nn.Module, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True):
+    def __init__(self, model: torch.nn.Module, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True,
+                 shared_attention: bool = False):
+        """``shared_attention``: read the prefix K/V once per batch (kernels/prefix_attention.py) instead of a
+        per-row view of the cache; only for the families that kernel supports, else the plain path is used."""
         if not prefix_ids:
             raise ValueError("empty prefix")
         self.model, self.head, self.use_cache = model, head, use_cache
@@ -59,6 +62,12 @@ class PrefixScorer:
         check_replicable(self.cache)
         self.prefix_hidden: Float[Tensor, "p d"] = out.last_hidden_state[0]
         head.prepare(list(prefix_ids), self.prefix_hidden)
+        self.shared = None
+        if shared_attention and use_cache:
+            from kernels.prefix_attention import SharedPrefix, supported
+
+            if supported(model):
+                self.shared = SharedPrefix.from_cache(self.cache, self.n_prefix)
 
     @property
     def n_prefix(self) -> int:
@@ -74,9 +83,20 @@ class PrefixScorer:
             return self.prefix_hidden.new_zeros(b, 0, self.prefix_hidden.shape[-1])
         if not self.use_cache:
             return self._hidden_uncached(input_ids, inputs_embeds)
+        if self.shared is not None:
+            return self._hidden_shared(input_ids, inputs_embeds, b, n)
         out = self.backbone(
             input_ids=input_ids, inputs_embeds=inputs_embeds, past_key_values=replicate(self.cache, b), use_cache=True
         )
+        return out.last_hidden_state
+
+    def _hidden_shared(self, input_ids, inputs_embeds, b: int, n: int):
+        from kernels.prefix_attention import using_shared_prefix
+
+        pos = torch.arange(self.n_prefix, self.n_prefix + n, device=self.device)[None].expand(b, n)
+        with using_shared_prefix(self.backbone):
+            out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=pos, use_cache=False,
+                                rm_shared_prefix=self.shared)
         return out.last_hidden_state
 
     def _hidden_uncached(self, input_ids, inputs_embeds):

@@ -163,6 +163,10 @@ def load_model(
         spec, match = REGISTRY[spec_name], "--spec"
     else:
         spec, match = lookup(model_id, getattr(config, "architectures", None))
+    if kind == "reward" and match in ("default", "architecture"):
+        log.warning("%s is not in the registry: using the %s spec %r (%s); every sweep re-checks it against the "
+                    "model's own forward", model_id, "architecture" if match == "architecture" else "default",
+                    spec.name, spec.notes or spec.reader)
     if label_index is not None:
         spec = replace(spec, label_index=label_index)
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":

@@ -129,7 +129,5 @@ def lookup(model_ref: str, architectures: list[str] | None = None) -> tuple[Rewa
         return by_name[parts[-1]], "path name"
     for arch in architectures or []:
         if arch in REGISTRY:
-            log.info("%s: not in the registry; using the entry for its architecture %s", model_ref, arch)
             return REGISTRY[arch], "architecture"
-    log.info("%s: not in the registry; using the default spec (linear head, column 0)", model_ref)
     return DEFAULT, "default"

@@ -124,10 +124,28 @@ def bbq(items: list[Item], table: list[np.ndarray], formula: str = "parrish") ->
     return out
 
 
+def by_group(items: list[Item], table: list[np.ndarray]) -> dict:
+    """Accuracy and undesirable rate per social group (``bias_type`` or BBQ's ``category``)."""
+    groups: dict[str, list[int]] = {}
+    for i, it in enumerate(items):
+        g = it.meta.get("bias_type") or it.meta.get("category")
+        if g:
+            groups.setdefault(str(g), []).append(i)
+    out = {}
+    for g, idx in sorted(groups.items()):
+        sub_items, sub_table = [items[i] for i in idx], [table[i] for i in idx]
+        entry = {"n_items": len(idx), **pairwise(sub_items, sub_table), **undesirable_rate(sub_items, sub_table)}
+        out[g] = {k: v for k, v in entry.items() if not k.endswith("_ci95")}
+    return out
+
+
 def summarise(dataset: str, items: list[Item], scores: pl.DataFrame, bbq_formula: str = "parrish") -> dict:
     table = score_table(items, scores)
     out = {"dataset": dataset, "domain": items[0].domain, "n_items": len(items), **pairwise(items, table),
            **undesirable_rate(items, table), "picks": pick_distribution(items, table)}
+    groups = by_group(items, table)
+    if groups:
+        out["by_group"] = groups
     if dataset == "stereoset":
         out["stereoset"] = stereoset(items, table)
     if dataset == "bbq":

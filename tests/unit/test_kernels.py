@@ -33,3 +33,43 @@ def test_fused_logprob_head_in_the_engine(tiny_models):
         plain = PrefixScorer(lm.model, LogprobHead(lm.model), split.prefix_ids).score(rows)
         fused = PrefixScorer(lm.model, LogprobHead(lm.model, fused=True), split.prefix_ids).score(rows)
         torch.testing.assert_close(fused, plain, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,mode", [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("gemma2-lm", "logprob"),
+                                       ("armo-like", "reward"), ("llama-lm", "judge")])
+def test_shared_prefix_attention_equals_the_plain_path(tiny_models, name, mode):
+    """Gemma-2's sliding window (8) is shorter than the prompt and its soft-caps are on: both paths must agree."""
+    import random
+
+    from probe.engine import FullSequenceScorer, PrefixScorer
+    from probe.scoring import HeadOptions, make_head, prompt_split
+
+    lm = tiny_models[name]
+    split = prompt_split(lm, mode, "What, in one word, is the greatest thing ever?", None, HeadOptions(),
+                         len(lm.tokenizer))
+    rng = random.Random(1)
+    rows = [[rng.randrange(len(lm.tokenizer)) for _ in range(rng.randint(1, 4))] + list(split.suffix_ids)
+            for _ in range(20)]
+    plain = PrefixScorer(lm.model, make_head(lm, mode), split.prefix_ids)
+    shared = PrefixScorer(lm.model, make_head(lm, mode), split.prefix_ids, shared_attention=True)
+    assert shared.shared is not None  # the fast path is really taken for these families
+    ref = FullSequenceScorer(lm.model, make_head(lm, mode), split.prefix_ids).score(rows)
+    torch.testing.assert_close(shared.score(rows).cpu(), ref, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(plain.score(rows).cpu(), ref, atol=2e-5, rtol=2e-5)
+    assert lm.model.config._attn_implementation != "rm_shared_prefix"  # restored after each forward
+
+
+def test_shared_prefix_attention_gradients(tiny_models):
+    from probe.engine import PrefixScorer
+    from probe.scoring import make_head, prompt_split, HeadOptions
+
+    lm = tiny_models["gemma2-rm"]
+    split = prompt_split(lm, "reward", "What is best?", None, HeadOptions(), len(lm.tokenizer))
+    rows = torch.tensor([[5, 6, *split.suffix_ids]] * 2)
+    grads = []
+    for shared in (False, True):
+        sc = PrefixScorer(lm.model, make_head(lm, "reward"), split.prefix_ids, shared_attention=shared)
+        emb = lm.model.get_input_embeddings()(rows).detach().requires_grad_(True)
+        sc.score_embeds(emb, rows).sum().backward()
+        grads.append(emb.grad)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)

@@ -222,3 +222,12 @@ def test_social_command_end_to_end(tiny_dirs, fixtures, tmp_path, capsys):
     assert scores.height == 3 * 2 + 2 + 3 + 2 * 2 + 2 + 2 + 2 * 2 + 2 * 2
     out = capsys.readouterr().out
     assert "== bias ==" in out and "== ethics ==" in out
+
+
+def test_by_group_breakdown_by_hand():
+    items = [Item("t", "bias", f"i{i}", "p", ("a", "b"), ("more-stereotyping", "less-stereotyping"), None, 0,
+                  {"bias_type": "race" if i < 3 else "gender"}) for i in range(5)]
+    table = metrics.score_table(items, _scores(items, [[2, 1], [1, 2], [2, 1], [0, 1], [1, 1]]))
+    groups = metrics.by_group(items, table)
+    assert groups["race"]["n_items"] == 3 and groups["race"]["undesirable_rate"] == pytest.approx(2 / 3)
+    assert groups["gender"]["undesirable_rate"] == 0.0 and groups["gender"]["accuracy"] == 0.5  # tie is wrong
