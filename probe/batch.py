@@ -68,20 +68,24 @@ def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
     return ("partial", partial) if partial else ("new", None)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m probe.batch", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("jobs", help="YAML file of defaults, prompts and models")
-    ap.add_argument("--dry-run", action="store_true", help="print each job's state and memory plan; run nothing")
-    args = ap.parse_args(argv)
-    from probe.cli import setup_logging
+def make_parser(subparsers=None) -> argparse.ArgumentParser:
+    from probe.cli import command_parser
 
-    setup_logging(False)
-    try:
-        jobs = read_jobs(args.jobs)
-    except ProbeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    parser = command_parser(subparsers, "batch", "many sweeps from one file (models x prompts)", "python -m probe.batch",
+                            __doc__, func=main_from_args, verbose=False,
+                            positional=(("jobs", {"help": "YAML file of defaults, prompts and models"}),))
+    parser.add_argument("--dry-run", action="store_true", help="print each job's state and memory plan; run nothing")
+    return parser
+
+
+def main(argv=None) -> int:
+    from probe.cli import run_command
+
+    return run_command(make_parser(), argv)
+
+
+def main_from_args(args: argparse.Namespace) -> int:
+    jobs = read_jobs(args.jobs)
     failed = 0
     for config in jobs:
         status, where = state(config)

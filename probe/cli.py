@@ -1,4 +1,4 @@
-"""The ``probe`` console script: ``probe score | gcg | social | analyze | report | figures``.
+"""The ``probe`` console script: ``probe score | gcg | social | analyze | report | batch``.
 
 Each subcommand is also runnable alone (``python -m probe.exhaustive``, ...). User errors print one line and
 exit with status 2; an interrupted run says how to resume.
@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "analyze": "probe.analyze",
     "report": "probe.report",
     "social": "probe.social.__main__",
+    "batch": "probe.batch",
 }
 
 
