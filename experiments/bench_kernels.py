@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -39,10 +38,23 @@ def make(case: dict, device, dtype):
     return hidden, weight, targets, cap
 
 
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak_rss() -> int:
+    """Reset the peak resident set to the current one; return the current one in bytes."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_kib("VmRSS") * 1024
+
+
 def child(case_name: str, method: str, device: str, dtype: str, repeats: int) -> dict:
     dev, dt = torch.device(device), getattr(torch, dtype)
     hidden, weight, targets, cap = make(CASES[case_name], dev, dt)
-    base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base_rss = _reset_peak_rss()
     fn = (lambda: reference_token_logprobs(hidden, weight, targets, None, cap)) if method == "reference" else \
         (lambda: fused_token_logprobs(hidden, weight, targets, None, cap))
     if dev.type == "cuda":
@@ -59,7 +71,7 @@ def child(case_name: str, method: str, device: str, dtype: str, repeats: int) ->
             torch.cuda.synchronize(dev)
         best = min(best, time.perf_counter() - t)
     peak = ((torch.cuda.max_memory_allocated(dev) - base_cuda) if dev.type == "cuda" else
-            (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss) * 1024)
+            _status_kib("VmHWM") * 1024 - base_rss)
     return {"seconds": best, "peak_extra_bytes": int(peak), "checksum": float(out.double().sum())}
 
 

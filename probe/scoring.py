@@ -27,6 +27,7 @@ from probe.template import (
 log = logging.getLogger(__name__)
 
 ScoreMode = Literal["reward", "logprob", "judge"]
+FUSED_LOGPROB_MIN_VOCAB = 100_000
 Scorer = PrefixScorer | FullSequenceScorer
 
 
@@ -57,7 +58,11 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: HeadOptions = HeadOpti
     if loaded.kind != "causal":
         raise ProbeError(f"--score {mode} needs a causal language model")
     if mode == "logprob":
-        return LogprobHead(model, opts.logprob_reduce, response_in_prefix=response_in_prefix)
+        # the fused head (no rows x vocabulary logits) measured 0.68x the time at 256k tokens of vocabulary and
+        # 1.11x at 49k on CPU (experiments/results/bench_kernels_cpu_float32.md): fused for large vocabularies
+        vocab = model.get_output_embeddings().weight.shape[0]
+        return LogprobHead(model, opts.logprob_reduce, response_in_prefix=response_in_prefix,
+                           fused=vocab >= FUSED_LOGPROB_MIN_VOCAB)
     yes, no = (tok.encode(w, add_special_tokens=False) for w in ("Yes", "No"))
     if len(yes) != 1 or len(no) != 1:
         raise ProbeError(f"'Yes'/'No' are not single tokens for this tokenizer ({yes}, {no}); the judge needs them")

@@ -71,9 +71,10 @@ def test_batched_equals_one_by_one_and_uncached(tiny_models, name, mode):
     torch.testing.assert_close(batched, uncached, **TOL)
 
 
-def test_prefix_cache_is_not_mutated_by_scoring(tiny_models):
+@pytest.mark.parametrize("shared", [False, True])
+def test_prefix_cache_is_not_mutated_by_scoring(tiny_models, shared):
     lm, head, split = _setup(tiny_models, "gemma2-rm", "reward")
-    scorer = PrefixScorer(lm.model, head, split.prefix_ids)
+    scorer = PrefixScorer(lm.model, head, split.prefix_ids, shared_attention=shared)
     before = [(layer.keys.clone(), layer.values.clone()) for layer in scorer.cache.layers]
     lengths = [layer.get_seq_length() for layer in scorer.cache.layers]
     rows = _random_rows(lm.tokenizer, split, 8, 4, seed=1)

@@ -50,8 +50,9 @@ def test_shared_prefix_attention_equals_the_plain_path(tiny_models, name, mode):
     rng = random.Random(1)
     rows = [[rng.randrange(len(lm.tokenizer)) for _ in range(rng.randint(1, 4))] + list(split.suffix_ids)
             for _ in range(20)]
-    plain = PrefixScorer(lm.model, make_head(lm, mode), split.prefix_ids)
+    plain = PrefixScorer(lm.model, make_head(lm, mode), split.prefix_ids, shared_attention=False)
     shared = PrefixScorer(lm.model, make_head(lm, mode), split.prefix_ids, shared_attention=True)
+    assert plain.shared is None
     assert shared.shared is not None  # the fast path is really taken for these families
     ref = FullSequenceScorer(lm.model, make_head(lm, mode), split.prefix_ids).score(rows)
     torch.testing.assert_close(shared.score(rows).cpu(), ref, atol=2e-5, rtol=2e-5)
