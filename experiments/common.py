@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from probe.analysis.sweeps import Sweep, load_sweep, short_name  # noqa: E402
+from probe.results import META, runs_newest_first  # noqa: E402
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 PAPER_RELEASE = Path(__file__).resolve().parents[2] / "shared" / "data" / "paper-release"
@@ -53,18 +54,25 @@ def colors(n: int) -> list:
 
 
 def discover_runs(root: str | Path = "results") -> list[Path]:
-    """Complete exhaustive runs under ``root`` (newest per model, score mode and input method)."""
+    """Complete exhaustive runs under ``root``: per model, score mode and input method, the run with the most
+    prompts, the newest among equals (a later one-prompt run does not hide a three-prompt one)."""
     newest: dict[tuple, Path] = {}
-    for meta_path in sorted(Path(root).glob("*/exhaustive_*/meta.json")):
+    n_prompts: dict[tuple, int] = {}
+    models = sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []
+    for run_path in (p for model in models for p in reversed(runs_newest_first(model, "exhaustive"))):
+        meta_path = run_path / META
         try:
             meta = json.loads(meta_path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
         if meta.get("status") != "complete":
             continue
-        key = (meta["model"]["id"], meta.get("score", {}).get("mode"), meta.get("settings", {}).get("input_method"),
-               meta.get("settings", {}).get("n_tokens"))
-        newest[key] = meta_path.parent
+        settings = meta.get("settings", {})
+        key = (meta["model"]["id"], meta.get("score", {}).get("mode"), settings.get("input_method") or "ids",
+               settings.get("n_tokens"))
+        n = len(meta.get("prompts", {}))
+        if n >= n_prompts.get(key, 0):
+            newest[key], n_prompts[key] = meta_path.parent, n
     return sorted(newest.values())
 
 

@@ -21,7 +21,7 @@ import yaml
 from probe.errors import DataFormatError, ProbeError
 from probe.exhaustive import EXPERIMENT, ScoreVocabConfig, dry_run, job_key, run
 from probe.prompts import PAPER_PROMPTS
-from probe.results import sanitize_model_name
+from probe.results import META, runs_newest_first, sanitize_model_name
 
 FIELDS = {f.name for f in fields(ScoreVocabConfig)}
 
@@ -55,7 +55,8 @@ def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
     base = Path(config.output) / sanitize_model_name(config.rm or "HuggingFaceTB/SmolLM2-135M-Instruct")
     key = json.dumps(job_key(config), sort_keys=True, default=str)
     partial = None
-    for meta_path in sorted(base.glob(f"{EXPERIMENT}_*/meta.json"), reverse=True):
+    for run_path in runs_newest_first(base, EXPERIMENT):
+        meta_path = run_path / META
         try:
             meta = json.loads(meta_path.read_text())
         except (OSError, json.JSONDecodeError):

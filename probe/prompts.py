@@ -61,7 +61,11 @@ def read_prompts_file(path: str | Path) -> list[Prompt]:
 
 
 def resolve_prompts(texts: tuple[str, ...] = (), file: str | None = None) -> list[Prompt]:
-    prompts = [_checked(f"prompt{i + 1}", t, f"--prompt #{i + 1}") for i, t in enumerate(texts)]
+    # A --prompt that is one of the paper's keeps the paper's key, so analyses and figures find it.
+    paper_key = {text: key for key, text in PAPER_PROMPTS.items()}
+    prompts = [
+        _checked(paper_key.get(t, f"prompt{i + 1}"), t, f"--prompt #{i + 1}") for i, t in enumerate(texts)
+    ]
     if file:
         prompts += read_prompts_file(file)
     if not prompts:

@@ -182,12 +182,22 @@ class RunDir:
         return pl.read_parquet(self.path / name)
 
 
+def runs_newest_first(base: Path, experiment: str) -> list[Path]:
+    """Run directories ``<experiment>_<UTC stamp>[-n]`` under ``base``, newest first (``-n`` marks runs created
+    within the same second, in order)."""
+    def created(path: Path) -> tuple[str, int]:
+        match = re.fullmatch(r"(.*?)(?:-(\d+))?", path.name)
+        return match[1], int(match[2] or 0)
+
+    return sorted((p for p in base.glob(f"{experiment}_*") if p.is_dir()), key=created, reverse=True)
+
+
 def find_resumable(root: str | Path, model: str, experiment: str, fp: str) -> RunDir | None:
     """The newest unfinished run of this model and experiment with the same fingerprint."""
     base = Path(root) / sanitize_model_name(model)
     if not base.is_dir():
         return None
-    for path in sorted(base.glob(f"{experiment}_*"), reverse=True):
+    for path in runs_newest_first(base, experiment):
         try:
             meta = json.loads((path / META).read_text())
         except (OSError, json.JSONDecodeError):

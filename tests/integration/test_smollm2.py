@@ -112,7 +112,7 @@ def test_cli_kill_and_resume_is_identical(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["status"] == "complete" and meta["resumed"]
-    assert meta["timing"]["prompts"]["prompt1"]["tokens_scored_now"] == 1536 - 256 * n_before
+    assert meta["timing"]["prompts"]["greatest"]["tokens_scored_now"] == 1536 - 256 * n_before
     a = pl.read_parquet(ref_dir / "scores.parquet")
     b = pl.read_parquet(run_dir / "scores.parquet")
     assert a.equals(b)

@@ -32,7 +32,7 @@ def test_runs_then_skips_then_resumes(tmp_path, tiny_dirs, capsys, monkeypatch):
     meta = json.loads((runs[0] / "meta.json").read_text())
     meta["status"] = "running"
     (runs[0] / "meta.json").write_text(json.dumps(meta))
-    RunDir(runs[0]).shard_path("prompt1", 2).unlink()
+    RunDir(runs[0]).shard_path("greatest", 2).unlink()
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "[resume]" in out and out.count("[skip]") == 1

@@ -3,6 +3,7 @@
 import pytest
 
 from probe.exhaustive import main
+from probe.errors import DataFormatError
 
 PROMPT = ["--prompt", "What, in one word, is the greatest thing ever?"]
 
@@ -90,3 +91,13 @@ def test_help_explains(capsys):
     out = capsys.readouterr().out
     for flag in ("--rm", "--prompt", "--prompts", "--score", "--resume", "--batch-size", "--chat-template"):
         assert flag in out
+
+
+def test_prompt_keys():
+    from probe.prompts import PAPER_PROMPTS, resolve_prompts
+
+    got = resolve_prompts((PAPER_PROMPTS["worst"], "Name one colour."))
+    assert [(p.key, p.text) for p in got] == [("worst", PAPER_PROMPTS["worst"]), ("prompt2", "Name one colour.")]
+    assert [p.key for p in resolve_prompts()] == list(PAPER_PROMPTS)
+    with pytest.raises(DataFormatError, match="duplicate prompt keys"):
+        resolve_prompts((PAPER_PROMPTS["best"], PAPER_PROMPTS["best"]))

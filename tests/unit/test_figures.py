@@ -56,3 +56,16 @@ def test_make_figures_from_fake_runs(tmp_path):
     # models 0 and 2 were given the same score function, model 1 another one
     assert tau[0][2] == pytest.approx(1.0) and abs(tau[0][1]) < 0.9
     assert Path(out / "fig2c_rsa.png").stat().st_size > 10_000
+
+
+def test_discover_runs_keeps_the_run_with_most_prompts(tmp_path):
+    from experiments.common import discover_runs
+
+    words = ["a", "b", "c"]
+    one = {"greatest": PAPER_PROMPTS["greatest"]}
+    full = write_fake_run(tmp_path, "org/m", words, PAPER_PROMPTS)
+    write_fake_run(tmp_path, "org/m", words, one)  # newer, fewer prompts: does not hide the full run
+    other = write_fake_run(tmp_path, "org/other", words, one)
+    assert discover_runs(tmp_path) == sorted([full.path, other.path])
+    newer_full = write_fake_run(tmp_path, "org/m", words, PAPER_PROMPTS)
+    assert discover_runs(tmp_path) == sorted([newer_full.path, other.path])

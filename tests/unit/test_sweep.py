@@ -94,11 +94,11 @@ def test_corrupt_or_short_shard_is_rescored(tiny_dirs, tmp_path):
     meta = done.read_meta()
     meta["status"] = "running"
     done.write_meta(meta)
-    shard = done.shard_path("prompt1", 3)
+    shard = done.shard_path("greatest", 3)
     np.save(shard, np.zeros(5, dtype=np.float32))  # wrong length: must not be trusted
     (shard.parent / ".shard_000004.npy.tmp123").write_bytes(b"half")  # a leftover temporary file
     again = run(_config(tiny_dirs, tmp_path / "a", prompt=PROMPTS[:1], resume=str(done.path)))
-    assert again.read_meta()["timing"]["prompts"]["prompt1"]["tokens_scored_now"] == 128
+    assert again.read_meta()["timing"]["prompts"]["greatest"]["tokens_scored_now"] == 128
     assert again.read_table("scores.parquet").equals(ref)
 
 
@@ -107,16 +107,16 @@ def test_outputs_are_complete_and_ranked(tiny_dirs, tmp_path):
     df = rd.read_table("scores.parquet")
     vocab = rd.read_table("vocab.parquet")
     meta = rd.read_meta()
-    assert set(df["prompt_key"]) == {"prompt1", "prompt2"}
+    assert set(df["prompt_key"]) == {"greatest", "worst"}
     for key, part in df.group_by("prompt_key"):
         assert part.height == vocab.height
         best = part.sort("score", descending=True)
         assert best["rank"][0] == 1 and best["rank"].is_sorted()
     for col in ("piece", "decoded", "is_special", "is_word", "leading_space", "roundtrips"):
         assert col in df.columns
-    p = meta["prompts"]["prompt1"]
+    p = meta["prompts"]["greatest"]
     assert p["text"] == PROMPTS[0] and p["prefix_ids"] and p["suffix_ids"]
-    assert meta["self_check"]["prompt1"]["max_abs_diff"] <= meta["self_check"]["prompt1"]["tolerance"]
+    assert meta["self_check"]["greatest"]["max_abs_diff"] <= meta["self_check"]["greatest"]["tolerance"]
     assert meta["timing"]["tokens_per_s"] > 0 and meta["environment"]["versions"]["torch"]
     assert meta["score"]["mode"] == "reward"
     # a second run never overwrites the first
