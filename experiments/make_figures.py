@@ -17,6 +17,7 @@ if __package__ in (None, ""):
 
 from experiments import fig1_distributions, fig2_agreement, fig3_framing, fig4_best_worst, fig5_elo  # noqa: E402
 from experiments.common import PAPER_RELEASE, discover_runs, load_runs  # noqa: E402
+from probe.prompts import PAPER_PROMPTS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = tuple(str(p) for p in discover_runs(args.results))
     made, skipped = [], []
     sweeps = load_runs(runs)
-    prompts = sorted({k for s in sweeps for k in s.prompts})
+    prompts = [k for k in PAPER_PROMPTS if any(k in s.prompts for s in sweeps)]  # the paper's figures' prompts
     for p in prompts:
         fig1_distributions.main(fig1_distributions.Fig1Config(runs=runs, prompt=p, out=args.out,
                                 name=f"{'fig1' if p == 'greatest' else 'figA1'}_distributions_{p}.png"))
