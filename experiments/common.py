@@ -113,3 +113,14 @@ def place_labels(ax, xy, labels, colors_, fontsize=8) -> None:
         ax.annotate(lab, xy[i], xytext=(dx, dy), textcoords="offset points", fontsize=fontsize, color=c,
                     fontweight="bold", ha="left" if dx >= 0 else "right", va="center",
                     bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="0.7", alpha=0.85))
+
+
+def script_config(config_cls, doc: str | None, script: str):
+    """The config of an experiment script run as ``python experiments/<name>.py``, from its command line."""
+    from probe.cli import command_parser
+    from probe.cliargs import config_from_args
+
+    name = Path(script).stem
+    parser = command_parser(None, name, (doc or "").splitlines()[0], f"experiments/{name}.py", doc, config_cls,
+                            verbose=False)
+    return config_from_args(config_cls, parser.parse_args())

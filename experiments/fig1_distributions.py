@@ -6,7 +6,6 @@ of the paper's Table 3 (mean, variance, skewness) in a CSV beside it.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,7 @@ from scipy import stats as sps
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import colors, discover_runs, load_runs, plt, save, sweep_label  # noqa: E402
+from experiments.common import colors, discover_runs, load_runs, plt, save, script_config, sweep_label  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -61,14 +60,5 @@ def main(cfg: Fig1Config) -> Path:
     return path
 
 
-def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cli import command_parser
-
-    return command_parser(subparsers, "fig1_distributions", (__doc__ or "").splitlines()[0], "experiments/fig1_distributions.py",
-                          __doc__, Fig1Config, verbose=False)
-
-
 if __name__ == "__main__":
-    from probe.cliargs import config_from_args
-
-    print(main(config_from_args(Fig1Config, make_parser().parse_args())))
+    print(main(script_config(Fig1Config, __doc__, __file__)))

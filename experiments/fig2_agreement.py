@@ -11,7 +11,6 @@ e.g. an EloEverything CSV of the paper's release: one score column per model).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from experiments.common import (  # noqa: E402
     place_labels,
     plt,
     save,
+    script_config,
     sweep_label,
 )
 from probe.analysis import stats  # noqa: E402
@@ -121,14 +121,5 @@ def main(cfg: Fig2Config) -> dict:
     return summary
 
 
-def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cli import command_parser
-
-    return command_parser(subparsers, "fig2_agreement", (__doc__ or "").splitlines()[0], "experiments/fig2_agreement.py",
-                          __doc__, Fig2Config, verbose=False)
-
-
 if __name__ == "__main__":
-    from probe.cliargs import config_from_args
-
-    print(main(config_from_args(Fig2Config, make_parser().parse_args()))["rsa"])
+    print(main(script_config(Fig2Config, __doc__, __file__))["rsa"])

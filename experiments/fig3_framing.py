@@ -7,7 +7,6 @@ prompt x affect; (d) the slope of score on log word frequency (controlling for v
 
 from __future__ import annotations
 
-import argparse
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ import polars as pl
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import colors, discover_runs, load_runs, plt, save, sweep_label  # noqa: E402
+from experiments.common import colors, discover_runs, load_runs, plt, save, script_config, sweep_label  # noqa: E402
 from probe.analysis.lexicons import valence  # noqa: E402
 from probe.analysis.regressions import exposure_slopes, framing_slopes, lexicon_matches  # noqa: E402
 
@@ -108,14 +107,5 @@ def main(cfg: Fig3Config) -> dict:
     return {"framing": slopes.to_dicts(), "exposure": expo.to_dicts()}
 
 
-def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cli import command_parser
-
-    return command_parser(subparsers, "fig3_framing", (__doc__ or "").splitlines()[0], "experiments/fig3_framing.py",
-                          __doc__, Fig3Config, verbose=False)
-
-
 if __name__ == "__main__":
-    from probe.cliargs import config_from_args
-
-    main(config_from_args(Fig3Config, make_parser().parse_args()))
+    main(script_config(Fig3Config, __doc__, __file__))

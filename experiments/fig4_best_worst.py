@@ -6,7 +6,6 @@ Tokens above the diagonal score higher when asked for the worst thing.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import colors, discover_runs, load_runs, plt, save, sweep_label  # noqa: E402
+from experiments.common import colors, discover_runs, load_runs, plt, save, script_config, sweep_label  # noqa: E402
 from probe.analysis import stats  # noqa: E402
 
 
@@ -58,14 +57,5 @@ def main(cfg: Fig4Config) -> list[dict]:
     return out
 
 
-def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cli import command_parser
-
-    return command_parser(subparsers, "fig4_best_worst", (__doc__ or "").splitlines()[0], "experiments/fig4_best_worst.py",
-                          __doc__, Fig4Config, verbose=False)
-
-
 if __name__ == "__main__":
-    from probe.cliargs import config_from_args
-
-    print(main(config_from_args(Fig4Config, make_parser().parse_args())))
+    print(main(script_config(Fig4Config, __doc__, __file__)))

@@ -12,7 +12,6 @@ the three prompts.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ import polars as pl
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import NICKNAMES, PAPER_RELEASE, nickname, plt, save  # noqa: E402
+from experiments.common import NICKNAMES, PAPER_RELEASE, nickname, plt, save, script_config  # noqa: E402
 from probe.analysis import stats  # noqa: E402
 from probe.analysis.misalignment import Misalignment, identity_ranks, identity_terms, misalignment  # noqa: E402
 from probe.errors import DataFormatError  # noqa: E402
@@ -206,17 +205,8 @@ def main(cfg: EloConfig) -> dict:
     return summary
 
 
-def make_parser(subparsers=None) -> argparse.ArgumentParser:
-    from probe.cli import command_parser
-
-    return command_parser(subparsers, "fig5_elo", (__doc__ or "").splitlines()[0], "experiments/fig5_elo.py",
-                          __doc__, EloConfig, verbose=False)
-
-
 if __name__ == "__main__":
-    from probe.cliargs import config_from_args
-
-    cfg = config_from_args(EloConfig, make_parser().parse_args())
+    cfg = script_config(EloConfig, __doc__, __file__)
     summary = main(cfg)
     for stem, s in summary.items():
         taus = s["kendall_tau_human"].values()
