@@ -22,7 +22,7 @@ import polars as pl
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import NICKNAMES, PAPER_RELEASE, nickname, plt, save, script_config  # noqa: E402
+from experiments.common import PAPER_RELEASE, nickname, plt, save, script_config  # noqa: E402
 from probe.analysis import stats  # noqa: E402
 from probe.analysis.misalignment import Misalignment, identity_ranks, identity_terms, misalignment  # noqa: E402
 from probe.errors import DataFormatError  # noqa: E402

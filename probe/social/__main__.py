@@ -25,7 +25,7 @@ import polars as pl
 import yaml
 
 from probe.cliargs import config_from_args
-from probe.errors import DataFormatError, ProbeError
+from probe.errors import DataFormatError
 from probe.models.embedded import EMBEDDED_ALIASES
 from probe.models.loading import load_model
 from probe.results import RunDir, atomic_write_json, environment, utc_stamp

@@ -17,7 +17,6 @@ def test_lookup_order():
 
 def test_the_papers_ten_models_are_registered():
     import csv
-    from pathlib import Path
 
     from experiments.common import PAPER_RELEASE
 

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-import torch
 
 from probe.engine import FullSequenceScorer
 from probe.errors import DataFormatError

@@ -172,3 +172,15 @@ def test_scores_parquet_schema(tiny_dirs, tmp_path):
     df = run(_config(tiny_dirs, tmp_path, prompt=PROMPTS[:1], limit=300)).read_table("scores.parquet")
     assert df.height == 300
     assert df.schema["token_id"] == pl.UInt32 and df.schema["score"] == pl.Float32 and df.schema["rank"] == pl.UInt32
+
+
+def test_runs_newest_first_orders_same_second_runs(tmp_path):
+    from probe.results import runs_newest_first
+
+    names = ["exhaustive_2026-11-22T07-13-02Z", "exhaustive_2026-11-22T07-13-02Z-2", "exhaustive_2026-11-22T07-13-02Z-10",
+             "exhaustive_2026-11-22T07-13-03Z", "exhaustive_2026-11-21T23-59-59Z-1", "gcg_max_2026-11-23T00-00-00Z"]
+    for name in names:
+        (tmp_path / name).mkdir()
+    (tmp_path / "exhaustive_notes.txt").write_text("not a run")
+    got = [p.name for p in runs_newest_first(tmp_path, "exhaustive")]
+    assert got == [names[3], names[2], names[1], names[0], names[4]]
