@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import matplotlib
@@ -14,7 +15,9 @@ from probe.analysis.sweeps import Sweep, load_sweep, short_name  # noqa: E402
 from probe.results import META, runs_newest_first  # noqa: E402
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
-PAPER_RELEASE = Path(__file__).resolve().parents[2] / "shared" / "data" / "paper-release"
+# The paper's data release: $RM_PROBE_PAPER_RELEASE, else ../shared/data/paper-release beside this checkout.
+PAPER_RELEASE = Path(os.environ.get("RM_PROBE_PAPER_RELEASE")
+                     or Path(__file__).resolve().parents[2] / "shared" / "data" / "paper-release")
 
 # Christian et al., Table 1: nickname = developer initial - base model - size
 NICKNAMES = {

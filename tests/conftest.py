@@ -132,3 +132,13 @@ def tiny_dirs(tmp_path_factory, tokenizers):
     (root / "empty").mkdir()
     out["empty"] = str(root / "empty")
     return out
+
+
+@pytest.fixture(scope="session")
+def paper_release():
+    """The paper's data release (../shared/data/paper-release beside the checkout, or $RM_PROBE_PAPER_RELEASE)."""
+    from experiments.common import PAPER_RELEASE
+
+    assert (PAPER_RELEASE / "elo_greatest_ever.csv").is_file(), (
+        f"the paper's data release is expected at {PAPER_RELEASE}; set RM_PROBE_PAPER_RELEASE to its folder")
+    return PAPER_RELEASE

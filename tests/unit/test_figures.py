@@ -6,16 +6,14 @@ from pathlib import Path
 import pytest
 
 from experiments import make_figures
-from experiments.common import PAPER_RELEASE
 from probe.fake import hashed_score, write_fake_run
 from probe.prompts import PAPER_PROMPTS
 
 
-def test_elo_summary_agrees_with_the_paper(tmp_path):
+def test_elo_summary_agrees_with_the_paper(tmp_path, paper_release):
     from experiments.fig5_elo import EloConfig, main
 
-    assert PAPER_RELEASE.is_dir(), f"the paper release data is expected at {PAPER_RELEASE}"
-    summary = main(EloConfig(data=str(PAPER_RELEASE), out=str(tmp_path)))
+    summary = main(EloConfig(data=str(paper_release), out=str(tmp_path)))
     on_disk = json.loads((tmp_path / "elo_summary.json").read_text())
     assert set(on_disk) == {"elo_greatest_ever", "elo_humans_most_prefer", "elo_greatest_one_word"}
     # the paper: human-model tau 0.20-0.38, 0.10-0.30, 0.22-0.39
@@ -32,7 +30,7 @@ def test_elo_summary_agrees_with_the_paper(tmp_path):
         assert (tmp_path / name).stat().st_size > 10_000
 
 
-def test_make_figures_from_fake_runs(tmp_path):
+def test_make_figures_from_fake_runs(tmp_path, paper_release):
     words = ["love", "hate", "good", "bad", "happy", "sad", "peace", "war", "joy", "pain", "nice", "awful",
              "great", "terrible", "kind", "cruel", "hope", "fear", "win", "lose", " love", " hate", "zzq", "<s>"]
     for i, fam in enumerate(["Llama 3", "Llama 3", "Gemma 2"]):
@@ -40,7 +38,7 @@ def test_make_figures_from_fake_runs(tmp_path):
                        lambda k, t, i=i: hashed_score(f"{k}/{i % 2}", t), family=fam, special=["<s>"])
     elo = tmp_path / "elo"
     elo.mkdir()
-    src = (PAPER_RELEASE / "elo_greatest_ever.csv").read_text().splitlines()
+    src = (paper_release / "elo_greatest_ever.csv").read_text().splitlines()
     (elo / "elo_greatest_ever.csv").write_text("\n".join(src[:400]) + "\n")
     out = tmp_path / "figures"
     assert make_figures.main(["--results", str(tmp_path / "results"), "--elo-data", str(elo), "--out", str(out),

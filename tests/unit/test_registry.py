@@ -15,12 +15,10 @@ def test_lookup_order():
     assert lookup("someone/else", ["LlamaForSequenceClassification"]) == (DEFAULT, "default")
 
 
-def test_the_papers_ten_models_are_registered():
+def test_the_papers_ten_models_are_registered(paper_release):
     import csv
 
-    from experiments.common import PAPER_RELEASE
-
-    table = PAPER_RELEASE / "table_1_reward_models.csv"
+    table = paper_release / "table_1_reward_models.csv"
     rows = list(csv.DictReader(table.open()))
     assert len(rows) == 10
     for r in rows:
