@@ -24,7 +24,6 @@ import torch
 from probe.cliargs import config_from_args
 from probe.distributed import Dist, barrier, broadcast, device_for, init
 from probe.errors import ProbeError
-from probe.models.embedded import EMBEDDED_ALIASES
 from probe.models.loading import LoadedModel, load_for_config
 from probe.models.options import ModelOptions
 from probe.prompts import Prompt, resolve_prompts
@@ -41,6 +40,7 @@ from probe.scoring import (
     model_kind,
     n_scorable,
     prompt_split,
+    resolve_score_mode,
     self_check,
 )
 from probe.template import JUDGE_QUESTION, TemplateSplit
@@ -100,9 +100,7 @@ class ScoreVocabConfig(ModelOptions):
 
     @property
     def mode(self) -> ScoreMode:
-        if self.score != "auto":
-            return self.score
-        return "logprob" if self.rm is None or self.rm in EMBEDDED_ALIASES else "reward"
+        return resolve_score_mode(self.score, self.rm)
 
     def head_options(self) -> HeadOptions:
         return HeadOptions(self.logprob_reduce, self.judge_question)

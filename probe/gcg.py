@@ -31,7 +31,6 @@ from torch import Tensor
 from probe.cliargs import config_from_args
 from probe.engine import FullSequenceScorer, PrefixScorer
 from probe.errors import ProbeError
-from probe.models.embedded import EMBEDDED_ALIASES
 from probe.models.loading import LoadedModel, load_for_config
 from probe.models.options import ModelOptions
 from probe.prompts import PAPER_PROMPTS
@@ -44,6 +43,7 @@ from probe.scoring import (
     model_kind,
     n_scorable,
     prompt_split,
+    resolve_score_mode,
     sweep_rows,
 )
 from probe.template import TemplateSplit
@@ -95,9 +95,7 @@ class GCGConfig(ModelOptions):
 
     @property
     def mode(self) -> ScoreMode:
-        if self.score != "auto":
-            return self.score
-        return "logprob" if self.rm is None or self.rm in EMBEDDED_ALIASES else "reward"
+        return resolve_score_mode(self.score, self.rm)
 
     @property
     def sign(self) -> float:

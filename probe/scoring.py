@@ -27,6 +27,15 @@ from probe.template import (
 log = logging.getLogger(__name__)
 
 ScoreMode = Literal["reward", "logprob", "judge"]
+
+
+def resolve_score_mode(score: str, rm: str | None) -> ScoreMode:
+    """``--score auto``: the logprob proxy for the embedded language model, the reward head otherwise."""
+    from probe.models.embedded import EMBEDDED_ALIASES
+
+    if score != "auto":
+        return score  # type: ignore[return-value]
+    return "logprob" if rm is None or rm in EMBEDDED_ALIASES else "reward"
 FUSED_LOGPROB_MIN_VOCAB = 100_000
 Scorer = PrefixScorer | FullSequenceScorer
 

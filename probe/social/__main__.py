@@ -26,10 +26,9 @@ import yaml
 
 from probe.cliargs import config_from_args
 from probe.errors import DataFormatError
-from probe.models.embedded import EMBEDDED_ALIASES
 from probe.models.loading import load_model
 from probe.results import RunDir, atomic_write_json, environment, utc_stamp
-from probe.scoring import HeadOptions, model_kind
+from probe.scoring import HeadOptions, model_kind, resolve_score_mode
 from probe.social import metrics
 from probe.social.loaders import load
 from probe.social.scoring import score_items
@@ -69,9 +68,7 @@ class SocialConfig:
             raise ValueError("name at least one --dataset, or a --suite file")
 
     def mode(self, rm: str | None):
-        if self.score != "auto":
-            return self.score
-        return "logprob" if rm is None or rm in EMBEDDED_ALIASES else "reward"
+        return resolve_score_mode(self.score, rm)
 
 
 def suite_entries(cfg: SocialConfig) -> list[dict]:
