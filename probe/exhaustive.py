@@ -25,7 +25,7 @@ from probe.cliargs import config_from_args
 from probe.distributed import Dist, barrier, broadcast, device_for, init
 from probe.errors import ProbeError
 from probe.models.loading import LoadedModel, load_for_config
-from probe.models.options import ModelOptions
+from probe.models.options import ModelOptions, check_at_least
 from probe.prompts import Prompt, resolve_prompts
 from probe.results import RunDir, check_resumable, environment, find_resumable, fingerprint
 from probe.scoring import (
@@ -88,15 +88,8 @@ class ScoreVocabConfig(ModelOptions):
         "help": "GiB of device memory for --dry-run (default: the visible GPU's, else 80)"})
 
     def __post_init__(self) -> None:
-        for name in ("shard_size", "top"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError("--batch-size must be >= 1")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError("--limit must be >= 1")
-        if self.verify < 0:
-            raise ValueError("--verify must be >= 0")
+        check_at_least(self, 1, "shard_size", "top", "batch_size", "limit")
+        check_at_least(self, 0, "verify")
 
     @property
     def mode(self) -> ScoreMode:

@@ -32,7 +32,7 @@ from probe.cliargs import config_from_args
 from probe.engine import FullSequenceScorer, PrefixScorer
 from probe.errors import ProbeError
 from probe.models.loading import LoadedModel, load_for_config
-from probe.models.options import ModelOptions
+from probe.models.options import ModelOptions, check_at_least
 from probe.prompts import PAPER_PROMPTS
 from probe.results import RunDir, atomic_write_json, environment
 from probe.scoring import (
@@ -85,13 +85,10 @@ class GCGConfig(ModelOptions):
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
     def __post_init__(self) -> None:
-        for name in ("length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        check_at_least(self, 1, "length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs")
+        check_at_least(self, 0, "beam")
         if self.n_replace > self.length:
             raise ValueError("--n-replace cannot exceed --length")
-        if self.beam < 0:
-            raise ValueError("--beam must be >= 0")
 
     @property
     def mode(self) -> ScoreMode:

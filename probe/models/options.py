@@ -5,6 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def check_at_least(config: object, minimum: int, *names: str) -> None:
+    """Raise a one-line error naming the flag where a setting (None: not set) is below ``minimum``."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {minimum}")
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     rm: str | None = field(default=None, metadata={
