@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -37,6 +38,15 @@ SIZES_B = {"nicolinho/QRM-Gemma-2-27B": 27, "Skywork/Skywork-Reward-Gemma-2-27B-
            "nicolinho/QRM-Llama3.1-8B": 8, "LxzGordon/URM-LLaMa-3.1-8B": 8, "Ray2333/GRM-Llama3-8B-rewardmodel-ft": 8,
            "Ray2333/GRM-Llama3.2-3B-rewardmodel-ft": 3, "RLHFlow/ArmoRM-Llama3-8B-v0.1": 8,
            "Ray2333/GRM-gemma2-2B-rewardmodel-ft": 2}
+
+
+@dataclass(frozen=True)
+class SweepFigureConfig:
+    """Settings every figure drawn from saved sweeps shares."""
+
+    runs: tuple[str, ...] = field(default=(), metadata={"help": "run directories (default: all under results/)",
+                                                        "repeat": True, "flag": "--runs", "metavar": "DIR"})
+    out: str = field(default="figures", metadata={"help": "output folder"})
 
 
 def nickname(model_id: str) -> str:

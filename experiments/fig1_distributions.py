@@ -17,15 +17,13 @@ from scipy import stats as sps
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import colors, discover_runs, load_runs, plt, save, script_config, sweep_label  # noqa: E402
+from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save  # noqa: E402
+from experiments.common import script_config, sweep_label  # noqa: E402
 
 
 @dataclass(frozen=True)
-class Fig1Config:
-    runs: tuple[str, ...] = field(default=(), metadata={"help": "run directories (default: all under results/)",
-                                                        "repeat": True, "flag": "--runs", "metavar": "DIR"})
+class Fig1Config(SweepFigureConfig):
     prompt: str = field(default="greatest", metadata={"help": "prompt key or text"})
-    out: str = field(default="figures", metadata={"help": "output folder"})
     name: str = field(default="", metadata={"help": "file name (default fig1_distributions_<prompt>.png)"})
 
 

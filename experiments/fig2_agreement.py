@@ -22,6 +22,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import (  # noqa: E402
+    SweepFigureConfig,
     colors,
     discover_runs,
     load_runs,
@@ -39,13 +40,10 @@ from probe.results import atomic_write_json  # noqa: E402
 
 
 @dataclass(frozen=True)
-class Fig2Config:
-    runs: tuple[str, ...] = field(default=(), metadata={"help": "run directories (default: all under results/)",
-                                                        "repeat": True, "flag": "--runs", "metavar": "DIR"})
+class Fig2Config(SweepFigureConfig):
     table: str | None = field(default=None, metadata={"help": "item table with one score column per model"})
     prompt: str = field(default="greatest", metadata={"help": "prompt key or text (sweeps)"})
     normalise: str = field(default="exact", metadata={"help": "string matching across tokenizers"})
-    out: str = field(default="figures", metadata={"help": "output folder"})
     suffix: str = field(default="", metadata={"help": "added to the file names"})
     permutations: int = field(default=10_000, metadata={"help": "permutations for RSA p-values"})
 

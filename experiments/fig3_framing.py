@@ -18,22 +18,20 @@ import polars as pl
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import colors, discover_runs, load_runs, plt, save, script_config, sweep_label  # noqa: E402
+from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save  # noqa: E402
+from experiments.common import script_config, sweep_label  # noqa: E402
 from probe.analysis.lexicons import valence  # noqa: E402
 from probe.analysis.regressions import exposure_slopes, framing_slopes, lexicon_matches  # noqa: E402
 
 
 @dataclass(frozen=True)
-class Fig3Config:
-    runs: tuple[str, ...] = field(default=(), metadata={"help": "run directories (default: all under results/)",
-                                                        "repeat": True, "flag": "--runs", "metavar": "DIR"})
+class Fig3Config(SweepFigureConfig):
     positive: str = field(default="greatest", metadata={"help": "the positively framed prompt (key or text)"})
     negative: str = field(default="worst", metadata={"help": "the negatively framed prompt (key or text)"})
     valence_source: str = field(default="afinn111", metadata={"help": "afinn111, afinn165 or warriner",
                                                              "flag": "--valence"})
     freq: str = field(default="wordfreq", metadata={"help": "wordfreq or bnc"})
     bnc: str | None = field(default=None, metadata={"help": "path of the BNC list for --freq bnc"})
-    out: str = field(default="figures", metadata={"help": "output folder"})
 
 
 def scatter_panel(ax, m: pl.DataFrame, title: str) -> None:

@@ -15,17 +15,15 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import colors, discover_runs, load_runs, plt, save, script_config, sweep_label  # noqa: E402
+from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save  # noqa: E402
+from experiments.common import script_config, sweep_label  # noqa: E402
 from probe.analysis import stats  # noqa: E402
 
 
 @dataclass(frozen=True)
-class Fig4Config:
-    runs: tuple[str, ...] = field(default=(), metadata={"help": "run directories (default: all under results/)",
-                                                        "repeat": True, "flag": "--runs", "metavar": "DIR"})
+class Fig4Config(SweepFigureConfig):
     x: str = field(default="best", metadata={"help": "prompt on the x axis"})
     y: str = field(default="worst", metadata={"help": "prompt on the y axis"})
-    out: str = field(default="figures", metadata={"help": "output folder"})
 
 
 def main(cfg: Fig4Config) -> list[dict]:
