@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from probe.analysis.sweeps import Sweep, load_sweep, short_name  # noqa: E402
-from probe.results import META, runs_newest_first  # noqa: E402
+from probe.results import run_metas  # noqa: E402
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 # The paper's data release: $RM_PROBE_PAPER_RELEASE, else ../shared/data/paper-release beside this checkout.
@@ -72,20 +71,15 @@ def discover_runs(root: str | Path = "results") -> list[Path]:
     newest: dict[tuple, Path] = {}
     n_prompts: dict[tuple, int] = {}
     models = sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []
-    for run_path in (p for model in models for p in reversed(runs_newest_first(model, "exhaustive"))):
-        meta_path = run_path / META
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
+    for run_path, meta in (r for model in models for r in run_metas(model, "exhaustive")):  # newest first
         if meta.get("status") != "complete":
             continue
         settings = meta.get("settings", {})
         key = (meta["model"]["id"], meta.get("score", {}).get("mode"), settings.get("input_method") or "ids",
                settings.get("n_tokens"))
         n = len(meta.get("prompts", {}))
-        if n >= n_prompts.get(key, 0):
-            newest[key], n_prompts[key] = meta_path.parent, n
+        if n > n_prompts.get(key, -1):
+            newest[key], n_prompts[key] = run_path, n
     return sorted(newest.values())
 
 

@@ -21,7 +21,7 @@ import yaml
 from probe.errors import DataFormatError, ProbeError
 from probe.exhaustive import EXPERIMENT, ScoreVocabConfig, dry_run, job_key, run
 from probe.prompts import PAPER_PROMPTS
-from probe.results import META, runs_newest_first, sanitize_model_name
+from probe.results import run_metas, sanitize_model_name
 
 FIELDS = {f.name for f in fields(ScoreVocabConfig)}
 
@@ -55,17 +55,12 @@ def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
     base = Path(config.output) / sanitize_model_name(config.rm or "HuggingFaceTB/SmolLM2-135M-Instruct")
     key = json.dumps(job_key(config), sort_keys=True, default=str)
     partial = None
-    for run_path in runs_newest_first(base, EXPERIMENT):
-        meta_path = run_path / META
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
+    for run_path, meta in run_metas(base, EXPERIMENT):
         if json.dumps(meta.get("job"), sort_keys=True, default=str) != key:
             continue
         if meta.get("status") == "complete":
-            return "complete", meta_path.parent
-        partial = partial or meta_path.parent
+            return "complete", run_path
+        partial = partial or run_path
     return ("partial", partial) if partial else ("new", None)
 
 

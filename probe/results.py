@@ -18,8 +18,9 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import polars as pl
@@ -43,12 +44,14 @@ def utc_stamp() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write through ``write`` into a temporary file beside ``path``, fsync it, then rename it over ``path``:
+    a reader (or a later --resume) sees the old file or the whole new one, never half of it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -57,19 +60,16 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    _atomic_write(path, lambda fh: fh.write(data))
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode())
 
 
 def atomic_write_parquet(path: Path, df: pl.DataFrame) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        df.write_parquet(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _atomic_write(path, df.write_parquet)
 
 
 def fingerprint(settings: dict) -> str:
@@ -89,10 +89,10 @@ def git_commit() -> str | None:
 
 
 def environment() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
     import torch
     import transformers
-
-    from importlib.metadata import PackageNotFoundError, version
 
     def ver(pkg: str) -> str | None:
         try:
@@ -192,16 +192,18 @@ def runs_newest_first(base: Path, experiment: str) -> list[Path]:
     return sorted((p for p in base.glob(f"{experiment}_*") if p.is_dir()), key=created, reverse=True)
 
 
-def find_resumable(root: str | Path, model: str, experiment: str, fp: str) -> RunDir | None:
-    """The newest unfinished run of this model and experiment with the same fingerprint."""
-    base = Path(root) / sanitize_model_name(model)
-    if not base.is_dir():
-        return None
+def run_metas(base: Path, experiment: str) -> Iterator[tuple[Path, dict]]:
+    """(run directory, its meta.json) for the runs under ``base``, newest first; unreadable ones are passed over."""
     for path in runs_newest_first(base, experiment):
         try:
-            meta = json.loads((path / META).read_text())
+            yield path, json.loads((path / META).read_text())
         except (OSError, json.JSONDecodeError):
             continue
+
+
+def find_resumable(root: str | Path, model: str, experiment: str, fp: str) -> RunDir | None:
+    """The newest unfinished run of this model and experiment with the same fingerprint."""
+    for path, meta in run_metas(Path(root) / sanitize_model_name(model), experiment):
         if meta.get("status") != "complete" and meta.get("fingerprint") == fp:
             return RunDir(path)
     return None
