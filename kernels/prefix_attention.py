@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 NAME = "rm_shared_prefix"
-SUPPORTED_MODEL_TYPES = ("llama", "gemma2")  # families whose attention modules are tested against the plain path
+# families whose attention modules are tested against the plain path (tests/unit/test_kernels.py)
+SUPPORTED_MODEL_TYPES = ("llama", "gemma2", "gemma3_text", "qwen2", "qwen3")
 
 
 @dataclass

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from probe.errors import DataFormatError, ProbeError
+from probe.models.embedded import packaged
 from probe.exhaustive import EXPERIMENT, ScoreVocabConfig, dry_run, job_key, run
 from probe.prompts import PAPER_PROMPTS
 from probe.results import run_metas, sanitize_model_name
@@ -52,7 +53,8 @@ def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
 
 def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
     """('complete' | 'partial' | 'new', the run directory found)."""
-    base = Path(config.output) / sanitize_model_name(config.rm or "HuggingFaceTB/SmolLM2-135M-Instruct")
+    pkg = packaged(config.rm)
+    base = Path(config.output) / sanitize_model_name(pkg.model_id if pkg is not None else config.rm)
     key = json.dumps(job_key(config), sort_keys=True, default=str)
     partial = None
     for run_path, meta in run_metas(base, EXPERIMENT):

@@ -18,10 +18,11 @@ def resolve_config(ref: str | None, revision: str | None = None, trust_remote_co
     """(config, where it came from)."""
     from transformers import AutoConfig
 
-    from probe.models.embedded import EMBEDDED_ALIASES
+    from probe.models.embedded import packaged
 
-    if ref is None or ref in EMBEDDED_ALIASES:
-        return config_for("smollm2-135m"), "published shape of SmolLM2-135M"
+    if (model := packaged(ref)) is not None:
+        shape = {"smollm2": "smollm2-135m", "gemma3-270m": "gemma-3-270m"}[model.name]
+        return config_for(shape), f"published shape of {model.model_id}"
     if ref.startswith("shape:"):
         return config_for(ref.removeprefix("shape:")), f"published shape {ref.removeprefix('shape:')}"
     try:

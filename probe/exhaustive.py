@@ -30,7 +30,7 @@ from probe.prompts import Prompt, resolve_prompts
 from probe.results import RunDir, check_resumable, environment, find_resumable, fingerprint
 from probe.scoring import (
     AdaptiveBatcher,
-    HeadOptions,
+    ScoringOptions,
     ScoreMode,
     build_scorer,
     default_batch_size,
@@ -43,7 +43,7 @@ from probe.scoring import (
     resolve_score_mode,
     self_check,
 )
-from probe.template import JUDGE_QUESTION, TemplateSplit
+from probe.template import DEFAULT_DATE, JUDGE_QUESTION, TemplateSplit, resolve_date
 from probe.vocab import build_vocab_table
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,10 @@ class ScoreVocabConfig(ModelOptions):
     prompts: str | None = field(default=None, metadata={
         "help": "file of prompts: YAML (key: text, or a list) or text (one per line)", "metavar": "FILE"})
     system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
+    date: str = field(default=DEFAULT_DATE, metadata={
+        "help": "date for chat templates that write one into the conversation (Llama 3.1/3.2): '26 Jul 2024' "
+                "(default: the templates' own fallback, as the paper rendered), 2024-07-26, or 'today'. Fixed by "
+                "default so that runs on different days score identical inputs"})
     score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
         "help": "reward: the RM's head; logprob: log-likelihood of response + end-of-turn tokens under a causal LM; "
                 "judge: logit(Yes) - logit(No) after a judging question. auto: logprob for the embedded model, "
@@ -90,13 +94,14 @@ class ScoreVocabConfig(ModelOptions):
     def __post_init__(self) -> None:
         check_at_least(self, 1, "shard_size", "top", "batch_size", "limit")
         check_at_least(self, 0, "verify")
+        resolve_date(self.date)  # a bad --date fails before any model loads
 
     @property
     def mode(self) -> ScoreMode:
         return resolve_score_mode(self.score, self.rm)
 
-    def head_options(self) -> HeadOptions:
-        return HeadOptions(self.logprob_reduce, self.judge_question)
+    def scoring_options(self) -> ScoringOptions:
+        return ScoringOptions(self.logprob_reduce, self.judge_question, resolve_date(self.date))
 
 
 @dataclass
@@ -130,8 +135,8 @@ class VocabSweep:
         self.loaded, self.config, self.prompts = loaded, config, prompts
         n = n_scorable(loaded)
         self.token_ids = np.arange(min(n, config.limit or n), dtype=np.int64)
-        self.head = make_head(loaded, config.mode, config.head_options())
-        opts = config.head_options()
+        self.head = make_head(loaded, config.mode, config.scoring_options())
+        opts = config.scoring_options()
         self.splits = {p.key: prompt_split(loaded, config.mode, p.text, config.system, opts, n) for p in prompts}
         first = self.splits[prompts[0].key]
         self.batch_size = config.batch_size or default_batch_size(
@@ -149,6 +154,8 @@ class VocabSweep:
             "mode": c.mode, "head": self.head.describe(), "n_tokens": int(self.token_ids.size),
             "prompts": {k: [list(s.prefix_ids), list(s.suffix_ids)] for k, s in self.splits.items()},
             "shard_size": c.shard_size, "batch_size": self.batch_size, "input_method": c.input_method,
+            # the date changes a number only where a template writes it (its ids are in "prompts" too)
+            "date": next((s.date_string for s in self.splits.values() if s.date_sensitive), None),
         }
 
     def row_source(self, prompt: Prompt):
@@ -157,11 +164,11 @@ class VocabSweep:
             return TemplateRows(split)
         from probe.paper_method import PaperRows
 
-        build = conversation(self.config.mode, prompt.text, self.config.system, self.config.head_options())
-        source = PaperRows(self.loaded.tokenizer, build, self.token_ids, template_ids=lambda t: split.full_ids([t]))
+        build = conversation(self.config.mode, prompt.text, self.config.system, self.config.scoring_options())
+        source = PaperRows(self.loaded.tokenizer, build, self.token_ids, split)
         self.paper_info[prompt.key] = {"prefix_ids": source.prefix_ids,
                                        "prefix_text": self.loaded.tokenizer.decode(source.prefix_ids),
-                                       "fraction_identical_to_raw_ids": source.same_as_template}
+                                       **source.statistics}
         return source
 
     def score_prompt(self, prompt: Prompt, run: RunDir | None = None, dist: Dist = Dist()) -> np.ndarray | None:
@@ -322,7 +329,7 @@ def _open_run(config: ScoreVocabConfig, sweep: VocabSweep) -> tuple[RunDir, dict
 
 
 JOB_FIELDS = ("rm", "prompt", "prompts", "system", "score", "logprob_reduce", "judge_question", "dtype", "revision",
-              "chat_template", "spec", "label_index", "limit", "input_method")
+              "chat_template", "spec", "label_index", "limit", "input_method", "date")
 
 
 def job_key(config: ScoreVocabConfig) -> dict:

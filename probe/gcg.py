@@ -37,7 +37,7 @@ from probe.prompts import PAPER_PROMPTS
 from probe.results import RunDir, atomic_write_json, environment
 from probe.scoring import (
     AdaptiveBatcher,
-    HeadOptions,
+    ScoringOptions,
     ScoreMode,
     make_head,
     model_kind,
@@ -300,7 +300,7 @@ def reference_score(loaded: LoadedModel, head, split: TemplateSplit, ids: list[i
 
 def run(loaded: LoadedModel, config: GCGConfig) -> GCGResult:
     """Front door: ``config.runs`` GCG restarts; returns the best response over all of them."""
-    opts = HeadOptions()
+    opts = ScoringOptions()
     split = prompt_split(loaded, config.mode, config.prompt, config.system, opts, len(loaded.tokenizer))
     vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
     allowed = allowed_tokens(vocab, config.allowed, config.allow_special)
@@ -331,7 +331,7 @@ def beam_search(loaded: LoadedModel, config: GCGConfig, split: TemplateSplit, al
     new prefix cache ending in it and scores every allowed token after it. Returns one table per depth with
     the K best responses (``ids``, ``text``, ``score``), best first for max, worst first for min.
     """
-    opts = HeadOptions()
+    opts = ScoringOptions()
     cand = torch.nonzero(allowed).flatten()
     batcher = AdaptiveBatcher(config.batch_size or (256 if loaded.device.type == "cpu" else 1024))
     beams: list[list[int]] = [[]]
@@ -368,7 +368,7 @@ def main_from_args(ns: argparse.Namespace) -> int:
     run_dir.write_meta(meta)
     t0 = time.perf_counter()
     if config.beam:
-        opts = HeadOptions()
+        opts = ScoringOptions()
         split = prompt_split(loaded, config.mode, config.prompt, config.system, opts, len(loaded.tokenizer))
         allowed = allowed_tokens(build_vocab_table(loaded.tokenizer, n_scorable(loaded)), config.allowed,
                                  config.allow_special)

@@ -140,7 +140,8 @@ class LinearRewardHead(ScoreHead):
 
 
 class GatedRewardHead(ScoreHead):
-    """ArmoRM/QRM: ``sum(gating(h[gate]) * (regression(h[last]) @ T))``, quantiles averaged where present.
+    """ArmoRM/QRM: ``sum(gating(h[gate]) * (regression(h[last]) @ T))``, quantiles averaged where present
+    (``config.num_quantiles``), ``T`` the identity where the model has no ``reward_transform_matrix``.
 
     The gate position is the first token of the last occurrence of ``pattern_ids`` (the end of the user
     turn); it lies in the shared prefix unless a multi-token response contains the pattern itself.
@@ -149,7 +150,7 @@ class GatedRewardHead(ScoreHead):
     name = "reward"
 
     def __init__(self, model: torch.nn.Module, pattern_ids: Sequence[int], output: str = "score"):
-        for attr in ("regression_layer", "gating", "reward_transform_matrix"):
+        for attr in ("regression_layer", "gating"):
             if not hasattr(model, attr):
                 raise ProbeError(f"{type(model).__name__} has no `{attr}`: it is not an ArmoRM/QRM-style gated model")
         self.model = model
@@ -183,10 +184,13 @@ class GatedRewardHead(ScoreHead):
 
     def _combine(self, h_last: Tensor, h_gate: Tensor) -> Tensor:
         reg = self.model.regression_layer
-        rewards = F.linear(h_last.float(), reg.weight.float())
+        bias = None if reg.bias is None else reg.bias.float()
+        rewards = F.linear(h_last.float(), reg.weight.float(), bias)
         if self.n_quantiles:
             rewards = rewards.reshape(rewards.shape[0], -1, self.n_quantiles).mean(2)
-        rewards = rewards @ self.model.reward_transform_matrix.float()
+        transform = getattr(self.model, "reward_transform_matrix", None)  # ArmoRM, QRM-Llama; not QRM-Gemma
+        if transform is not None:
+            rewards = rewards @ transform.float()
         gating = self.model.gating
         gate = gating(h_gate.to(next(gating.parameters()).dtype)).float()
         return (gate * rewards).sum(1)

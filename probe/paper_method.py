@@ -6,6 +6,8 @@ special-token text is parsed back into control tokens, templates that write ``{{
 BOS, and many ids come back as other ids. `paper_ids` builds exactly those inputs.
 
 Two ways to score them:
+* `paper_statistics` says what the route did to each id's response slot (survived, doubled BOS, and why a
+  slot changed), per prompt in a paper-method run's meta.json and in ``probe analyze input-method``.
 * `PaperRows` feeds them to the prefix-cache engine: the ids all rows share form the prefix, the rest are
   right-padded continuations. The scores are those of the paper's inputs (exact, as the parity tests show
   for any rows), without the paper's cost.
@@ -20,14 +22,21 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from probe.template import ConversationBuilder
+from probe.template import ConversationBuilder, TemplateSplit, template_kwargs
 
 
 def paper_texts(tokenizer, build: ConversationBuilder, token_ids: Sequence[int]) -> list[str]:
+    return rendered_texts(tokenizer, build, [tokenizer.decode([int(tid)]) for tid in token_ids])
+
+
+def rendered_texts(tokenizer, build: ConversationBuilder, responses: Sequence[str]) -> list[str]:
+    """Each response rendered into the conversation as text (no per-item function call: this runs over whole
+    vocabularies)."""
+    kwargs = template_kwargs(build)
     out = []
-    for tid in token_ids:
-        messages, gen = build(tokenizer.decode([int(tid)]))
-        out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen))
+    for response in responses:
+        messages, gen = build(response)
+        out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kwargs))
     return out
 
 
@@ -48,19 +57,88 @@ def common_prefix(rows: Sequence[Sequence[int]]) -> list[int]:
     return first[:n]
 
 
+# Why a response slot changed under the paper's route, checked in this order (the first that applies counts):
+REASONS = (
+    "control token re-parsed",  # an added token: its text is markup the template or the tokenizer acts on
+    "merged with the template's text",  # the response's text fused with its neighbours: no slot to compare
+    "whitespace trimmed by the template",  # leading/trailing whitespace cut (Llama 3, Gemma: `| trim`)
+    "does not round-trip",  # decode then encode gives other ids, template or not
+    "other",
+)
+
+
+def paper_statistics(tokenizer, token_ids: Sequence[int] | np.ndarray, texts: Sequence[str], rows: Sequence[Sequence[int]],
+                     split: TemplateSplit, n_examples: int = 5) -> dict:
+    """What the paper's route did to each id's response slot, against rm-probe's ``prefix + [id] + suffix``.
+
+    ``texts``: each id decoded; ``rows``: the paper's re-tokenized inputs. Returns the fraction of ids whose
+    slot survives exactly, the fraction whose whole sequence is identical, the rows with a doubled BOS, and
+    per reason (`REASONS`) how many slots changed, with examples ``[id, text, slot ids]``.
+    """
+    from probe.vocab import control_token_ids
+
+    added = control_token_ids(tokenizer) | {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {}) or {}}
+    single = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    n = len(token_ids)
+    survive = identical = doubled_rows = 0
+    changed: dict[str, list] = {r: [] for r in REASONS}
+    trimmed_candidates = []
+    bos, pre, suf = tokenizer.bos_token_id, list(split.prefix_ids), list(split.suffix_ids)
+    for tid, text, row, enc in zip(token_ids, texts, rows, single):  # inline: it runs over whole vocabularies
+        tid, row = int(tid), list(row)
+        identical += row == [*pre, tid, *suf]
+        lead = 0
+        while bos is not None and lead < len(row) and row[lead] == bos:
+            lead += 1
+        if lead > split.bos_count:  # the template wrote BOS and the tokenizer added another
+            doubled_rows += 1
+            row = row[lead - split.bos_count :]
+        fits = len(row) >= len(pre) + len(suf) and row[: len(pre)] == pre and row[len(row) - len(suf) :] == suf
+        slot = row[len(pre) : len(row) - len(suf)] if fits else None
+        if slot == [tid]:
+            survive += 1
+        elif tid in added:
+            changed["control token re-parsed"].append((tid, text, slot))
+        elif slot is None:
+            changed["merged with the template's text"].append((tid, text, slot))
+        elif text != text.strip():
+            trimmed_candidates.append((tid, text, slot, enc))
+        elif enc != [tid]:
+            changed["does not round-trip"].append((tid, text, slot))
+        else:
+            changed["other"].append((tid, text, slot))
+    stripped = tokenizer([t.strip() for _, t, _, _ in trimmed_candidates], add_special_tokens=False)["input_ids"] \
+        if trimmed_candidates else []
+    for (tid, text, slot, enc), ids in zip(trimmed_candidates, stripped):
+        reason = ("whitespace trimmed by the template" if slot == ids else
+                  "does not round-trip" if enc != [tid] else "other")
+        changed[reason].append((tid, text, slot))
+    frac = lambda k: round(k / n, 6) if n else None  # noqa: E731
+    return {
+        "n_ids": n,
+        "slot_survives": frac(survive), "n_slot_survives": survive,
+        "sequence_identical": frac(identical), "n_sequence_identical": identical,
+        "doubled_bos_rows": doubled_rows, "doubled_bos_fraction": frac(doubled_rows),
+        "slot_changed": {r: {"n": len(v), "fraction": frac(len(v)),
+                             "examples": [[t, x, s] for t, x, s in v[:n_examples]]} for r, v in changed.items() if v},
+    }
+
+
 class PaperRows:
     """The paper's inputs for a set of token ids, split into a shared prefix and padded continuations."""
 
-    def __init__(self, tokenizer, build: ConversationBuilder, token_ids: Sequence[int], template_ids=None):
+    def __init__(self, tokenizer, build: ConversationBuilder, token_ids: Sequence[int],
+                 split: TemplateSplit | None = None):
         self.token_ids = np.asarray(token_ids)
-        self.ids = paper_ids(tokenizer, build, self.token_ids)
+        self.texts = [tokenizer.decode([int(t)]) for t in self.token_ids]
+        self.ids = tokenizer(rendered_texts(tokenizer, build, self.texts), add_special_tokens=True)["input_ids"]
         prefix = common_prefix(self.ids)
         if len(prefix) == min(len(r) for r in self.ids):  # keep at least one continuation token per row
             prefix = prefix[:-1]
         self.prefix_ids = prefix
         self.position = {int(t): i for i, t in enumerate(self.token_ids)}
-        self.same_as_template = (None if template_ids is None else
-                                 float(np.mean([r == template_ids(int(t)) for t, r in zip(self.token_ids, self.ids)])))
+        self.statistics = (None if split is None else
+                           paper_statistics(tokenizer, self.token_ids, self.texts, self.ids, split))
 
     def rows(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         p = len(self.prefix_ids)

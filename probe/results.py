@@ -209,14 +209,37 @@ def find_resumable(root: str | Path, model: str, experiment: str, fp: str) -> Ru
     return None
 
 
+# settings -> the flag that sets them, for the advice when a resume does not match
+SETTING_FLAGS = {"n_tokens": "--limit", "shard_size": "--shard-size", "date": "--date", "mode": "--score",
+                 "dtype": "--dtype", "input_method": "--input-method", "revision": "--revision", "spec": "--spec",
+                 "label_index": "--label-index", "model": "--rm"}
+
+
+def _short(value, width: int = 48) -> str:
+    text = json.dumps(value, default=str, sort_keys=True)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def settings_diff(stored: dict, now: dict) -> list[str]:
+    """One phrase per setting that differs: its name (and flag), the run's value and this command's."""
+    keys = sorted(k for k in set(stored) | set(now)
+                  if json.dumps(stored.get(k), default=str, sort_keys=True) != json.dumps(now.get(k), default=str,
+                                                                                         sort_keys=True))
+    out = []
+    for k in keys:
+        flag = f" ({SETTING_FLAGS[k]})" if k in SETTING_FLAGS else ""
+        if k == "prompts":
+            out.append("prompts: the templated prompt ids differ (other prompts, system prompt, template or date)")
+        else:
+            out.append(f"{k}{flag}: {_short(stored.get(k))} in the run, {_short(now.get(k))} now")
+    return out
+
+
 def check_resumable(run: RunDir, fp: str, settings: dict) -> dict:
     meta = run.read_meta()
     if meta.get("fingerprint") != fp:
-        old = {k: v for k, v in meta.get("settings", {}).items() if k in settings}
-        diff = sorted(k for k in set(old) | set(settings) if json.dumps(old.get(k), default=str, sort_keys=True)
-                      != json.dumps(settings.get(k), default=str, sort_keys=True))
-        raise ResumeError(
-            f"{run.path} was made with other settings ({', '.join(diff) or 'unknown'} differ); start a new run "
-            "or pass the same settings"
-        )
+        stored = {k: v for k, v in meta.get("settings", {}).items() if k in settings}
+        diff = settings_diff(stored, settings) or ["unknown settings"]
+        raise ResumeError(f"{run.path} was made with other settings: {'; '.join(diff)}. Pass the run's settings "
+                          "to resume it, or start a new run without --resume")
     return meta

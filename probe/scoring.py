@@ -16,6 +16,7 @@ from probe.errors import ProbeError
 from probe.heads import GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, OwnForwardHead, ScoreHead
 from probe.models.loading import LoadedModel
 from probe.template import (
+    DEFAULT_DATE,
     JUDGE_QUESTION,
     ConversationBuilder,
     TemplateSplit,
@@ -30,27 +31,31 @@ ScoreMode = Literal["reward", "logprob", "judge"]
 
 
 def resolve_score_mode(score: str, rm: str | None) -> ScoreMode:
-    """``--score auto``: the logprob proxy for the embedded language model, the reward head otherwise."""
-    from probe.models.embedded import EMBEDDED_ALIASES
+    """``--score auto``: the logprob proxy for the packaged language models, the reward head otherwise."""
+    from probe.models.embedded import packaged
 
     if score != "auto":
         return score  # type: ignore[return-value]
-    return "logprob" if rm is None or rm in EMBEDDED_ALIASES else "reward"
+    return "logprob" if packaged(rm) is not None else "reward"
 FUSED_LOGPROB_MIN_VOCAB = 100_000
 Scorer = PrefixScorer | FullSequenceScorer
 
 
 @dataclass(frozen=True)
-class HeadOptions:
+class ScoringOptions:
+    """How a response is scored and rendered, beyond the mode: the logprob reduction, the judge's question, and
+    the date passed to chat templates that write one."""
+
     logprob_reduce: Literal["sum", "mean"] = "sum"
     judge_question: str = JUDGE_QUESTION
+    date_string: str = DEFAULT_DATE
 
 
 def model_kind(mode: ScoreMode) -> Literal["reward", "causal"]:
     return "reward" if mode == "reward" else "causal"
 
 
-def make_head(loaded: LoadedModel, mode: ScoreMode, opts: HeadOptions = HeadOptions(),
+def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = ScoringOptions(),
               response_in_prefix: int = 0) -> ScoreHead:
     """A fresh head (heads keep per-prefix state). ``response_in_prefix``: the last k prefix ids are already
     response tokens (beam extension); only the log-probability head needs to know."""
@@ -78,10 +83,10 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: HeadOptions = HeadOpti
     return JudgeHead(model, yes[0], no[0])
 
 
-def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: HeadOptions) -> ConversationBuilder:
+def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: ScoringOptions) -> ConversationBuilder:
     if mode == "judge":
-        return judge_conversation(prompt, system, opts.judge_question)
-    return response_conversation(prompt, system)
+        return judge_conversation(prompt, system, opts.judge_question, opts.date_string)
+    return response_conversation(prompt, system, opts.date_string)
 
 
 def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True) -> Scorer:
@@ -102,7 +107,7 @@ class TemplateRows:
         return rows, torch.full((rows.shape[0],), rows.shape[1])
 
 
-def prompt_split(loaded: LoadedModel, mode: ScoreMode, prompt: str, system: str | None, opts: HeadOptions,
+def prompt_split(loaded: LoadedModel, mode: ScoreMode, prompt: str, system: str | None, opts: ScoringOptions,
                  n_ids: int) -> TemplateSplit:
     build = conversation(mode, prompt, system, opts)
     return split_template(loaded.tokenizer, build, candidates=range(n_ids))

@@ -14,15 +14,20 @@ starting with a space would reach the reward model differently through text.
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from probe.errors import TemplateError
+from probe.vocab import control_token_ids
 
 Messages = list[dict[str, str]]
-# content of the response slot -> (messages, add_generation_prompt)
-ConversationBuilder = Callable[[str], tuple[Messages, bool]]
+
+# The date the Llama 3.1/3.2 templates write into their system block when none is passed: their own fallback,
+# and what the transformers version of the paper rendered. Passing it always makes every rendering independent
+# of the day it runs on (Llama 3.2 would otherwise write today's date through `strftime_now`).
+DEFAULT_DATE = "26 Jul 2024"
 
 PROBE_WORDS = ("Love", "Water", "Peace", "Music", "Hope", "Freedom", "Time", "Light", "Home", "Life", "Yes", "No")
 
@@ -32,30 +37,74 @@ JUDGE_QUESTION = (
 )
 
 
-def response_conversation(prompt: str, system: str | None = None) -> ConversationBuilder:
+@dataclass(frozen=True)
+class Conversation:
+    """The conversation around one response slot: ``conv(response) -> (messages, add_generation_prompt)``.
+
+    ``judge_question`` None: the reward-model and log-probability layout (the response is the assistant turn);
+    otherwise the judge layout (one user turn that shows prompt and response, then the assistant's turn opens).
+    ``date_string`` is passed to the chat template on every rendering.
+    """
+
+    prompt: str
+    system: str | None = None
+    judge_question: str | None = None
+    date_string: str = DEFAULT_DATE
+
+    def __post_init__(self) -> None:
+        _check_prompt(self.prompt)
+        q = self.judge_question
+        if q is not None and ("{response}" not in q or "{prompt}" not in q):
+            raise TemplateError("the judge question must contain {prompt} and {response}")
+
+    def __call__(self, response: str) -> tuple[Messages, bool]:
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        if self.judge_question is None:
+            return msgs + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}], False
+        text = self.judge_question.replace("{prompt}", self.prompt).replace("{response}", response)
+        return msgs + [{"role": "user", "content": text}], True
+
+    @property
+    def template_kwargs(self) -> dict[str, str]:
+        return {"date_string": self.date_string}
+
+
+# content of the response slot -> (messages, add_generation_prompt); a Conversation, or any such callable
+ConversationBuilder = Callable[[str], tuple[Messages, bool]]
+
+
+def template_kwargs(build: ConversationBuilder) -> dict[str, str]:
+    """Extra variables for the chat template: the conversation's, else the fixed default date."""
+    return getattr(build, "template_kwargs", {"date_string": DEFAULT_DATE})
+
+
+def response_conversation(prompt: str, system: str | None = None, date_string: str = DEFAULT_DATE) -> Conversation:
     """The reward-model and log-probability layout: the response is the assistant turn."""
-    _check_prompt(prompt)
-
-    def build(response: str) -> tuple[Messages, bool]:
-        msgs = [{"role": "system", "content": system}] if system else []
-        msgs += [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-        return msgs, False
-
-    return build
+    return Conversation(prompt, system, None, date_string)
 
 
-def judge_conversation(prompt: str, system: str | None = None, question: str = JUDGE_QUESTION) -> ConversationBuilder:
+def judge_conversation(prompt: str, system: str | None = None, question: str = JUDGE_QUESTION,
+                       date_string: str = DEFAULT_DATE) -> Conversation:
     """The judge layout: one user turn that shows prompt and response, then the assistant's turn opens."""
-    _check_prompt(prompt)
-    if "{response}" not in question or "{prompt}" not in question:
-        raise TemplateError("the judge question must contain {prompt} and {response}")
+    return Conversation(prompt, system, question, date_string)
 
-    def build(response: str) -> tuple[Messages, bool]:
-        msgs = [{"role": "system", "content": system}] if system else []
-        msgs.append({"role": "user", "content": question.replace("{prompt}", prompt).replace("{response}", response)})
-        return msgs, True
 
-    return build
+def _today() -> dt.date:
+    return dt.datetime.now().date()
+
+
+def resolve_date(value: str, today: dt.date | None = None) -> str:
+    """``--date``: ``today``, an ISO date (2024-07-26) or the templates' own form ("26 Jul 2024"), as the
+    templates write it (``%d %b %Y``)."""
+    value = value.strip()
+    if value.lower() == "today":
+        return (today or _today()).strftime("%d %b %Y")
+    for fmt in ("%Y-%m-%d", "%d %b %Y", "%d %B %Y"):
+        try:
+            return dt.datetime.strptime(value, fmt).strftime("%d %b %Y")
+        except ValueError:
+            continue
+    raise TemplateError(f"--date {value!r}: give 'today', a date such as 2024-07-26, or '26 Jul 2024'")
 
 
 def _check_prompt(prompt: str) -> None:
@@ -73,6 +122,8 @@ class TemplateSplit:
     trailing_space: str
     bos_count: int  # BOS ids at the start of the prefix (1 for Llama-3/Gemma, 0 for ChatML)
     verified_tokens: int  # how many vocabulary tokens the split was checked on
+    date_string: str = DEFAULT_DATE  # passed to the template as ``date_string``
+    date_sensitive: bool = False  # the template writes that date into the conversation (Llama 3.1/3.2)
 
     def full_ids(self, response_ids: Sequence[int]) -> list[int]:
         return [*self.prefix_ids, *response_ids, *self.suffix_ids]
@@ -85,7 +136,8 @@ def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
     messages, gen = build(response)
     try:
         out = tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=gen, return_dict=False, sanitize_control_tokens=True
+            messages, tokenize=True, add_generation_prompt=gen, return_dict=False, sanitize_control_tokens=True,
+            **template_kwargs(build),
         )
     except Exception as err:  # jinja2 raises its own errors from inside the template (role order, ...)
         raise TemplateError(f"the chat template failed to render: {type(err).__name__}: {err}") from None
@@ -142,12 +194,22 @@ def split_template(
         trailing_space=_space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0], side="trail"),
         bos_count=_bos_count(tokenizer, prefix),
         verified_tokens=0,
+        date_string=template_kwargs(build)["date_string"],
+        date_sensitive=_date_sensitive(tokenizer, build, probes[0][0], rendered[0]),
     )
     if split.bos_count > 1:
         raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
     sample = _verification_sample(tokenizer, n_verify, seed, candidates)
     _verify(tokenizer, build, split, sample)
     return TemplateSplit(**{**asdict(split), "verified_tokens": len(sample) + len(probes)})
+
+
+def _date_sensitive(tokenizer, build, word: str, ids: list[int]) -> bool:
+    """Whether the rendering changes with ``date_string`` (known for `Conversation` builders only)."""
+    if not isinstance(build, Conversation):
+        return False
+    other = "01 Jan 1999" if build.date_string != "01 Jan 1999" else "02 Jan 1999"
+    return render(tokenizer, replace(build, date_string=other), word) != ids
 
 
 def _bos_count(tokenizer, prefix: tuple[int, ...]) -> int:
@@ -174,7 +236,7 @@ def _space_treatment(tokenizer, build, *, split_ids, word: str, side: str) -> st
 
 def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int] | None) -> list[int]:
     """Ordinary tokens: alphabetic text with no surrounding space, not special, surviving decode -> encode."""
-    special = set(tokenizer.all_special_ids)
+    special = control_token_ids(tokenizer)
     pool = list(candidates) if candidates is not None else list(range(len(tokenizer)))
     rng = random.Random(seed)
     rng.shuffle(pool)

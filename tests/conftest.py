@@ -20,6 +20,14 @@ from tests import tiny
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 
+def pytest_sessionstart(session):
+    """Convert the embedded SmolLM2 once before any test, so that no test's output includes the one-time
+    conversion notice (a fresh CI machine starts with an empty cache)."""
+    from probe.models.embedded import packaged_dir
+
+    packaged_dir(None)
+
+
 def pytest_addoption(parser):
     parser.addoption("--device", default="cpu", help="device for model tests (cpu or cuda)")
 
@@ -49,8 +57,9 @@ def _loaded(model, tokenizer, spec=DEFAULT, kind="reward", name="tiny") -> Loade
 @pytest.fixture(scope="session")
 def tiny_models(tokenizers, device):
     """name -> LoadedModel for each family x head the engine supports."""
-    from transformers import Gemma2ForCausalLM, Gemma2ForSequenceClassification, LlamaForCausalLM, \
-        LlamaForSequenceClassification
+    from transformers import (Gemma2ForCausalLM, Gemma2ForSequenceClassification, Gemma3ForCausalLM,
+                              Gemma3TextForSequenceClassification, LlamaForCausalLM, LlamaForSequenceClassification,
+                              Qwen2ForSequenceClassification, Qwen3ForCausalLM, Qwen3ForSequenceClassification)
 
     from tests.gated_reference import TinyGatedRM
 
@@ -65,6 +74,11 @@ def tiny_models(tokenizers, device):
             chatml_tok),
         "llama-lm": _loaded(tiny.build(LlamaForCausalLM, tiny.llama_config(llama_tok)), llama_tok, kind="causal"),
         "gemma2-lm": _loaded(tiny.build(Gemma2ForCausalLM, tiny.gemma2_config(gemma_tok)), gemma_tok, kind="causal"),
+        "qwen2-rm": _loaded(tiny.build(Qwen2ForSequenceClassification, tiny.qwen2_config(chatml_tok)), chatml_tok),
+        "qwen3-rm": _loaded(tiny.build(Qwen3ForSequenceClassification, tiny.qwen3_config(chatml_tok)), chatml_tok),
+        "qwen3-lm": _loaded(tiny.build(Qwen3ForCausalLM, tiny.qwen3_config(chatml_tok)), chatml_tok, kind="causal"),
+        "gemma3-rm": _loaded(tiny.build(Gemma3TextForSequenceClassification, tiny.gemma3_config(gemma_tok)), gemma_tok),
+        "gemma3-lm": _loaded(tiny.build(Gemma3ForCausalLM, tiny.gemma3_config(gemma_tok)), gemma_tok, kind="causal"),
     }
     # the ArmoRM pattern without its trailing "\n\n", which this tiny GPT-2-regex tokenizer splits by context
     gate_text = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>"

@@ -100,6 +100,29 @@ def gemma2_config(tokenizer, **kw):
                                   query_pre_attn_scalar=16, **kw))
 
 
+def qwen2_config(tokenizer, **kw):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(**_common(tokenizer, num_labels=1, **kw))
+
+
+def qwen3_config(tokenizer, **kw):
+    from transformers import Qwen3Config
+
+    # Qwen3: q/k RMS norms inside attention, explicit head_dim
+    return Qwen3Config(**_common(tokenizer, num_labels=1, head_dim=16, **kw))
+
+
+def gemma3_config(tokenizer, **kw):
+    from transformers import Gemma3TextConfig
+
+    # sliding window 8 < prompt length on the sliding layers, a full-attention layer between them, local and
+    # global rope, query_pre_attn_scalar scaling
+    return Gemma3TextConfig(**_common(tokenizer, num_labels=1, head_dim=16, num_hidden_layers=3, sliding_window=8,
+                                      layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                      query_pre_attn_scalar=16, **kw))
+
+
 def build(cls, config, seed: int = 0):
     torch.manual_seed(seed)
     model = cls(config).float().eval()

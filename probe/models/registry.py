@@ -103,27 +103,64 @@ REGISTRY: dict[str, RewardModelSpec] = {
             notes="uncertainty-aware gated head; its modelling code was not available to check a cached reader "
                   "against, so candidates go through the model's own forward (outputs.logits[:, 0])",
         ),
-        # Architectures of remote-code models, for checkpoints not listed by id (fine-tunes, local copies).
+        # RewardBench 2's leaders (2025): plain sequence classifiers on Llama 3.x and Qwen3
+        *[RewardModelSpec(f"Skywork/Skywork-Reward-V2-{name}", family=fam, notes=f"{arch}ForSequenceClassification")
+          for name, fam, arch in (("Llama-3.1-8B", "Llama 3.1", "Llama"), ("Llama-3.1-8B-40M", "Llama 3.1", "Llama"),
+                                  ("Llama-3.2-3B", "Llama 3.2", "Llama"), ("Llama-3.2-1B", "Llama 3.2", "Llama"),
+                                  ("Qwen3-8B", "Qwen3", "Qwen3"), ("Qwen3-4B", "Qwen3", "Qwen3"),
+                                  ("Qwen3-1.7B", "Qwen3", "Qwen3"), ("Qwen3-0.6B", "Qwen3", "Qwen3"))],
+        # Architectures of remote-code models, as their modelling code names the class: for checkpoints not
+        # listed by id (fine-tunes, local copies under another name).
         RewardModelSpec(
             "LlamaForRewardModelWithGating", reader="gated", output="score", trust_remote_code=True,
             gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3",
-            notes="architecture fallback for ArmoRM-style checkpoints",
+            notes="ArmoRM's class (RLHFlow modeling_custom.py)",
+        ),
+        RewardModelSpec(
+            "LlamaForRewardModelWithGating31", reader="gated", output="score", trust_remote_code=True,
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            notes="QRM-Llama3.1's class (reward-bench rewardbench/models/qrm.py): quantiles averaged, then gated",
+        ),
+        RewardModelSpec(
+            "LlamaForRewardModelWithGating3", reader="gated", output="score", trust_remote_code=True,
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3",
+            notes="QRM-Llama3's class (reward-bench rewardbench/models/qrm.py)",
+        ),
+        RewardModelSpec(
+            "LlamaForSequenceClassificationWithNormal_Weights", reader="forward", output="logits",
+            trust_remote_code=True, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            notes="URM's class (as SGLang loads it): score pairs (mean, variance) weighted by an MLP; own forward",
         ),
     ]
 }
 
 
+def repo_id_of(model_ref: str) -> str | None:
+    """The Hugging Face repo id a path stands for: a cache snapshot (``.../models--Org--Name/snapshots/<hash>``)
+    or the last two components of a local path (``.../Org/Name``) when they are a registered id."""
+    parts = Path(model_ref).parts
+    for part in reversed(parts):
+        if part.startswith("models--") and part.count("--") >= 2:
+            org, name = part.removeprefix("models--").split("--", 1)
+            return f"{org}/{name}"
+    if len(parts) >= 2 and "/".join(parts[-2:]) in REGISTRY:
+        return "/".join(parts[-2:])
+    return None
+
+
 def lookup(model_ref: str, architectures: list[str] | None = None) -> tuple[RewardModelSpec, str]:
     """The spec for a model id or local path, and how it was found (for the log and meta.json).
 
-    Order: exact id; the last two components of a local path (``.../Org/Name``) or its last one matched
-    against the ids' names; the first architecture listed in the config; ``"default"``.
+    Order: exact id; the repo id of a cache snapshot path or of a path ending in ``Org/Name``; the last path
+    component matched against the registered names; the first architecture of the config that is registered
+    (the class names remote code defines); ``"default"``.
     """
     if model_ref in REGISTRY:
         return REGISTRY[model_ref], "id"
+    repo = repo_id_of(model_ref)
+    if repo in REGISTRY:
+        return REGISTRY[repo], "snapshot path" if "models--" in model_ref else "path"
     parts = Path(model_ref).parts
-    if len(parts) >= 2 and "/".join(parts[-2:]) in REGISTRY:
-        return REGISTRY["/".join(parts[-2:])], "path"
     by_name = {key.split("/")[-1]: spec for key, spec in REGISTRY.items() if "/" in key}
     if parts and parts[-1] in by_name:
         return by_name[parts[-1]], "path name"
@@ -131,3 +168,26 @@ def lookup(model_ref: str, architectures: list[str] | None = None) -> tuple[Rewa
         if arch in REGISTRY:
             return REGISTRY[arch], "architecture"
     return DEFAULT, "default"
+
+
+# Where a gated head reads its gate, by base family: the end of the user turn in each family's template.
+GATING_PATTERNS = {"llama": LLAMA3_ASSISTANT_HEADER, "gemma2": GEMMA_MODEL_TURN, "gemma3_text": GEMMA_MODEL_TURN}
+
+
+def structural_spec(model, spec: RewardModelSpec) -> RewardModelSpec | None:
+    """For a checkpoint that matched no entry (``spec`` is the default): a gated spec when the loaded model is
+    built like ArmoRM/QRM (``regression_layer`` and ``gating``, no linear ``score``), whatever its class is
+    called. None when the default fits or the family's gating position is unknown."""
+    import torch
+
+    if spec.name != "default" or isinstance(getattr(model, "score", None), torch.nn.Linear):
+        return None
+    if not (hasattr(model, "regression_layer") and hasattr(model, "gating")):
+        return None
+    model_type = getattr(model.config.get_text_config(), "model_type", None)
+    if model_type not in GATING_PATTERNS:
+        return None
+    return RewardModelSpec(
+        f"gated ({model_type}, by structure)", reader="gated", output="score", trust_remote_code=True,
+        gating_pattern=GATING_PATTERNS[model_type], family=model_type,
+        notes="regression_layer + gating found in the loaded model; gate at the end of the user turn")

@@ -28,7 +28,7 @@ from probe.cliargs import config_from_args
 from probe.errors import DataFormatError
 from probe.models.loading import load_model
 from probe.results import RunDir, atomic_write_json, environment, utc_stamp
-from probe.scoring import HeadOptions, model_kind, resolve_score_mode
+from probe.scoring import ScoringOptions, model_kind, resolve_score_mode
 from probe.social import metrics
 from probe.social.loaders import load
 from probe.social.scoring import score_items
@@ -98,7 +98,7 @@ def run_model(cfg: SocialConfig, rm: str | None, datasets: list[tuple[dict, list
                       "dtype": str(loaded.dtype), "device": str(loaded.device)},
             "datasets": [e for e, _ in datasets], "environment": environment()}
     run.write_meta(meta)
-    opts = HeadOptions(cfg.logprob_reduce)
+    opts = ScoringOptions(cfg.logprob_reduce)
     frames, summary = [], {}
     from tqdm.auto import tqdm
 

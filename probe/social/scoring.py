@@ -18,12 +18,12 @@ import torch
 from probe.engine import FullSequenceScorer, PrefixScorer
 from probe.models.loading import LoadedModel
 from probe.paper_method import common_prefix
-from probe.scoring import AdaptiveBatcher, HeadOptions, ScoreMode, conversation, make_head
+from probe.scoring import AdaptiveBatcher, ScoringOptions, ScoreMode, conversation, make_head
 from probe.social.items import Item
 from probe.template import render, split_template
 
 
-def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: HeadOptions, system: str | None):
+def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions, system: str | None):
     """prefix ids -> list of (item index, option index, continuation ids)."""
     tok = loaded.tokenizer
     prefixes: dict[str, tuple[int, ...]] = {}
@@ -42,7 +42,7 @@ def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: HeadO
     return groups
 
 
-def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: HeadOptions = HeadOptions(),
+def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions = ScoringOptions(),
                 system: str | None = None, batch_size: int = 64, verify: int = 4, progress=None) -> pl.DataFrame:
     """One row per item x option: dataset, domain, item_id, option, label, score, text."""
     groups = _groups(loaded, mode, items, opts, system)

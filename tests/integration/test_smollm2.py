@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from probe.engine import FullSequenceScorer, PrefixScorer
-from probe.scoring import HeadOptions, make_head, prompt_split, sweep_rows
+from probe.scoring import ScoringOptions, make_head, prompt_split, sweep_rows
 from probe.template import render, response_conversation
 
 pytestmark = pytest.mark.slow
@@ -29,8 +29,8 @@ def _random_ids(tok, n, seed):
 
 @pytest.mark.parametrize("mode", ["logprob", "judge"])
 def test_cached_batched_equals_full_sequence_one_by_one(smol, mode):
-    head = make_head(smol, mode, HeadOptions())
-    split = prompt_split(smol, mode, PROMPT, None, HeadOptions(), len(smol.tokenizer))
+    head = make_head(smol, mode, ScoringOptions())
+    split = prompt_split(smol, mode, PROMPT, None, ScoringOptions(), len(smol.tokenizer))
     rows = sweep_rows(_random_ids(smol.tokenizer, 40, seed=5), split.suffix_ids)
     fast = PrefixScorer(smol.model, head, split.prefix_ids).score(rows)
     ref = FullSequenceScorer(smol.model, head, split.prefix_ids, batch_size=1).score(rows)
@@ -38,8 +38,8 @@ def test_cached_batched_equals_full_sequence_one_by_one(smol, mode):
 
 
 def test_multi_token_and_padded_rows(smol):
-    head = make_head(smol, "logprob", HeadOptions())
-    split = prompt_split(smol, "logprob", PROMPT, None, HeadOptions(), len(smol.tokenizer))
+    head = make_head(smol, "logprob", ScoringOptions())
+    split = prompt_split(smol, "logprob", PROMPT, None, ScoringOptions(), len(smol.tokenizer))
     tok = smol.tokenizer
     texts = ["Love", "Love and peace", "The universe itself, obviously", "?"]
     rows = [tok.encode(t, add_special_tokens=False) + list(split.suffix_ids) for t in texts]
@@ -51,8 +51,8 @@ def test_multi_token_and_padded_rows(smol):
 def test_random_head_reward_model_with_pad_in_template(smol_rm):
     # SmolLM2's pad id is <|im_end|>, which the template itself contains: the pooling pitfall
     assert smol_rm.model.config.pad_token_id in smol_rm.tokenizer.encode("<|im_end|>")
-    head = make_head(smol_rm, "reward", HeadOptions())
-    split = prompt_split(smol_rm, "reward", PROMPT, None, HeadOptions(), len(smol_rm.tokenizer))
+    head = make_head(smol_rm, "reward", ScoringOptions())
+    split = prompt_split(smol_rm, "reward", PROMPT, None, ScoringOptions(), len(smol_rm.tokenizer))
     rows = sweep_rows(_random_ids(smol_rm.tokenizer, 24, seed=8), split.suffix_ids)
     fast = PrefixScorer(smol_rm.model, head, split.prefix_ids).score(rows)
     ref = FullSequenceScorer(smol_rm.model, head, split.prefix_ids, batch_size=1).score(rows)
@@ -62,7 +62,7 @@ def test_random_head_reward_model_with_pad_in_template(smol_rm):
 def test_template_split_equals_tokenizer_ids(smol):
     tok = smol.tokenizer
     build = response_conversation(PROMPT)
-    split = prompt_split(smol, "logprob", PROMPT, None, HeadOptions(), len(tok))
+    split = prompt_split(smol, "logprob", PROMPT, None, ScoringOptions(), len(tok))
     assert split.suffix_ids == tuple(tok.encode("<|im_end|>\n", add_special_tokens=False))
     assert split.leading_space == "kept" and split.bos_count == 1  # SmolLM2's "BOS" is <|im_start|>
     rng = random.Random(0)
@@ -79,8 +79,8 @@ def test_template_split_equals_tokenizer_ids(smol):
 
 @pytest.mark.parametrize("mode", ["logprob", "judge"])
 def test_golden_values(smol, mode):
-    head = make_head(smol, mode, HeadOptions())
-    split = prompt_split(smol, mode, PROMPT, None, HeadOptions(), len(smol.tokenizer))
+    head = make_head(smol, mode, ScoringOptions())
+    split = prompt_split(smol, mode, PROMPT, None, ScoringOptions(), len(smol.tokenizer))
     assert [smol.tokenizer.decode([t]) for t in GOLDEN["token_ids"]] == GOLDEN["decoded"]
     got = PrefixScorer(smol.model, head, split.prefix_ids).score(sweep_rows(GOLDEN["token_ids"], split.suffix_ids))
     torch.testing.assert_close(got, torch.tensor(GOLDEN[mode]), atol=2e-4, rtol=0)

@@ -7,7 +7,7 @@ import torch
 
 from probe.engine import FullSequenceScorer, PrefixScorer
 from probe.heads import pool_positions
-from probe.scoring import HeadOptions, make_head
+from probe.scoring import ScoringOptions, make_head
 from probe.template import judge_conversation, response_conversation, split_template
 
 PROMPT = "What, in one word, is the greatest thing ever?"
@@ -15,13 +15,15 @@ CASES = [
     ("llama-rm", "reward"), ("gemma2-rm", "reward"), ("chatml-rm-padeot", "reward"),
     ("armo-like", "reward"), ("qrm-like", "reward"),
     ("llama-lm", "logprob"), ("gemma2-lm", "logprob"), ("llama-lm", "judge"), ("gemma2-lm", "judge"),
+    ("qwen2-rm", "reward"), ("qwen3-rm", "reward"), ("gemma3-rm", "reward"), ("qwen3-lm", "logprob"),
+    ("gemma3-lm", "logprob"),
 ]
 TOL = dict(atol=2e-5, rtol=2e-5)
 
 
 def _setup(tiny_models, name, mode):
     lm = tiny_models[name]
-    head = make_head(lm, mode, HeadOptions())
+    head = make_head(lm, mode, ScoringOptions())
     build = judge_conversation(PROMPT) if mode == "judge" else response_conversation(PROMPT)
     split = split_template(lm.tokenizer, build)
     return lm, head, split

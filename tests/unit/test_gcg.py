@@ -8,7 +8,7 @@ import torch
 
 from probe.engine import FullSequenceScorer
 from probe.gcg import GCG, GCGConfig, allowed_tokens, beam_search, run
-from probe.scoring import HeadOptions, make_head, prompt_split, sweep_rows
+from probe.scoring import ScoringOptions, make_head, prompt_split, sweep_rows
 from probe.vocab import build_vocab_table
 
 PROMPT = "What, in one word, is the greatest thing ever?"
@@ -21,7 +21,7 @@ def _cfg(**kw):
 
 
 def _gcg(lm, cfg, allowed=None):
-    split = prompt_split(lm, cfg.mode, cfg.prompt, None, HeadOptions(), len(lm.tokenizer))
+    split = prompt_split(lm, cfg.mode, cfg.prompt, None, ScoringOptions(), len(lm.tokenizer))
     if allowed is None:
         allowed = allowed_tokens(build_vocab_table(lm.tokenizer), cfg.allowed, cfg.allow_special)
     return GCG(lm, make_head(lm, cfg.mode), split, cfg, allowed), split
@@ -48,7 +48,7 @@ def test_max_raises_min_lowers_and_best_never_worsens(tiny_models, name, mode):
 def test_reported_score_equals_an_independent_full_forward(tiny_models, name, mode):
     lm = tiny_models[name]
     res = run(lm, _cfg(score=mode, steps=4))
-    split = prompt_split(lm, mode, PROMPT, None, HeadOptions(), len(lm.tokenizer))
+    split = prompt_split(lm, mode, PROMPT, None, ScoringOptions(), len(lm.tokenizer))
     ids = torch.tensor([list(split.prefix_ids) + res.best_ids + list(split.suffix_ids)])
     with torch.no_grad():
         out = lm.model(input_ids=ids)
@@ -125,7 +125,7 @@ def test_beam_equals_brute_force_on_a_small_vocabulary(tiny_models, name, mode):
     words = vocab.filter(vocab["is_word"])["token_id"].to_list()[:12]
     allowed = torch.zeros(len(lm.tokenizer), dtype=torch.bool)
     allowed[words] = True
-    split = prompt_split(lm, mode, PROMPT, None, HeadOptions(), len(lm.tokenizer))
+    split = prompt_split(lm, mode, PROMPT, None, ScoringOptions(), len(lm.tokenizer))
     # K = all 12: depth 2 is the exact optimum over all 144 two-token responses
     levels = beam_search(lm, _cfg(score=mode, beam=12, length=2), split, allowed)
     seqs, scores = _brute_force(lm, mode, split, words, 2)

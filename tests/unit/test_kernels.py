@@ -36,16 +36,19 @@ def test_fused_logprob_head_in_the_engine(tiny_models):
 
 
 @pytest.mark.parametrize("name,mode", [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("gemma2-lm", "logprob"),
-                                       ("armo-like", "reward"), ("llama-lm", "judge")])
+                                       ("armo-like", "reward"), ("llama-lm", "judge"), ("qwen2-rm", "reward"),
+                                       ("qwen3-rm", "reward"), ("qwen3-lm", "logprob"), ("gemma3-rm", "reward"),
+                                       ("gemma3-lm", "logprob")])
 def test_shared_prefix_attention_equals_the_plain_path(tiny_models, name, mode):
-    """Gemma-2's sliding window (8) is shorter than the prompt and its soft-caps are on: both paths must agree."""
+    """Gemma-2's sliding window (8) is shorter than the prompt and its soft-caps are on; Gemma 3 mixes sliding and
+    full layers with query_pre_attn_scalar scaling; Qwen3 normalises q and k: both paths must agree."""
     import random
 
     from probe.engine import FullSequenceScorer, PrefixScorer
-    from probe.scoring import HeadOptions, make_head, prompt_split
+    from probe.scoring import ScoringOptions, make_head, prompt_split
 
     lm = tiny_models[name]
-    split = prompt_split(lm, mode, "What, in one word, is the greatest thing ever?", None, HeadOptions(),
+    split = prompt_split(lm, mode, "What, in one word, is the greatest thing ever?", None, ScoringOptions(),
                          len(lm.tokenizer))
     rng = random.Random(1)
     rows = [[rng.randrange(len(lm.tokenizer)) for _ in range(rng.randint(1, 4))] + list(split.suffix_ids)
@@ -62,10 +65,10 @@ def test_shared_prefix_attention_equals_the_plain_path(tiny_models, name, mode):
 
 def test_shared_prefix_attention_gradients(tiny_models):
     from probe.engine import PrefixScorer
-    from probe.scoring import make_head, prompt_split, HeadOptions
+    from probe.scoring import make_head, prompt_split, ScoringOptions
 
     lm = tiny_models["gemma2-rm"]
-    split = prompt_split(lm, "reward", "What is best?", None, HeadOptions(), len(lm.tokenizer))
+    split = prompt_split(lm, "reward", "What is best?", None, ScoringOptions(), len(lm.tokenizer))
     rows = torch.tensor([[5, 6, *split.suffix_ids]] * 2)
     grads = []
     for shared in (False, True):

@@ -188,11 +188,11 @@ def test_whole_response_scores_equal_the_full_sequence_path(tiny_models, fixture
         lm = tiny_models[name]
         items = load("stereoset", fixtures["stereoset"]) + load("xstest", fixtures["xstest"])
         df = score_items(lm, mode, items, verify=0)
-        from probe.scoring import HeadOptions, conversation, make_head
+        from probe.scoring import ScoringOptions, conversation, make_head
         from probe.template import render, split_template
 
         for it in items:
-            build = conversation(mode, it.prompt, None, HeadOptions())
+            build = conversation(mode, it.prompt, None, ScoringOptions())
             prefix = list(split_template(lm.tokenizer, build, n_verify=0).prefix_ids)
             for j, opt in enumerate(it.options):
                 ids = render(lm.tokenizer, build, opt)  # the tokenizer's own rendering of the whole conversation
