@@ -14,6 +14,7 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -24,7 +25,7 @@ import torch
 from probe.cliargs import config_from_args
 from probe.distributed import Dist, barrier, broadcast, device_for, init
 from probe.errors import ProbeError
-from probe.models.loading import LoadedModel, load_for_config
+from probe.models.loading import LoadedModel, load_for_config, weights_identity
 from probe.models.options import ModelOptions, check_at_least
 from probe.prompts import Prompt, resolve_prompts
 from probe.results import RunDir, check_resumable, environment, find_resumable, fingerprint
@@ -149,7 +150,7 @@ class VocabSweep:
         """Everything that changes a number; two runs with equal settings give identical scores."""
         c, lm = self.config, self.loaded
         return {
-            "model": lm.model_id, "path": lm.path, "revision": c.revision, "spec": lm.spec.name,
+            "model": lm.model_id, "weights": weights_identity(lm), "revision": c.revision, "spec": lm.spec.name,
             "label_index": lm.spec.label_index, "dtype": str(lm.dtype), "device_type": lm.device.type,
             "mode": c.mode, "head": self.head.describe(), "n_tokens": int(self.token_ids.size),
             "prompts": {k: [list(s.prefix_ids), list(s.suffix_ids)] for k, s in self.splits.items()},
@@ -171,8 +172,11 @@ class VocabSweep:
                                        **source.statistics}
         return source
 
-    def score_prompt(self, prompt: Prompt, run: RunDir | None = None, dist: Dist = Dist()) -> np.ndarray | None:
-        """This prompt's scores for every token (None on ranks other than 0 of a multi-process sweep)."""
+    def score_prompt(self, prompt: Prompt, run: RunDir | None = None, dist: Dist = Dist(),
+                     on_shard: Callable[[dict], None] | None = None) -> np.ndarray | None:
+        """This prompt's scores for every token (None on ranks other than 0 of a multi-process sweep).
+        ``on_shard(timing so far)`` is called after each shard is written (the run records its time, so that
+        a killed session's work is still counted)."""
         t0 = time.perf_counter()
         source = self.row_source(prompt)
         scorer = build_scorer(self.loaded, self.head, source.prefix_ids)
@@ -196,6 +200,7 @@ class VocabSweep:
         n_todo = sum(min(k, self.token_ids.size - s * k) for s in todo)
         bar = _progress(n_todo, f"{prompt.key}", self.config.progress)
         t1 = time.perf_counter()
+        done_now = 0
         for s in todo:
             ids = self.token_ids[s * k : (s + 1) * k]
             rows, lengths = source.rows(ids)
@@ -203,6 +208,9 @@ class VocabSweep:
             if run:
                 run.write_shard(prompt.key, s, scores)
             out[s * k : s * k + ids.size] = scores
+            done_now += ids.size
+            if on_shard:
+                on_shard(_timing(t0, t1, time.perf_counter(), done_now))
         bar.close()
         if dist.enabled:  # the other ranks' shards are on disk once everyone reaches the barrier
             barrier(dist)
@@ -214,13 +222,14 @@ class VocabSweep:
                 if shard is None:
                     raise ProbeError(f"shard {s} of {prompt.key} is missing after the barrier; resume the run")
                 out[s * k : s * k + ids.size] = shard
-        t2 = time.perf_counter()
         self.batch_size = batcher.batch_size
-        self.timing[prompt.key] = {
-            "prefix_and_check_s": round(t1 - t0, 3), "sweep_s": round(t2 - t1, 3), "tokens_scored_now": n_todo,
-            "tokens_per_s": round(n_todo / (t2 - t1), 2) if n_todo and t2 > t1 else None,
-        }
+        self.timing[prompt.key] = _timing(t0, t1, time.perf_counter(), n_todo)
         return out
+
+
+def _timing(t0: float, t1: float, t2: float, n: int) -> dict:
+    return {"prefix_and_check_s": round(t1 - t0, 3), "sweep_s": round(t2 - t1, 3), "tokens_scored_now": n,
+            "tokens_per_s": round(n / (t2 - t1), 2) if n and t2 > t1 else None}
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -254,7 +263,7 @@ def run(config: ScoreVocabConfig) -> RunDir:
 
     Under torchrun every rank loads the model and scores its share of the shards; rank 0 writes the results.
     """
-    t_start = time.perf_counter()
+    t_start, started = time.perf_counter(), _now()
     dist = init()
     if dist.enabled:
         config = replace(config, device=device_for(dist, config.device), progress=config.progress and dist.main)
@@ -266,33 +275,63 @@ def run(config: ScoreVocabConfig) -> RunDir:
     if not dist.main:
         run_dir = RunDir(run_dir.path)
     sweep.batch_size = meta["settings"]["batch_size"]  # a resumed run keeps its batch size: identical batches
+    if meta.get("status") == "complete":  # --resume on a finished run: nothing to do, nothing rewritten
+        log.warning("%s is already complete; nothing to resume", run_dir.path)
+        barrier(dist)
+        return run_dir
     vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
+    timing = meta["timing"]
+    session = {"started": started, "load_s": round(t_loaded - t_start, 3), "processes": dist.world,
+               "sweep_s": 0.0, "tokens_scored": 0, "wall_s": None}
     if dist.main:
         run_dir.write_table("vocab.parquet", vocab)
-    tables = []
+        timing.setdefault("sessions", []).append(session)
+    tables, finished = [], {}
     for p in prompts:
-        scores = sweep.score_prompt(p, run_dir, dist)
+        before = timing["prompts"].get(p.key)
+
+        def record(now: dict, key: str = p.key, before: dict | None = before) -> None:
+            timing["prompts"][key] = _accumulate(before, now)
+            session["sweep_s"] = round(sum(t["sweep_s"] for t in {**finished, key: now}.values()), 3)
+            session["tokens_scored"] = sum(t["tokens_scored_now"] for t in {**finished, key: now}.values())
+            session["wall_s"] = round(time.perf_counter() - t_start, 3)
+            run_dir.write_meta(meta)
+
+        scores = sweep.score_prompt(p, run_dir, dist, on_shard=record if dist.main else None)
         if not dist.main:
             continue
+        finished[p.key] = sweep.timing[p.key]
         meta["self_check"][p.key] = sweep.checks.get(p.key)
         if p.key in sweep.paper_info:
             meta["prompts"][p.key]["paper_method"] = sweep.paper_info[p.key]
-        meta["timing"]["prompts"][p.key] = sweep.timing[p.key]
-        run_dir.write_meta(meta)
+        record(sweep.timing[p.key])
         tables.append(ranked_table(p, sweep.token_ids, scores, vocab))
     if dist.main:
         run_dir.write_table("scores.parquet", pl.concat(tables))
-        n_now = sum(t["tokens_scored_now"] for t in sweep.timing.values())
-        sweep_s = sum(t["sweep_s"] for t in sweep.timing.values())
-        meta["timing"].update({
-            "load_s": round(t_loaded - t_start, 3), "wall_s": round(time.perf_counter() - t_start, 3),
-            "sweep_s": round(sweep_s, 3), "tokens_per_s": round(n_now / sweep_s, 2) if sweep_s else None,
+        session["wall_s"] = round(time.perf_counter() - t_start, 3)
+        sessions = timing["sessions"]
+        sweep_s = sum(x["sweep_s"] for x in sessions)
+        scored = sum(x["tokens_scored"] for x in sessions)
+        timing.update({
+            "load_s": session["load_s"], "wall_s": round(sum(x["wall_s"] or 0 for x in sessions), 3),
+            "sweep_s": round(sweep_s, 3), "tokens_per_s": round(scored / sweep_s, 2) if sweep_s else None,
             "processes": dist.world,
         })
         meta["status"], meta["finished"] = "complete", _now()
         run_dir.write_meta(meta)
     barrier(dist)
     return run_dir
+
+
+def _accumulate(before: dict | None, now: dict) -> dict:
+    """One prompt's timing over every session of a run (an interrupted run resumed later): totals of sweep time
+    and tokens, and this session's part."""
+    before = before or {}
+    sweep_s = before.get("sweep_s", 0.0) + now["sweep_s"]
+    scored = before.get("tokens_scored", 0) + now["tokens_scored_now"]
+    return {"prefix_and_check_s": now["prefix_and_check_s"], "sweep_s": round(sweep_s, 3), "tokens_scored": scored,
+            "tokens_per_s": round(scored / sweep_s, 2) if sweep_s else None,
+            "sweep_s_now": now["sweep_s"], "tokens_scored_now": now["tokens_scored_now"]}
 
 
 def _now() -> str:
@@ -351,6 +390,7 @@ def _new_meta(config: ScoreVocabConfig, sweep: VocabSweep, settings: dict, fp: s
         "config": asdict(config),
         "model": {
             "id": loaded.model_id, "path": loaded.path, "revision": config.revision, "kind": loaded.kind,
+            "source": loaded.source, "weights": weights_identity(loaded),
             "spec": asdict(loaded.spec), "spec_match": loaded.spec_match,
             "architecture": (getattr(model.config, "architectures", None) or [type(model).__name__])[0],
             "n_parameters": sum(p.numel() for p in model.parameters()),

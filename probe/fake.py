@@ -15,7 +15,7 @@ import polars as pl
 
 from probe.prompts import Prompt
 from probe.results import RunDir
-from probe.vocab import VOCAB_SCHEMA, strip_markers
+from probe.vocab import VOCAB_SCHEMA, english_word_frequencies, is_english_word, strip_markers
 
 ScoreFn = Callable[[str, str], float]
 
@@ -28,13 +28,15 @@ def hashed_score(prompt_key: str, text: str) -> float:
 
 def fake_vocab(tokens: Sequence[str], special: Sequence[str] = ()) -> pl.DataFrame:
     specials = set(special)
+    freqs = english_word_frequencies()
     return pl.DataFrame({
         "token_id": list(range(len(tokens))),
         "piece": [t.replace(" ", "Ġ") for t in tokens],
         "decoded": list(tokens),
         "is_special": [t in specials for t in tokens],
         "is_added": [t in specials for t in tokens],
-        "is_word": [strip_markers(t).isalpha() for t in tokens],
+        "is_alpha": [strip_markers(t).isalpha() for t in tokens],
+        "is_word": [is_english_word(strip_markers(t), freqs) for t in tokens],
         "leading_space": [t[:1] == " " for t in tokens],
         "valid_utf8": ["\ufffd" not in t for t in tokens],
         "roundtrips": [True] * len(tokens),

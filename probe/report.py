@@ -23,9 +23,12 @@ import numpy as np
 import polars as pl
 
 from probe.cliargs import config_from_args
+from probe.analysis.sweeps import upgrade_vocab_columns
+from probe.report_text import model_label, score_decimal
 from probe.results import RunDir, atomic_write_bytes
 
-FLAG_BITS = {"is_special": 1, "is_added": 2, "is_word": 4, "leading_space": 8, "roundtrips": 16, "valid_utf8": 32}
+FLAG_BITS = {"is_special": 1, "is_added": 2, "is_word": 4, "leading_space": 8, "roundtrips": 16, "valid_utf8": 32,
+             "is_alpha": 64}
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ def _plot_png(scores: dict[str, np.ndarray]) -> str:
 def report_data(run: RunDir) -> dict:
     meta = run.read_meta()
     scores = run.read_table("scores.parquet")
-    vocab = run.read_table("vocab.parquet").sort("token_id")
+    vocab = upgrade_vocab_columns(run.read_table("vocab.parquet")).sort("token_id")
     flags = np.zeros(vocab.height, dtype=np.int64)
     for col, bit in FLAG_BITS.items():
         flags |= vocab[col].to_numpy().astype(np.int64) * bit
@@ -67,14 +70,14 @@ def report_data(run: RunDir) -> dict:
     for key, info in meta["prompts"].items():
         part = scores.filter(pl.col("prompt_key") == key).sort("rank", "token_id")
         prompts[key] = {"text": info["text"], "ids": part["token_id"].to_list(),
-                        "scores": [round(float(x), 5) for x in part["score"].to_numpy()],
+                        "scores": [score_decimal(x) for x in part["score"].to_numpy()],
                         "ranks": part["rank"].to_list()}
     return {"vocab": {"text": vocab["decoded"].to_list(), "flags": flags.tolist()}, "prompts": prompts}
 
 
 def _provenance(meta: dict) -> str:
     m, env = meta.get("model", {}), meta.get("environment", {})
-    rows = [("model", m.get("id")), ("path", m.get("path")), ("revision", m.get("revision")),
+    rows = [("model", model_label(meta)), ("path", m.get("path")), ("revision", m.get("revision")),
             ("registry spec", f"{m.get('spec', {}).get('name')} (matched by {m.get('spec_match')})"),
             ("score", json.dumps(meta.get("score"))), ("dtype / device", f"{m.get('dtype')} / {m.get('device')}"),
             ("tokens scored", meta.get("settings", {}).get("n_tokens")),
@@ -82,7 +85,7 @@ def _provenance(meta: dict) -> str:
             ("created / finished", f"{meta.get('created')} / {meta.get('finished')}"),
             ("sweep time", f"{meta.get('timing', {}).get('sweep_s')} s, {meta.get('timing', {}).get('tokens_per_s')} tokens/s"),
             ("versions", json.dumps(env.get("versions"))), ("git commit", env.get("git_commit")),
-            ("command", " ".join(env.get("command") or []))]
+            ("command", env["command"] if isinstance(env.get("command"), str) else " ".join(env.get("command") or []))]
     out = ["<table class='prov'>"] + [f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                                       for k, v in rows]
     for key, p in meta.get("prompts", {}).items():
@@ -110,8 +113,8 @@ td,th{padding:2px 8px;border-bottom:1px solid #e4e4e4;text-align:left;vertical-a
 #matches td{font-size:13px} .muted{color:#777}
 </style></head><body>
 <h1>rm-probe report: __TITLE__</h1>
-<p class="muted">Every token id of the vocabulary scored as the one-token response. Flags: S special, A added,
-W word, _ leading space, R round-trips (decode then encode gives the same id), ! not valid UTF-8 on its own.
+<p class="muted">Every token id of the vocabulary scored as the one-token response. Flags: S special (control
+token), A added, W English word, L letters only, _ leading space, R round-trips (decode then encode gives the same id), ! not valid UTF-8 on its own.
 Whitespace is shown as ␣ (space), ⏎ (newline), → (tab).</p>
 <div class="controls">
  prompt <select id="prompt"></select>
@@ -131,10 +134,10 @@ Whitespace is shown as ␣ (space), ⏎ (newline), → (tab).</p>
 <script>
 const D = JSON.parse(document.getElementById('data').textContent);
 const ROWS = __ROWS__;
-const F = {special:1, added:2, word:4, space:8, rt:16, utf8:32};
+const F = {special:1, added:2, word:4, space:8, rt:16, utf8:32, alpha:64};
 const $ = id => document.getElementById(id);
 function show(t){return t.replace(/ /g,'␣').replace(/\\n/g,'⏎').replace(/\\t/g,'→');}
-function flags(f){return (f&F.special?'S':'.')+(f&F.added?'A':'.')+(f&F.word?'W':'.')+(f&F.space?'_':'.')+(f&F.rt?'R':'.')+(f&F.utf8?'.':'!');}
+function flags(f){return (f&F.special?'S':'.')+(f&F.added?'A':'.')+(f&F.word?'W':'.')+(f&F.alpha?'L':'.')+(f&F.space?'_':'.')+(f&F.rt?'R':'.')+(f&F.utf8?'.':'!');}
 function keep(id){const f=D.vocab.flags[id];
   if($('hideSpecial').checked && (f&(F.special|F.added))) return false;
   if($('words').checked && !(f&F.word)) return false;

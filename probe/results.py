@@ -115,8 +115,28 @@ def environment() -> dict:
             "polars": pl.__version__,
         },
         "git_commit": git_commit(),
-        "command": sys.argv,
+        "command": command_line(),
+        "argv": list(sys.argv),
     }
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as it was typed, arguments included: ``python -m probe.exhaustive --prompt '...'`` for a
+    module run (whose ``sys.argv[0]`` is the module's file), else the program's name and its arguments."""
+    import shlex
+
+    argv = list(sys.argv if argv is None else argv)
+    first = Path(argv[0]) if argv and argv[0] else Path("python")
+    package_root = Path(__file__).resolve().parent.parent
+    head = [first.name]
+    if first.suffix == ".py":
+        try:
+            rel = first.resolve().relative_to(package_root).with_suffix("")
+            parts = rel.parts[:-1] if rel.parts[-1] == "__main__" else rel.parts
+            head = ["python", "-m", ".".join(parts)]
+        except ValueError:
+            head = ["python", str(first)]
+    return shlex.join(head + argv[1:])
 
 
 class RunDir:

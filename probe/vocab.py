@@ -4,8 +4,8 @@ Columns: ``token_id``, ``piece`` (the raw vocabulary entry, e.g. ``ĠLove`` or `
 (``tokenizer.decode([id])``), ``is_special`` (a control token: in the special-token map, or an added token the
 tokenizer marks special, such as Llama's ``<|end_of_text|>``, ``<|start_header_id|>`` and reserved tokens or
 Gemma's ``<start_of_turn>`` and ``<unusedNN>``), ``is_added`` (any added token, special or not, e.g. Qwen's
-``<think>``), ``is_word`` (alphabetic once a leading space and the
-``Ġ``/``▁``/``##`` markers are stripped), ``leading_space``, ``valid_utf8`` (the id decodes to whole
+``<think>``), ``is_alpha`` (alphabetic once a leading space and the ``Ġ``/``▁``/``##`` markers are
+stripped), ``is_word`` (that form is an English word: see `is_english_word`), ``leading_space``, ``valid_utf8`` (the id decodes to whole
 characters, not a byte fragment), ``roundtrips`` (encoding the decoded text gives back exactly this one id,
 the property the paper's text-based method silently relied on).
 """
@@ -21,6 +21,7 @@ VOCAB_SCHEMA = {
     "decoded": pl.String,
     "is_special": pl.Boolean,
     "is_added": pl.Boolean,
+    "is_alpha": pl.Boolean,
     "is_word": pl.Boolean,
     "leading_space": pl.Boolean,
     "valid_utf8": pl.Boolean,
@@ -35,6 +36,37 @@ def strip_markers(text: str) -> str:
         if text.startswith(marker):
             text = text[len(marker) :]
     return text.strip()
+
+
+# wordfreq splits contractions ("I'll" -> "i", "ll"), so their tails carry a high frequency without being words
+CONTRACTION_TAILS = frozenset({"ll", "ve", "re", "nt", "s", "t", "d", "m"})
+MIN_ZIPF, MIN_ZIPF_SHORT = 3.0, 4.5
+
+
+def english_word_frequencies() -> dict[str, float]:
+    from wordfreq import get_frequency_dict
+
+    return get_frequency_dict("en", wordlist="large")
+
+
+def is_english_word(form: str, freqs: dict[str, float]) -> bool:
+    """A word, not a fragment: ``form`` (markers and spaces stripped) is alphabetic and, case-folded, in
+    wordfreq's English list at a Zipf frequency of at least 3 (one per million words of running text); forms of
+    one to three letters need 4.5 (wordfreq counts abbreviations and fragments such as "ing" or "abc"), single
+    letters only "a" and "i", and contraction tails ("ll", "ve", ...) are not words. English only: the flag is
+    meant for the English prompts of the paper; tokens of other languages are not called words."""
+    import math
+
+    if not form.isalpha():
+        return False
+    key = form.casefold()
+    if key in CONTRACTION_TAILS or (len(key) == 1 and key not in ("a", "i")):
+        return False
+    freq = freqs.get(key, 0.0)
+    if freq <= 0:
+        return False
+    zipf = math.log10(freq) + 9
+    return zipf >= (MIN_ZIPF_SHORT if len(key) <= 3 else MIN_ZIPF)
 
 
 def control_token_ids(tokenizer) -> set[int]:
@@ -53,7 +85,9 @@ def build_vocab_table(tokenizer, n_ids: int | None = None, batch: int = 8192) ->
     n = len(tokenizer) if n_ids is None else n_ids
     ids = list(range(n))
     pieces = [p if p is not None else "" for p in tokenizer.convert_ids_to_tokens(ids)]
-    decoded = [tokenizer.decode([i]) for i in ids]
+    decoded = tokenizer.batch_decode([[i] for i in ids])
+    forms = [strip_markers(d) for d in decoded]
+    freqs = english_word_frequencies()
     special = control_token_ids(tokenizer)
     added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
     roundtrips: list[bool] = []
@@ -68,7 +102,8 @@ def build_vocab_table(tokenizer, n_ids: int | None = None, batch: int = 8192) ->
             "decoded": decoded,
             "is_special": [i in special for i in ids],
             "is_added": [i in added for i in ids],
-            "is_word": [strip_markers(d).isalpha() for d in decoded],
+            "is_alpha": [f.isalpha() for f in forms],
+            "is_word": [is_english_word(f, freqs) for f in forms],
             "leading_space": [d[:1].isspace() or p.startswith(SPACE_MARKERS[:2]) for d, p in zip(decoded, pieces)],
             "valid_utf8": ["\ufffd" not in d for d in decoded],
             "roundtrips": roundtrips,

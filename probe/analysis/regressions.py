@@ -16,8 +16,11 @@ from probe.vocab import strip_markers
 
 
 def lexicon_matches(df: pl.DataFrame, lexicon: pl.DataFrame, per: str = "token") -> pl.DataFrame:
-    """One prompt's rows joined to ``word, valence``; columns ``word, token_id, score, valence``."""
-    words = df.filter(pl.col("is_word")).with_columns(
+    """One prompt's rows joined to ``word, valence``; columns ``word, token_id, score, valence``. The lexicon
+    decides what a word is here: every alphabetic token whose form it lists (``is_alpha``; runs made before that
+    column existed called it ``is_word``)."""
+    alpha = "is_alpha" if "is_alpha" in df.columns else "is_word"
+    words = df.filter(pl.col(alpha)).with_columns(
         pl.col("decoded").map_elements(lambda t: strip_markers(t).lower(), return_dtype=pl.String).alias("word"))
     out = words.join(lexicon, on="word", how="inner").select("word", "token_id", "score", "valence")
     if per == "word":

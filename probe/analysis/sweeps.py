@@ -50,7 +50,19 @@ def load_sweep(path: str | Path) -> Sweep:
         raise DataFormatError(f"{path}: the run is not complete (status {meta.get('status')!r}); finish it with --resume")
     if not (rd.path / "scores.parquet").is_file():
         raise DataFormatError(f"{path}: no scores.parquet")
-    return Sweep(rd.path, meta, rd.read_table("scores.parquet"))
+    return Sweep(rd.path, meta, upgrade_vocab_columns(rd.read_table("scores.parquet")))
+
+
+def upgrade_vocab_columns(df: pl.DataFrame) -> pl.DataFrame:
+    """Runs written before the word flag meant a word: their ``is_word`` was "alphabetic" (now ``is_alpha``);
+    ``is_word`` is recomputed from the decoded text (probe.vocab.is_english_word)."""
+    if "is_alpha" in df.columns or "decoded" not in df.columns:
+        return df
+    from probe.vocab import english_word_frequencies, is_english_word
+
+    freqs = english_word_frequencies()
+    words = [is_english_word(strip_markers(d), freqs) for d in df["decoded"].to_list()]
+    return df.rename({"is_word": "is_alpha"}).with_columns(pl.Series("is_word", words, dtype=pl.Boolean))
 
 
 def normalise(text: str, mode: str = "exact") -> str:

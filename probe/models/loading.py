@@ -47,6 +47,28 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
 
+def weights_identity(loaded: LoadedModel) -> dict:
+    """What identifies the weights, without paths or timestamps (part of the resume fingerprint): a packaged
+    model's package, file and quantization; else the Hub commit where known, and a hash over the folder's
+    config, tokenizer and code files by content and its weight files by name and size (reading gigabytes of
+    weights to hash them would take minutes)."""
+    import hashlib
+
+    if loaded.source is not None:
+        return dict(loaded.source)
+    out: dict = {"commit": getattr(loaded.model.config, "_commit_hash", None)}
+    folder = Path(loaded.path)
+    if folder.is_dir():
+        digest = hashlib.sha256()
+        for f in sorted(p for p in folder.iterdir() if p.is_file()):
+            if f.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
+                digest.update(f"{f.name}:{f.stat().st_size}\n".encode())
+            elif f.suffix in (".json", ".jinja", ".py", ".model", ".txt", ".tiktoken"):
+                digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        out["files_sha256"] = digest.hexdigest()[:16]
+    return out
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,6 +1,6 @@
 import pytest
 
-from probe.vocab import build_vocab_table, strip_markers
+from probe.vocab import build_vocab_table, control_token_ids, english_word_frequencies, is_english_word, strip_markers
 
 
 @pytest.mark.parametrize("family", ["llama3", "gemma", "chatml"])
@@ -9,14 +9,16 @@ def test_flags_match_a_one_by_one_computation(tokenizers, family):
     table = build_vocab_table(tok, batch=97)  # a batch size that does not divide the vocabulary
     assert table.height == len(tok)
     assert table["token_id"].to_list() == list(range(len(tok)))
-    special = set(tok.all_special_ids)
+    special = control_token_ids(tok)
+    freqs = english_word_frequencies()
     for row in table.iter_rows(named=True):
         tid = row["token_id"]
         text = tok.decode([tid])
         assert row["decoded"] == text
         assert row["roundtrips"] == (tok.encode(text, add_special_tokens=False) == [tid])
         assert row["is_special"] == (tid in special)
-        assert row["is_word"] == strip_markers(text).isalpha()
+        assert row["is_alpha"] == strip_markers(text).isalpha()
+        assert row["is_word"] == is_english_word(strip_markers(text), freqs)
 
 
 def test_known_tokens(tokenizers):
@@ -36,3 +38,13 @@ def test_strip_markers():
     assert strip_markers(" Love") == "Love"
     assert strip_markers("##ing") == "ing"
     assert strip_markers("ĠLove") == "Love"
+
+
+@pytest.mark.parametrize("form,word", [
+    ("Love", True), ("joy", True), ("art", True), ("a", True), ("I", True), ("tolerance", True), ("Bob", True),
+    ("Leices", False), ("Monteneg", False), ("clusivity", False),  # the README's old "words": fragments
+    ("ing", False), ("abc", False), ("ll", False), ("ve", False), ("b", False),  # frequent in wordfreq, not words
+    ("fuj", False), ("love!", False), ("", False),
+])
+def test_english_word_rule(form, word):
+    assert is_english_word(form, english_word_frequencies()) is word
