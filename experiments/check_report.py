@@ -40,7 +40,7 @@ def dump_dom(report: Path, fragment: str = "") -> str:
 
 
 class Tables(HTMLParser):
-    """Rows (lists of cell texts) of the tables with ids best, worst and matches."""
+    """Rows (lists of cell texts) of every table that has an id."""
 
     def __init__(self):
         super().__init__()
@@ -51,7 +51,7 @@ class Tables(HTMLParser):
 
     def handle_starttag(self, tag, attrs):
         attrs = dict(attrs)
-        if tag == "table" and attrs.get("id") in ("best", "worst", "matches"):
+        if tag == "table" and attrs.get("id"):
             self._table = attrs["id"]
             self.tables[self._table] = []
         elif tag == "tr" and self._table:
@@ -115,6 +115,29 @@ def check(report: Path, run_dir: Path, prompt: str, rows: int = 50, query: str =
         assert got["matches"] == matches, f"{fragment}: search results differ"
         assert info.startswith(f"{total} tokens contain"), f"{fragment}: match count {info!r}, expected {total}"
         done.append(f"#{fragment}: {len(best)} best, {len(worst)} worst, {total} matches as computed in Python")
+    return done
+
+
+def check_multi(report: Path, run_dirs: list[Path], rows: int = 25) -> list[str]:
+    """The multi-model report: for every shared prompt and both views (all tokens, words only), each model's best
+    and worst tables in the browser equal the lists computed in Python from the runs' saved scores."""
+    from probe.analysis.sweeps import load_sweep
+    from probe.report_multi import best_worst, shared_prompts
+
+    sweeps = [load_sweep(p) for p in run_dirs]
+    done = []
+    for prompt, keys in shared_prompts(sweeps).items():
+        for view, preset in (("all", ""), ("words", "&words=1")):
+            tables, _ = rendered(report, f"prompt={prompt}{preset}")
+            for i, (sweep, key) in enumerate(zip(sweeps, keys)):
+                expect = best_worst(sweep.prompt(key), rows)[view]
+                for side in ("best", "worst"):
+                    got = [int(r[2]) for r in tables[f"{side}-{i}"]]
+                    assert got == [r[2] for r in expect[side]], f"{prompt} {view} model {i}: {side} table differs"
+                    scores = [r[1] for r in tables[f"{side}-{i}"]]
+                    assert scores == [f"{r[1]:.4f}" for r in expect[side]], f"{prompt} {view} model {i}: scores"
+            assert f"identity-{prompt}" in tables and f"agreement-{prompt}" in tables
+            done.append(f"{prompt} ({view}): {len(sweeps)} models' best and worst tables as computed in Python")
     return done
 
 

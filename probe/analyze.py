@@ -128,9 +128,14 @@ def run_agreement(config, sweeps, out) -> dict:
     for label, keys in _prompt_keys(sweeps, config.prompt).items():
         wide = shared_vocabulary({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)}, config.normalise)
         res = agreement_mod.agreement(wide, names, config.rbo_p, groupings, config.permutations)
-        summary[label] = res.to_json()
-        print(f"{label}: {wide.height} shared strings; Kendall tau-b:")
+        pairs = agreement_mod.pairwise_agreement({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)},
+                                                 config.normalise, config.rbo_p)
+        summary[label] = {**res.to_json(), "pairwise": pairs}
+        print(f"{label}: {wide.height} strings shared by all runs; Kendall tau-b:")
         print(pl.DataFrame({"model": names, **{n: res.kendall[:, i].round(3) for i, n in enumerate(names)}}))
+        print("each pair on its own shared vocabulary:")
+        with pl.Config(tbl_rows=100, fmt_str_lengths=40, tbl_width_chars=160, float_precision=3):
+            print(pl.DataFrame(pairs))
     atomic_write_json(out / "agreement.json", summary)
     return {k: {"n_strings": v["n_strings"], "groups": v["groups"]} for k, v in summary.items()}
 

@@ -1,6 +1,7 @@
-"""The auditors' report: one self-contained HTML file per sweep run.
+"""The auditors' report: one self-contained HTML file per sweep run, or one across several runs.
 
     python -m probe.report results/<model>/exhaustive_<time>/     # writes report.html inside the run
+    python -m probe.report RUN_A RUN_B ... --out audit.html      # several models side by side (probe/report_multi.py)
 
 Per prompt: the best and worst tokens (all tokens, or words only) with their flags, a search box over the whole
 vocabulary (where does " love" rank?), filters (hide special/added tokens, non-words, tokens that do not
@@ -33,9 +34,10 @@ FLAG_BITS = {"is_special": 1, "is_added": 2, "is_word": 4, "leading_space": 8, "
 
 @dataclass(frozen=True)
 class ReportConfig:
-    run: str = field(default="", metadata={})
-    out: str | None = field(default=None, metadata={"help": "output file (default: <run>/report.html)"})
-    rows: int = field(default=50, metadata={"help": "rows shown in each best/worst table"})
+    run: tuple[str, ...] = field(default=(), metadata={})
+    out: str | None = field(default=None, metadata={
+        "help": "output file (default: <run>/report.html; for several runs results/report_<time>.html)"})
+    rows: int = field(default=50, metadata={"help": "rows shown in each best/worst table (several runs: 25)"})
 
 
 def _plot_png(scores: dict[str, np.ndarray]) -> str:
@@ -181,14 +183,28 @@ def build(run_dir: str | Path, rows: int = 50) -> str:
 
 
 def main_from_args(ns: argparse.Namespace) -> int:
-    cfg = config_from_args(ReportConfig, ns)
-    run = RunDir(cfg.run)
-    if run.read_meta().get("status") != "complete":
-        from probe.errors import ProbeError
+    from probe.errors import ProbeError
+    from probe.results import utc_stamp
 
-        raise ProbeError(f"{cfg.run}: the run is not complete; finish it with --resume first")
-    out = Path(cfg.out) if cfg.out else run.path / "report.html"
-    atomic_write_bytes(out, build(run.path, cfg.rows).encode("utf-8"))
+    ns.run = tuple(ns.run)
+    cfg = config_from_args(ReportConfig, ns)
+    runs = [RunDir(r) for r in cfg.run]
+    for run in runs:
+        meta = run.read_meta()
+        if meta.get("experiment", "exhaustive") != "exhaustive" or "prompts" not in meta:
+            raise ProbeError(f"{run.path}: not an exhaustive sweep run (it is a {meta.get('experiment', 'other')} run); "
+                             "the report shows sweeps (GCG results are in its result.json)")
+        if meta.get("status") != "complete":
+            raise ProbeError(f"{run.path}: the run is not complete; finish it with --resume first")
+    if len(runs) == 1:
+        out = Path(cfg.out) if cfg.out else runs[0].path / "report.html"
+        page = build(runs[0].path, cfg.rows)
+    else:
+        from probe import report_multi
+
+        out = Path(cfg.out) if cfg.out else Path("results") / f"report_{utc_stamp()}.html"
+        page = report_multi.build([r.path for r in runs], cfg.rows if "rows" in vars(ns) else 25)
+    atomic_write_bytes(out, page.encode("utf-8"))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
 
@@ -198,7 +214,8 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
 
     return command_parser(subparsers, "report", "the auditors' HTML report of a run", "python -m probe.report",
                           __doc__, ReportConfig, main_from_args,
-                          positional=(("run", {"help": "a complete exhaustive run directory"}),), verbose=False)
+                          positional=(("run", {"nargs": "+", "help": "one or more complete exhaustive run directories"}),),
+                          verbose=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,3 +59,20 @@ def agreement(wide: pl.DataFrame, models: list[str], p: float = 0.9, groupings: 
         groups[name] = {"labels": dict(zip(models, labels)), "same_minus_different_tau": test.statistic,
                         "p_value": test.p_value, "n_permutations": test.n_permutations, "exact": test.exact}
     return Agreement(models, wide.height, tau, rho, top, bottom, mds, groups)
+
+
+def pairwise_agreement(frames: dict[str, pl.DataFrame], mode: str = "exact", p: float = 0.9) -> list[dict]:
+    """Every pair of runs on its own shared vocabulary (token ids where the pair shares a tokenizer, else the
+    strings both have as one id): its size, Kendall tau-b, Spearman and rank-biased overlap at top and bottom."""
+    from probe.analysis.sweeps import shared_vocabulary
+
+    names = list(frames)
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            wide, kind = shared_vocabulary({a: frames[a], b: frames[b]}, mode, by="auto", with_kind=True)
+            x, y = wide[a].to_numpy(), wide[b].to_numpy()
+            out.append({"a": a, "b": b, "matched_on": kind, "n": wide.height, "kendall_tau_b": stats.kendall_tau_b(x, y),
+                        "spearman": stats.spearman(x, y), f"rbo_top_p{p}": stats.rbo(x, y, p),
+                        f"rbo_bottom_p{p}": stats.rbo(x, y, p, bottom=True)})
+    return out

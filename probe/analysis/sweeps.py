@@ -87,15 +87,39 @@ def unique_strings(df: pl.DataFrame, mode: str = "exact") -> pl.DataFrame:
     return rows.join(keep, on="string").select("string", "score", "token_id")
 
 
-def shared_vocabulary(frames: dict[str, pl.DataFrame], mode: str = "exact") -> pl.DataFrame:
-    """Strings that every model's tokenizer has as exactly one id: ``string`` plus one score column per model."""
+def same_tokenizer(frames: dict[str, pl.DataFrame]) -> bool:
+    """Whether every run decodes every token id to the same text (one tokenizer, e.g. two score modes)."""
+    first = None
+    for df in frames.values():
+        ids = df.select("token_id", "decoded").sort("token_id")
+        if first is None:
+            first = ids
+        elif not ids.equals(first):
+            return False
+    return True
+
+
+def shared_vocabulary(frames: dict[str, pl.DataFrame], mode: str = "exact", by: str = "strings",
+                      with_kind: bool = False):
+    """One row per shared vocabulary entry, ``string`` plus one score column per model.
+
+    ``by="strings"`` (the paper's matching across tokenizers): the strings that every model's tokenizer has as
+    exactly one id, after normalisation (`normalise`). ``by="ids"``: runs of one tokenizer, joined on the token id
+    (all ids, duplicated strings included). ``by="auto"``: ids where the runs share a tokenizer, else strings.
+    ``with_kind``: also return "token ids" or "strings"."""
+    use_ids = by == "ids" or (by == "auto" and same_tokenizer(frames))
     out = None
     for name, df in frames.items():
-        u = unique_strings(df, mode).select("string", pl.col("score").alias(name))
-        out = u if out is None else out.join(u, on="string", how="inner")
+        if use_ids:
+            u = df.select(pl.col("token_id"), pl.col("decoded").alias("string"), pl.col("score").alias(name))
+            out = u if out is None else out.join(u.drop("string"), on="token_id", how="inner")
+        else:
+            u = unique_strings(df, mode).select("string", pl.col("score").alias(name))
+            out = u if out is None else out.join(u, on="string", how="inner")
     if out is None or out.height == 0:
         raise DataFormatError("the models share no vocabulary strings under this normalisation")
-    return out.sort("string")
+    out = out.sort("token_id").drop("token_id") if use_ids else out.sort("string")
+    return (out, "token ids" if use_ids else "strings") if with_kind else out
 
 
 def short_name(model_id: str) -> str:
