@@ -65,18 +65,22 @@ def colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def discover_runs(root: str | Path = "results") -> list[Path]:
-    """Complete exhaustive runs under ``root``: per model, score mode and input method, the run with the most
-    prompts, the newest among equals (a later one-prompt run does not hide a three-prompt one)."""
+def discover_runs(root: str | Path = "results", skipped: list | None = None) -> list[Path]:
+    """Complete whole-vocabulary exhaustive runs under ``root``: per model, score mode and input method, the run
+    with the most prompts, the newest among equals (a later one-prompt run does not hide a three-prompt one).
+    Runs of part of the vocabulary (``--limit``) are left out and listed in ``skipped``."""
     newest: dict[tuple, Path] = {}
     n_prompts: dict[tuple, int] = {}
     models = sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []
     for run_path, meta in (r for model in models for r in run_metas(model, "exhaustive")):  # newest first
         if meta.get("status") != "complete":
             continue
+        if (meta.get("config") or {}).get("limit") is not None:
+            if skipped is not None:
+                skipped.append(run_path)
+            continue
         settings = meta.get("settings", {})
-        key = (meta["model"]["id"], meta.get("score", {}).get("mode"), settings.get("input_method") or "ids",
-               settings.get("n_tokens"))
+        key = (meta["model"]["id"], meta.get("score", {}).get("mode"), settings.get("input_method") or "ids")
         n = len(meta.get("prompts", {}))
         if n > n_prompts.get(key, -1):
             newest[key], n_prompts[key] = run_path, n
@@ -88,11 +92,26 @@ def load_runs(paths) -> list[Sweep]:
 
 
 def save(fig, out_dir: str | Path, name: str) -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / name
-    fig.savefig(path, dpi=150, bbox_inches="tight")
+    """The figure as a PNG, written atomically (an interrupted run leaves the old file, never half a new one)
+    and without a software-version stamp, so an unchanged figure is byte-identical."""
+    import io
+
+    from probe.results import atomic_write_bytes
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=150, bbox_inches="tight", metadata={"Software": None})
     plt.close(fig)
+    path = Path(out_dir) / name
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def save_csv(df, out_dir: str | Path, name: str) -> Path:
+    """A table as CSV, written atomically."""
+    from probe.results import atomic_write_bytes
+
+    path = Path(out_dir) / name
+    atomic_write_bytes(path, df.write_csv().encode())
     return path
 
 

@@ -17,7 +17,7 @@ from scipy import stats as sps
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save  # noqa: E402
+from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv  # noqa: E402
 from experiments.common import script_config, sweep_label  # noqa: E402
 
 
@@ -54,7 +54,7 @@ def main(cfg: Fig1Config) -> Path:
     key = sweeps[0].key_for(cfg.prompt)
     path = save(fig, cfg.out, cfg.name or f"fig1_distributions_{key}.png")
     rows = [{"model": lab, "prompt": key, **moments(d)} for lab, d in zip(labels, data)]
-    pl.DataFrame(rows).write_csv(Path(cfg.out) / f"table3_moments_{key}.csv")
+    save_csv(pl.DataFrame(rows), cfg.out, f"table3_moments_{key}.csv")
     return path
 
 

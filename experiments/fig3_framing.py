@@ -18,7 +18,7 @@ import polars as pl
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save  # noqa: E402
+from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv  # noqa: E402
 from experiments.common import script_config, sweep_label  # noqa: E402
 from probe.analysis.lexicons import valence  # noqa: E402
 from probe.analysis.regressions import exposure_slopes, framing_slopes, lexicon_matches  # noqa: E402
@@ -68,7 +68,7 @@ def main(cfg: Fig3Config) -> dict:
 
     frames = {(lab, p): s.prompt(s.key_for(p)) for lab, s in zip(labels, sweeps) for p in (cfg.positive, cfg.negative)}
     slopes = framing_slopes(frames, cfg.valence_source)
-    slopes.write_csv(Path(cfg.out) / "fig3c_framing_slopes.csv")
+    save_csv(slopes, cfg.out, "fig3c_framing_slopes.csv")
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.2), sharey=True)
     cols = dict(zip(labels, colors(len(labels))))
     for ax, p in zip(axes, (cfg.positive, cfg.negative)):
@@ -87,7 +87,7 @@ def main(cfg: Fig3Config) -> dict:
     save(fig, cfg.out, "fig3c_framing_slopes.png")
 
     expo = exposure_slopes(frames, cfg.valence_source, cfg.freq, cfg.bnc)
-    expo.write_csv(Path(cfg.out) / "fig3d_frequency_slopes.csv")
+    save_csv(expo, cfg.out, "fig3d_frequency_slopes.csv")
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     prompts = [cfg.positive, cfg.negative]
     for i, lab in enumerate(labels):

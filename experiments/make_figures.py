@@ -28,8 +28,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "figures"), help="output folder")
     parser.add_argument("--permutations", type=int, default=10_000, help="permutations for RSA p-values")
     args = parser.parse_args(argv)
-    runs = tuple(str(p) for p in discover_runs(args.results))
-    made, skipped = [], []
+    from probe.errors import ProbeError
+    from probe.results import writable_dir
+
+    try:
+        writable_dir(args.out, "--out")
+    except ProbeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    limited: list = []
+    runs = tuple(str(p) for p in discover_runs(args.results, limited))
+    made, skipped = [], [f"{p}: a run of part of the vocabulary (--limit); figures use whole-vocabulary runs"
+                         for p in limited]
     sweeps = load_runs(runs)
     prompts = [k for k in PAPER_PROMPTS if any(k in s.prompts for s in sweeps)]  # the paper's figures' prompts
     for p in prompts:

@@ -30,7 +30,7 @@ from probe.analysis.regressions import exposure_slopes, framing_slopes, lexicon_
 from probe.analysis.sweeps import Sweep, load_sweep, shared_vocabulary, short_name
 from probe.cliargs import config_from_args
 from probe.errors import DataFormatError, ProbeError
-from probe.results import atomic_write_json, utc_stamp
+from probe.results import atomic_write_json, utc_stamp, writable_dir
 
 ANALYSES = ("top", "agreement", "framing", "exposure", "misalignment", "contrast", "input-method")
 
@@ -74,8 +74,7 @@ class AnalysisConfig:
 
 def _out_dir(config: AnalysisConfig) -> Path:
     path = Path(config.out or Path("results") / "analysis" / f"{config.analysis.replace('-', '_')}_{utc_stamp()}")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return writable_dir(path, "--out")
 
 
 def _prompt_keys(sweeps: list[Sweep], prompt: str | None) -> dict[str, list[str]]:
@@ -165,7 +164,7 @@ def run_exposure(config, sweeps, out) -> dict:
 
 def run_misalignment(config, sweeps, out) -> dict:
     if config.table:
-        table = pl.read_csv(config.table)
+        table = read_table_csv(config.table)
         models = list(config.models) or table.columns[4:]
         human, name = config.human, config.name_column
     else:
@@ -202,6 +201,17 @@ def _pair_contrast(config, sweeps, out, labels) -> dict:
               f"top-100 overlap={res.top_overlap:.2f} bottom-100 overlap={res.bottom_overlap:.2f}")
     atomic_write_json(out / f"{config.analysis}.json", summary)
     return {k: {x: v[x] for x in ("n", "kendall_tau_b", "top_k_overlap", "bottom_k_overlap")} for k, v in summary.items()}
+
+
+def read_table_csv(path: str) -> pl.DataFrame:
+    """A user's item table: a missing or unreadable file is one line naming it."""
+    from probe.textfile import read_text
+
+    text = read_text(Path(path))
+    try:
+        return pl.read_csv(text.encode())
+    except (pl.exceptions.ComputeError, pl.exceptions.NoDataError) as err:
+        raise DataFormatError(f"--table {path}: not a CSV table ({str(err).splitlines()[0]})") from None
 
 
 def run(config: AnalysisConfig) -> Path:

@@ -16,9 +16,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-import yaml
-
 from probe.errors import DataFormatError, ProbeError
+from probe.textfile import read_yaml
 from probe.models.embedded import packaged
 from probe.exhaustive import EXPERIMENT, ScoreVocabConfig, dry_run, job_key, run
 from probe.prompts import PAPER_PROMPTS
@@ -31,7 +30,7 @@ def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
     path = Path(path)
     if not path.is_file():
         raise DataFormatError(f"{path}: no such file")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path, "YAML job file") or {}
     if not isinstance(data, dict) or not isinstance(data.get("models"), list):
         raise DataFormatError(f"{path}: expected a mapping with a 'models' list")
     defaults = data.get("defaults") or {}
@@ -71,7 +70,8 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
 
     parser = command_parser(subparsers, "batch", "many sweeps from one file (models x prompts)", "python -m probe.batch",
                             __doc__, func=main_from_args, verbose=False,
-                            positional=(("jobs", {"help": "YAML file of defaults, prompts and models"}),))
+                            positional=(("jobs", {"help": "YAML file of defaults, prompts and models"}),),
+                            interrupted="finished jobs are kept; running the batch again resumes the unfinished one")
     parser.add_argument("--dry-run", action="store_true", help="print each job's state and memory plan; run nothing")
     return parser
 

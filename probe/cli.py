@@ -25,6 +25,9 @@ SUBCOMMANDS = {
 
 def setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # these libraries print through handlers of their own: passing their records to ours too printed each twice
+    for name in ("huggingface_hub", "transformers"):
+        logging.getLogger(name).propagate = False
     if not verbose:
         import transformers
 
@@ -33,9 +36,11 @@ def setup_logging(verbose: bool) -> None:
 
 
 def command_parser(subparsers, name: str, help_: str, prog: str, doc: str | None, config_cls=None, func=None,
-                   positional: tuple[tuple[str, dict], ...] = (), verbose: bool = True) -> argparse.ArgumentParser:
+                   positional: tuple[tuple[str, dict], ...] = (), verbose: bool = True,
+                   interrupted: str | None = None) -> argparse.ArgumentParser:
     """A command's parser, standalone (``python -m ...``) or as a ``probe`` subcommand: its positional
-    arguments, then one flag per field of its config dataclass (help written once, in the dataclass)."""
+    arguments, then one flag per field of its config dataclass (help written once, in the dataclass).
+    ``interrupted``: what Ctrl-C leaves behind and how to continue (the advice must be true)."""
     from probe.cliargs import add_dataclass_args
 
     kw = dict(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,7 +52,7 @@ def command_parser(subparsers, name: str, help_: str, prog: str, doc: str | None
     if verbose:
         parser.add_argument("-v", "--verbose", action="store_true", help="log more")
     if func is not None:
-        parser.set_defaults(func=func)
+        parser.set_defaults(func=func, interrupted=interrupted)
     return parser
 
 
@@ -60,8 +65,16 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("\ninterrupted: finished shards are saved; add --resume to continue", file=sys.stderr)
+        _close_progress_bars()  # before the message, so that no bar is redrawn after it
+        print(f"\ninterrupted: {getattr(ns, 'interrupted', None) or 'nothing was saved'}", file=sys.stderr)
         return 130
+
+
+def _close_progress_bars() -> None:
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", [])):
+        bar.close()
 
 
 def make_parser() -> argparse.ArgumentParser:

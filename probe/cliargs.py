@@ -14,9 +14,8 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from probe.errors import DataFormatError
+from probe.textfile import read_yaml
 
 C = TypeVar("C")
 
@@ -62,7 +61,7 @@ def config_from_args(cls: type[C], ns: argparse.Namespace) -> C:
         path = Path(ns.config)
         if not path.is_file():
             raise DataFormatError(f"--config {path}: no such file")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_yaml(path, "YAML settings") or {}
         if not isinstance(data, dict):
             raise DataFormatError(f"{path}: expected a mapping of setting: value")
         names = {f.name for f in dataclasses.fields(cls)}

@@ -25,6 +25,12 @@ def resolve_config(ref: str | None, revision: str | None = None, trust_remote_co
         return config_for(shape), f"published shape of {model.model_id}"
     if ref.startswith("shape:"):
         return config_for(ref.removeprefix("shape:")), f"published shape {ref.removeprefix('shape:')}"
+    from pathlib import Path
+
+    from probe.models.loading import hub_or_offline
+
+    if not Path(ref).is_dir():
+        hub_or_offline()
     try:
         return AutoConfig.from_pretrained(ref, revision=revision, trust_remote_code=trust_remote_code), "config.json"
     except (OSError, ValueError) as err:
@@ -43,7 +49,9 @@ def meta_parameters(config, kind: str = "reward") -> int:
 
 
 def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: str = "reward", n_prefix: int = 48,
-         n_new: int = 3, n_prompts: int = 3, tflops: float | None = None) -> dict:
+         n_new: int = 3, n_prompts: int = 3, tflops: float | None = None, device_type: str = "cuda") -> dict:
+    """The memory plan on ``device_memory_gib`` of a ``device_type`` device; on a CPU the batch size is the one a
+    run uses there (256), when it fits."""
     config, source = resolve_config(ref)
     text = config.get_text_config()
     n_params = meta_parameters(config, "reward" if mode == "reward" else "causal")
@@ -53,12 +61,15 @@ def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: st
     prefix_cache = kv_bytes_per_token(config, dtype) * n_prefix
     free = device_memory_gib * 2**30 * 0.9 - weights - prefix_cache
     batch = 0 if free <= 0 else max(1, min(4096, 1 << max(0, int(0.7 * free // per_row).bit_length() - 1)))
+    if device_type == "cpu" and batch:
+        batch = min(batch, 256)  # probe.scoring.default_batch_size: the CPU runs use 256
     emb = text.vocab_size * text.hidden_size
     tied = getattr(text, "tie_word_embeddings", False) or mode == "reward"
     non_embedding = n_params - emb - (0 if tied else emb)
     flops = 2 * non_embedding * n_new * text.vocab_size * n_prompts
     out = {"model": ref or "embedded", "config_source": source, "architecture": type(config).__name__,
            "parameters": n_params, "weights_gib": weights / 2**30, "dtype": str(dtype), "device_memory_gib": device_memory_gib,
+           "device_type": device_type,
            "prefix_tokens": n_prefix, "new_tokens_per_row": n_new, "bytes_per_row": per_row,
            "batch_size": batch, "fits": batch > 0, "vocab_size": text.vocab_size,
            "sweep_flops": flops}
@@ -72,7 +83,8 @@ def describe(p: dict) -> str:
              f"{p['weights_gib']:.1f} GiB of weights in {p['dtype']}",
              f"  per batch row ({p['prefix_tokens']} prefix + {p['new_tokens_per_row']} new tokens): "
              f"{p['bytes_per_row'] / 2**20:.2f} MiB",
-             f"  on {p['device_memory_gib']:g} GiB: " + (f"batch size {p['batch_size']}" if p["fits"] else
+             f"  on {p['device_memory_gib']:g} GiB of {p.get('device_type', 'cuda')} memory: "
+             + (f"batch size {p['batch_size']}" if p["fits"] else
                                                          "does NOT fit: use --device-map auto over several GPUs"),
              f"  one prompt over {p['vocab_size']:,} tokens: {p['sweep_flops'] / 3 / 1e15:.2f} PFLOP"]
     for t, s in p.get("floor_seconds_at_tflops", {}).items():

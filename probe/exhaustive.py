@@ -28,7 +28,7 @@ from probe.errors import ProbeError
 from probe.models.loading import LoadedModel, load_for_config, weights_identity
 from probe.models.options import ModelOptions, check_at_least
 from probe.prompts import Prompt, resolve_prompts
-from probe.results import RunDir, check_resumable, environment, find_resumable, fingerprint
+from probe.results import RunDir, environment, open_or_resume, writable_dir
 from probe.scoring import (
     AdaptiveBatcher,
     ScoringOptions,
@@ -173,10 +173,12 @@ class VocabSweep:
         return source
 
     def score_prompt(self, prompt: Prompt, run: RunDir | None = None, dist: Dist = Dist(),
-                     on_shard: Callable[[dict], None] | None = None) -> np.ndarray | None:
+                     on_shard: Callable[[dict], None] | None = None, position: tuple[int, int] = (1, 1),
+                     tokens_after: int = 0) -> np.ndarray | None:
         """This prompt's scores for every token (None on ranks other than 0 of a multi-process sweep).
         ``on_shard(timing so far)`` is called after each shard is written (the run records its time, so that
-        a killed session's work is still counted)."""
+        a killed session's work is still counted). ``position`` (i, n) and ``tokens_after`` (still to score for
+        later prompts) label the progress bar and its estimate for the whole run."""
         t0 = time.perf_counter()
         source = self.row_source(prompt)
         scorer = build_scorer(self.loaded, self.head, source.prefix_ids)
@@ -198,7 +200,7 @@ class VocabSweep:
             else:
                 out[s * k : s * k + ids.size] = done
         n_todo = sum(min(k, self.token_ids.size - s * k) for s in todo)
-        bar = _progress(n_todo, f"{prompt.key}", self.config.progress)
+        bar = _progress(n_todo, f"{prompt.key} ({position[0]}/{position[1]})", self.config.progress)
         t1 = time.perf_counter()
         done_now = 0
         for s in todo:
@@ -209,6 +211,9 @@ class VocabSweep:
                 run.write_shard(prompt.key, s, scores)
             out[s * k : s * k + ids.size] = scores
             done_now += ids.size
+            if tokens_after:
+                rate = done_now / max(time.perf_counter() - t1, 1e-9)
+                bar.set_postfix_str(f"all prompts ~{_minutes((n_todo - done_now + tokens_after) / rate)} left")
             if on_shard:
                 on_shard(_timing(t0, t1, time.perf_counter(), done_now))
         bar.close()
@@ -225,6 +230,11 @@ class VocabSweep:
         self.batch_size = batcher.batch_size
         self.timing[prompt.key] = _timing(t0, t1, time.perf_counter(), n_todo)
         return out
+
+
+def _minutes(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
 
 
 def _timing(t0: float, t1: float, t2: float, n: int) -> dict:
@@ -267,7 +277,9 @@ def run(config: ScoreVocabConfig) -> RunDir:
     dist = init()
     if dist.enabled:
         config = replace(config, device=device_for(dist, config.device), progress=config.progress and dist.main)
-    prompts = resolve_prompts(config.prompt, config.prompts)
+    prompts = resolve_prompts(config.prompt, config.prompts)  # inputs and the output folder before the model
+    if dist.main:
+        writable_dir(config.output, "--output")
     loaded = load_for(config)
     t_loaded = time.perf_counter()
     sweep = VocabSweep(loaded, config, prompts)
@@ -286,8 +298,13 @@ def run(config: ScoreVocabConfig) -> RunDir:
     if dist.main:
         run_dir.write_table("vocab.parquet", vocab)
         timing.setdefault("sessions", []).append(session)
+    if dist.main:
+        from probe.report_text import model_label
+
+        print(f"rm-probe: {model_label(meta)} [{config.mode}, {loaded.dtype}, {loaded.device}]: "
+              f"{sweep.token_ids.size:,} tokens x {len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
     tables, finished = [], {}
-    for p in prompts:
+    for i, p in enumerate(prompts):
         before = timing["prompts"].get(p.key)
 
         def record(now: dict, key: str = p.key, before: dict | None = before) -> None:
@@ -297,7 +314,9 @@ def run(config: ScoreVocabConfig) -> RunDir:
             session["wall_s"] = round(time.perf_counter() - t_start, 3)
             run_dir.write_meta(meta)
 
-        scores = sweep.score_prompt(p, run_dir, dist, on_shard=record if dist.main else None)
+        scores = sweep.score_prompt(p, run_dir, dist, on_shard=record if dist.main else None,
+                                    position=(i + 1, len(prompts)),
+                                    tokens_after=sweep.token_ids.size * (len(prompts) - i - 1))
         if not dist.main:
             continue
         finished[p.key] = sweep.timing[p.key]
@@ -344,26 +363,17 @@ def _open_run(config: ScoreVocabConfig, sweep: VocabSweep) -> tuple[RunDir, dict
     """A new run directory, or the one to resume. The batch size is stored but not fingerprinted: a resumed
     run adopts its stored batch size, so its remaining batches are the ones it would have run."""
     loaded = sweep.loaded
-    fp = fingerprint({k: v for k, v in sweep.settings().items() if k != "batch_size"})
+    settings = {k: v for k, v in sweep.settings().items() if k != "batch_size"}
+    run_dir, meta = open_or_resume(config.output, loaded.model_id, EXPERIMENT, settings, config.resume,
+                                   lambda fp: _new_meta(config, sweep, sweep.settings(), fp))
+    stored = meta.get("settings", {}).get("batch_size")
+    if config.resume and stored and stored != sweep.batch_size:
+        if config.batch_size is not None:
+            log.warning("--resume keeps the run's batch size %s (not %s) so that results stay identical",
+                        stored, config.batch_size)
+        sweep.batch_size = stored
     if config.resume:
-        run_dir = (find_resumable(config.output, loaded.model_id, EXPERIMENT, fp) if config.resume == "latest"
-                   else RunDir(config.resume))
-        if run_dir is None:
-            raise ProbeError(f"--resume: no unfinished run of {loaded.model_id} with these settings under "
-                             f"{config.output}; run without --resume to start one")
-        stored = run_dir.read_meta().get("settings", {}).get("batch_size")
-        if stored and stored != sweep.batch_size:
-            if config.batch_size is not None:
-                log.warning("--resume keeps the run's batch size %s (not %s) so that results stay identical",
-                            stored, config.batch_size)
-            sweep.batch_size = stored
-        meta = check_resumable(run_dir, fp, {k: v for k, v in sweep.settings().items() if k != "batch_size"})
-        meta.setdefault("resumed", []).append({"at": _now(), "command": sys.argv})
         log.info("resuming %s", run_dir.path)
-        return run_dir, meta
-    run_dir = RunDir.create(config.output, loaded.model_id, EXPERIMENT)
-    meta = _new_meta(config, sweep, sweep.settings(), fp)
-    run_dir.write_meta(meta)
     return run_dir, meta
 
 
@@ -423,7 +433,8 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     from probe.cli import command_parser
 
     return command_parser(subparsers, "score", "exhaustive single-token sweep", "python -m probe.exhaustive",
-                          __doc__, ScoreVocabConfig, main_from_args)
+                          __doc__, ScoreVocabConfig, main_from_args,
+                          interrupted="finished shards are saved; run the same command with --resume to continue")
 
 
 def dry_run(config: ScoreVocabConfig) -> dict:
@@ -439,7 +450,8 @@ def dry_run(config: ScoreVocabConfig) -> dict:
         memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
     spec, _ = lookup(config.rm or "embedded")
     dtype = resolve_dtype(config.dtype, torch.device("cuda" if wants_gpu else "cpu"), spec)
-    p = plan(config.rm, dtype, memory, config.mode, n_prompts=len(resolve_prompts(config.prompt, config.prompts)))
+    p = plan(config.rm, dtype, memory, config.mode, n_prompts=len(resolve_prompts(config.prompt, config.prompts)),
+             device_type="cuda" if wants_gpu else "cpu")
     print(describe(p))
     return p
 

@@ -16,6 +16,7 @@ prefix ids, so they work with ``inputs_embeds`` too.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -31,10 +32,10 @@ from torch import Tensor
 from probe.cliargs import config_from_args
 from probe.engine import FullSequenceScorer, PrefixScorer
 from probe.errors import ProbeError
-from probe.models.loading import LoadedModel, load_for_config
+from probe.models.loading import LoadedModel, load_for_config, weights_identity
 from probe.models.options import ModelOptions, check_at_least
 from probe.prompts import PAPER_PROMPTS
-from probe.results import RunDir, atomic_write_json, environment
+from probe.results import RunDir, atomic_write_json, environment, open_or_resume, writable_dir
 from probe.scoring import (
     AdaptiveBatcher,
     ScoringOptions,
@@ -46,7 +47,7 @@ from probe.scoring import (
     resolve_score_mode,
     sweep_rows,
 )
-from probe.template import TemplateSplit
+from probe.template import DEFAULT_DATE, TemplateSplit, resolve_date
 from probe.vocab import build_vocab_table
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 class GCGConfig(ModelOptions):
     prompt: str = field(default=PAPER_PROMPTS["greatest"], metadata={"help": "the user prompt"})
     system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
+    date: str = field(default=DEFAULT_DATE, metadata={
+        "help": "date for chat templates that write one (Llama 3.1/3.2): '26 Jul 2024' (default), 2024-07-26 or today"})
     score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
         "help": "objective: the RM's reward, or a causal LM's logprob/judge proxy (auto: logprob for the embedded "
                 "model, reward otherwise)"})
@@ -82,6 +85,9 @@ class GCGConfig(ModelOptions):
                 "token, up to --length tokens (2 or 3 is practical)"})
     batch_size: int | None = field(default=None, metadata={"help": "rows per forward (default: 256 CPU; GPU by memory)"})
     output: str = field(default="results", metadata={"help": "root folder for run directories"})
+    resume: str | None = field(default=None, metadata={
+        "help": "continue an interrupted search: a run directory, or no value for the newest matching one (finished "
+                "restarts, or finished beam depths, are kept)", "optional_value": "latest"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
     def __post_init__(self) -> None:
@@ -89,6 +95,10 @@ class GCGConfig(ModelOptions):
         check_at_least(self, 0, "beam")
         if self.n_replace > self.length:
             raise ValueError("--n-replace cannot exceed --length")
+        resolve_date(self.date)
+
+    def scoring_options(self) -> ScoringOptions:
+        return ScoringOptions(date_string=resolve_date(self.date))
 
     @property
     def mode(self) -> ScoreMode:
@@ -298,9 +308,11 @@ def reference_score(loaded: LoadedModel, head, split: TemplateSplit, ids: list[i
     return float(FullSequenceScorer(loaded.model, head, split.prefix_ids).score([ids + list(split.suffix_ids)])[0])
 
 
-def run(loaded: LoadedModel, config: GCGConfig) -> GCGResult:
-    """Front door: ``config.runs`` GCG restarts; returns the best response over all of them."""
-    opts = ScoringOptions()
+def run(loaded: LoadedModel, config: GCGConfig, done: dict[int, GCGRun] | None = None,
+        on_restart=None) -> GCGResult:
+    """Front door: ``config.runs`` GCG restarts; returns the best response over all of them. ``done``: restarts
+    already finished (a resumed search); ``on_restart(k, run)`` is called after each new one."""
+    opts = config.scoring_options()
     split = prompt_split(loaded, config.mode, config.prompt, config.system, opts, len(loaded.tokenizer))
     vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
     allowed = allowed_tokens(vocab, config.allowed, config.allow_special)
@@ -308,8 +320,13 @@ def run(loaded: LoadedModel, config: GCGConfig) -> GCGResult:
     gcg = GCG(loaded, head, split, config, allowed)
     runs = []
     for k in range(config.runs):
+        if done and k in done:
+            runs.append(done[k])
+            continue
         init = initial_ids(config, loaded, allowed, k)
         runs.append(gcg.run(init, config.seed + k, progress=config.progress))
+        if on_restart:
+            on_restart(k, runs[-1])
     best = max(runs, key=lambda r: r.best_objective)
     gen = torch.Generator().manual_seed(config.seed + 99)
     pool = torch.nonzero(allowed).flatten()
@@ -324,24 +341,32 @@ def run(loaded: LoadedModel, config: GCGConfig) -> GCGResult:
     )
 
 
-def beam_search(loaded: LoadedModel, config: GCGConfig, split: TemplateSplit, allowed: Tensor) -> list[pl.DataFrame]:
+def beam_search(loaded: LoadedModel, config: GCGConfig, split: TemplateSplit, allowed: Tensor,
+                done: list[pl.DataFrame] | None = None, on_level=None) -> list[pl.DataFrame]:
     """Exact beam: at each depth, every allowed token after each of the K best responses so far.
 
     Depth 1 scores every allowed token (an exhaustive sweep); depth d > 1 builds, for each kept response, a
     new prefix cache ending in it and scores every allowed token after it. Returns one table per depth with
-    the K best responses (``ids``, ``text``, ``score``), best first for max, worst first for min.
+    the K best responses (``ids``, ``text``, ``score``), best first for max, worst first for min. ``done``: the
+    depths already finished (a resumed search); ``on_level(table)`` is called after each new depth. One
+    progress bar with an estimate covers every depth still to run.
     """
-    opts = ScoringOptions()
+    opts = config.scoring_options()
     cand = torch.nonzero(allowed).flatten()
     batcher = AdaptiveBatcher(config.batch_size or (256 if loaded.device.type == "cpu" else 1024))
-    beams: list[list[int]] = [[]]
-    levels = []
-    for depth in range(1, config.length + 1):
+    levels = list(done or [])
+    beams: list[list[int]] = [list(x) for x in levels[-1]["ids"].to_list()] if levels else [[]]
+    todo = range(len(levels) + 1, config.length + 1)
+    n_rows = sum((1 if d == 1 else min(config.beam, len(cand) ** (d - 1))) * len(cand) for d in todo)
+    bar = _bar(n_rows, "beam", config.progress)
+    bar.unit = "resp"
+    for depth in todo:
         ids_all, scores_all = [], []
         for beam in beams:
             head = make_head(loaded, config.mode, opts, response_in_prefix=len(beam))
             scorer = PrefixScorer(loaded.model, head, list(split.prefix_ids) + beam)
-            scores_all.append(batcher.run(scorer.score, sweep_rows(cand.numpy(), split.suffix_ids)))
+            scores_all.append(batcher.run(scorer.score, sweep_rows(cand.numpy(), split.suffix_ids),
+                                          progress=bar.update))
             ids_all.extend(beam + [int(t)] for t in cand)
         scores = np.concatenate(scores_all)
         order = np.argsort(-config.sign * scores, kind="stable")[: config.beam]
@@ -350,6 +375,9 @@ def beam_search(loaded: LoadedModel, config: GCGConfig, split: TemplateSplit, al
             "depth": depth, "rank": np.arange(1, len(order) + 1), "ids": beams,
             "text": [loaded.tokenizer.decode(b) for b in beams], "score": scores[order],
         }))
+        if on_level:
+            on_level(levels[-1])
+    bar.close()
     return levels
 
 
@@ -357,22 +385,40 @@ def load_for(config: GCGConfig) -> LoadedModel:
     return load_for_config(config, model_kind(config.mode))
 
 
+def _settings(config: GCGConfig, loaded: LoadedModel) -> dict:
+    """What changes a result: every option but the output folder, progress and resume; the weights by content."""
+    skip = {"output", "progress", "resume", "batch_size"}
+    return {**{k: v for k, v in asdict(config).items() if k not in skip}, "date": resolve_date(config.date),
+            "model": loaded.model_id, "weights": weights_identity(loaded)}
+
+
 def main_from_args(ns: argparse.Namespace) -> int:
     config = config_from_args(GCGConfig, ns)
+    writable_dir(config.output, "--output")
     loaded = load_for(config)
     experiment = "beam" if config.beam else f"gcg_{config.direction}"
-    run_dir = RunDir.create(config.output, loaded.model_id, experiment)
-    meta = {"schema": "rm-probe/gcg/1", "experiment": experiment, "config": asdict(config), "model": {
-        "id": loaded.model_id, "path": loaded.path, "spec": asdict(loaded.spec), "dtype": str(loaded.dtype),
-        "device": str(loaded.device)}, "environment": environment(), "status": "running"}
-    run_dir.write_meta(meta)
+    settings = _settings(config, loaded)
+
+    def new_meta(fp: str) -> dict:
+        return {"schema": "rm-probe/gcg/1", "experiment": experiment, "status": "running", "fingerprint": fp,
+                "settings": settings, "config": asdict(config), "environment": environment(),
+                "model": {"id": loaded.model_id, "path": loaded.path, "source": loaded.source,
+                          "spec": asdict(loaded.spec), "dtype": str(loaded.dtype), "device": str(loaded.device)}}
+
+    run_dir, meta = open_or_resume(config.output, loaded.model_id, experiment, settings, config.resume, new_meta)
+    if meta.get("status") == "complete":
+        print(f"{run_dir.path} is already complete: {json.loads((run_dir.path / 'result.json').read_text())}")
+        return 0
+    checkpoints = run_dir.path / "checkpoints"
     t0 = time.perf_counter()
     if config.beam:
-        opts = ScoringOptions()
+        opts = config.scoring_options()
         split = prompt_split(loaded, config.mode, config.prompt, config.system, opts, len(loaded.tokenizer))
         allowed = allowed_tokens(build_vocab_table(loaded.tokenizer, n_scorable(loaded)), config.allowed,
                                  config.allow_special)
-        levels = beam_search(loaded, config, split, allowed)
+        done = [pl.read_parquet(p) for p in sorted(checkpoints.glob("depth_*.parquet"))]
+        levels = beam_search(loaded, config, split, allowed, done, on_level=lambda t: run_dir.write_table(
+            f"checkpoints/depth_{int(t['depth'][0]):03d}.parquet", t))
         run_dir.write_table("beam.parquet", pl.concat(levels))
         top = levels[-1].row(0, named=True)
         result = {"best_ids": top["ids"], "best_text": top["text"], "best_score":
@@ -380,7 +426,10 @@ def main_from_args(ns: argparse.Namespace) -> int:
                   "search_score": top["score"], "direction": config.direction}
         _print_beam(levels, config)
     else:
-        res = run(loaded, config)
+        done = {int(p.stem.split("_")[1]): GCGRun(**json.loads(p.read_text()))
+                for p in sorted(checkpoints.glob("run_*.json"))}
+        res = run(loaded, config, done, on_restart=lambda k, r: atomic_write_json(
+            checkpoints / f"run_{k:03d}.json", asdict(r)))
         result = res.summary()
         traj = [{"run": k, **row} for k, r in enumerate(res.runs) for row in r.trajectory]
         run_dir.write_table("trajectory.parquet", pl.DataFrame(traj))
@@ -418,7 +467,9 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     from probe.cli import command_parser
 
     return command_parser(subparsers, "gcg", "multi-token search (GCG, exact beam)", "python -m probe.gcg", __doc__,
-                          GCGConfig, main_from_args)
+                          GCGConfig, main_from_args,
+                          interrupted="finished restarts (or beam depths) are saved; run the same command with --resume "
+                                      "to continue")
 
 
 def main(argv: list[str] | None = None) -> int:

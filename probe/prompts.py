@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from probe.errors import DataFormatError
+from probe.textfile import read_text, read_yaml
 
 # Christian et al. (FAccT 2025), config/prompts.yaml of their release.
 PAPER_PROMPTS: dict[str, str] = {
@@ -38,14 +37,9 @@ def read_prompts_file(path: str | Path) -> list[Prompt]:
     path = Path(path)
     if not path.is_file():
         raise DataFormatError(f"--prompts {path}: no such file")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)  # UTF-8 (a byte-order mark is dropped); other encodings name the line and byte
     if path.suffix in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            line = f" line {mark.line + 1}" if mark else ""
-            raise DataFormatError(f"{path}{line}: not valid YAML ({getattr(err, 'problem', err)})") from None
+        data = read_yaml(path, "YAML")
         if isinstance(data, dict):
             return [_checked(str(k), v, str(path)) for k, v in data.items()]
         if isinstance(data, list):

@@ -26,7 +26,7 @@ import polars as pl
 from probe.cliargs import config_from_args
 from probe.analysis.sweeps import upgrade_vocab_columns
 from probe.report_text import model_label, score_decimal
-from probe.results import RunDir, atomic_write_bytes
+from probe.results import RunDir, atomic_write_bytes, writable_file
 
 FLAG_BITS = {"is_special": 1, "is_added": 2, "is_word": 4, "leading_space": 8, "roundtrips": 16, "valid_utf8": 32,
              "is_alpha": 64}
@@ -188,6 +188,8 @@ def main_from_args(ns: argparse.Namespace) -> int:
 
     ns.run = tuple(ns.run)
     cfg = config_from_args(ReportConfig, ns)
+    if cfg.out:
+        writable_file(cfg.out, "--out")
     runs = [RunDir(r) for r in cfg.run]
     for run in runs:
         meta = run.read_meta()

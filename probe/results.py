@@ -44,11 +44,19 @@ def utc_stamp() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
     """Write through ``write`` into a temporary file beside ``path``, fsync it, then rename it over ``path``:
-    a reader (or a later --resume) sees the old file or the whole new one, never half of it."""
+    a reader (or a later --resume) sees the old file or the whole new one, never half of it. The file gets the
+    mode an ordinary ``open`` would give it (0666 less the umask), not mkstemp's private 0600."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
@@ -72,6 +80,33 @@ def atomic_write_parquet(path: Path, df: pl.DataFrame) -> None:
     _atomic_write(path, df.write_parquet)
 
 
+def writable_dir(path: str | Path, flag: str) -> Path:
+    """``path`` as a folder results can be written to (created if missing), checked before any model loads."""
+    from probe.errors import ProbeError
+
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ProbeError(f"{flag} {path}: is a file, not a folder")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".write-test-"):
+            pass
+    except OSError as err:
+        raise ProbeError(f"{flag} {path}: cannot write there ({err.strerror or err}); choose another folder") from None
+    return p
+
+
+def writable_file(path: str | Path, flag: str) -> Path:
+    """``path`` as a file that can be written (its folder created if missing), checked before the work starts."""
+    from probe.errors import ProbeError
+
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ProbeError(f"{flag} {path}: is a folder; give a file name")
+    writable_dir(p.parent if str(p.parent) else Path("."), flag)
+    return p
+
+
 def fingerprint(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -80,7 +115,9 @@ def git_commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True, text=True, timeout=5)
+        # generated outputs (figures, results) do not make the code that computes numbers "dirty"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ":/", ":(exclude,top)figures",
+                                ":(exclude,top)results"], cwd=here, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -263,3 +300,37 @@ def check_resumable(run: RunDir, fp: str, settings: dict) -> dict:
         raise ResumeError(f"{run.path} was made with other settings: {'; '.join(diff)}. Pass the run's settings "
                           "to resume it, or start a new run without --resume")
     return meta
+
+
+def no_match_message(root: str | Path, model: str, experiment: str, settings: dict) -> str:
+    """Why ``--resume`` found nothing: the newest unfinished run of this model and experiment, and how its
+    settings differ from these (with the flags and values), or that there is none."""
+    base = Path(root) / sanitize_model_name(model)
+    for path, meta in run_metas(base, experiment):
+        if meta.get("status") != "complete":
+            stored = {k: v for k, v in meta.get("settings", {}).items() if k in settings}
+            diff = settings_diff(stored, settings)
+            return (f"--resume: the newest unfinished {experiment} run of {model}, {path}, was made with other "
+                    f"settings: {'; '.join(diff) or 'unknown'}. Pass its settings (or --resume {path}) to continue "
+                    "it, or run without --resume to start a new one")
+    return (f"--resume: no unfinished {experiment} run of {model} under {root}; run without --resume to start one")
+
+
+def open_or_resume(root: str | Path, model: str, experiment: str, settings: dict, resume: str | None,
+                   new_meta) -> tuple[RunDir, dict]:
+    """A new run directory (its meta from ``new_meta(fingerprint)``), or the unfinished one ``resume`` names
+    ("latest": the newest with these settings). A complete run is returned as it is."""
+    fp = fingerprint(settings)
+    if resume:
+        run = find_resumable(root, model, experiment, fp) if resume == "latest" else RunDir(resume)
+        if run is None:
+            raise ResumeError(no_match_message(root, model, experiment, settings))
+        meta = check_resumable(run, fp, settings)
+        if meta.get("status") != "complete":
+            meta.setdefault("resumed", []).append({"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                                                   "command": command_line()})
+        return run, meta
+    run = RunDir.create(root, model, experiment)
+    meta = new_meta(fp)
+    run.write_meta(meta)
+    return run, meta

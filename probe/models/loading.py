@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -124,8 +125,34 @@ def _source(ref: str | None) -> tuple[str, str]:
     return ref, ref
 
 
+def hub_or_offline() -> bool:
+    """Before the first Hub request for a model id: whether the Hub can be reached. When it cannot (an offline
+    machine), huggingface_hub is switched to offline mode for this process, so a cached model loads at once and
+    a missing one fails at once, instead of after about 30 s of retries. ``HF_HUB_OFFLINE=1`` skips the check."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+        return True
+    except OSError:
+        log.warning("the Hugging Face Hub (%s) cannot be reached: loading from the local cache only "
+                    "(set HF_HUB_OFFLINE=1 to skip this check)", host)
+        constants.HF_HUB_OFFLINE = True
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return False
+
+
 def _read_config(path: str, revision: str | None, trust_remote_code: bool):
     from transformers import AutoConfig
+
+    if not Path(path).is_dir():
+        hub_or_offline()
 
     try:
         return AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)

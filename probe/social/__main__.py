@@ -29,17 +29,17 @@ from pathlib import Path
 from typing import Literal
 
 import polars as pl
-import yaml
 
 from probe.cliargs import config_from_args
-from probe.errors import DataFormatError, ProbeError
+from probe.errors import DataFormatError
 from probe.models.loading import LoadedModel, load_model, weights_identity
-from probe.results import RunDir, atomic_write_json, environment, find_resumable, fingerprint, utc_stamp
+from probe.results import RunDir, atomic_write_json, environment, open_or_resume, utc_stamp, writable_dir
 from probe.scoring import ScoringOptions, model_kind, resolve_score_mode
 from probe.social import metrics
 from probe.social.items import Item
 from probe.social.loaders import LOADERS, load
 from probe.social.scoring import score_items
+from probe.textfile import read_yaml
 from probe.template import DEFAULT_DATE, resolve_date
 
 EXPERIMENT = "social"
@@ -100,13 +100,7 @@ MODEL_KEYS = {"rm", "score", "logprob_reduce", "allow_random_head", "trust_remot
 def _read_suite(path: Path) -> dict:
     if not path.is_file():
         raise DataFormatError(f"--suite {path}: no such file")
-    from probe.social.io import read_text
-
-    try:
-        data = yaml.safe_load(read_text(path))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        raise DataFormatError(f"{path}{f' line {mark.line + 1}' if mark else ''}: not valid YAML") from None
+    data = read_yaml(path, "YAML suite file")
     if isinstance(data, list):  # the older form: a list of data sets
         data = {"datasets": data}
     if not isinstance(data, dict) or not isinstance(data.get("datasets", []), list):
@@ -178,6 +172,10 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
                 "datasets": [{k: e[k] for k in ("dataset", "data", "limit")} for e, _ in datasets],
                 "bbq_metadata": cfg.bbq_metadata, "dtype": str(loaded.dtype)}
     run, meta = _open_run(cfg, loaded, model, mode, settings)
+    if meta.get("status") == "complete":  # --resume on a finished run: its results as they are
+        import json
+
+        return run, json.loads((run.path / "summary.json").read_text())
     opts = ScoringOptions(mcfg.logprob_reduce, date_string=resolve_date(cfg.date))
     t0 = time.perf_counter()
     frames = []
@@ -206,26 +204,14 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
 
 
 def _open_run(cfg: SocialConfig, loaded: LoadedModel, model: dict, mode: str, settings: dict) -> tuple[RunDir, dict]:
-    fp = fingerprint(settings)
-    if cfg.resume:
-        run = (find_resumable(cfg.output, loaded.model_id, EXPERIMENT, fp) if cfg.resume == "latest"
-               else RunDir(cfg.resume))
-        if run is None:
-            raise ProbeError(f"--resume: no unfinished social run of {loaded.model_id} with these settings under "
-                             f"{cfg.output}; run without --resume to start one")
-        from probe.results import check_resumable
+    def new_meta(fp: str) -> dict:
+        return {"schema": "rm-probe/social/2", "experiment": EXPERIMENT, "status": "running", "fingerprint": fp,
+                "settings": settings, "config": asdict(cfg), "mode": mode, "label": model.get("label"),
+                "model": {"id": loaded.model_id, "path": loaded.path, "spec": asdict(loaded.spec),
+                          "source": loaded.source, "dtype": str(loaded.dtype), "device": str(loaded.device)},
+                "environment": environment()}
 
-        meta = check_resumable(run, fp, settings)
-        meta.setdefault("resumed", []).append({"at": utc_stamp(), "command": environment()["command"]})
-        return run, meta
-    run = RunDir.create(cfg.output, loaded.model_id, EXPERIMENT)
-    meta = {"schema": "rm-probe/social/2", "experiment": EXPERIMENT, "status": "running", "fingerprint": fp,
-            "settings": settings, "config": asdict(cfg), "mode": mode, "label": model.get("label"),
-            "model": {"id": loaded.model_id, "path": loaded.path, "spec": asdict(loaded.spec), "source": loaded.source,
-                      "dtype": str(loaded.dtype), "device": str(loaded.device)},
-            "environment": environment()}
-    run.write_meta(meta)
-    return run, meta
+    return open_or_resume(cfg.output, loaded.model_id, EXPERIMENT, settings, cfg.resume, new_meta)
 
 
 # --- tables and plots over models ---------------------------------------------------------------------------------
@@ -308,8 +294,8 @@ def print_tables(table: pl.DataFrame) -> None:
 def main_from_args(ns: argparse.Namespace) -> int:
     cfg = config_from_args(SocialConfig, ns)
     models = suite_models(cfg)
-    datasets = load_datasets(cfg)  # fail early on bad data, before any model loads
-    Path(cfg.output).mkdir(parents=True, exist_ok=True)
+    datasets = load_datasets(cfg)  # fail early on bad data and a bad output folder, before any model loads
+    writable_dir(cfg.output, "--output")
     summaries = {}
     for m in models:
         run, summary = run_model(cfg, m, datasets)
@@ -335,7 +321,8 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     from probe.cli import command_parser
 
     return command_parser(subparsers, "social", "social-preference benchmark", "python -m probe.social", __doc__,
-                          SocialConfig, main_from_args, verbose=False)
+                          SocialConfig, main_from_args, verbose=False,
+                          interrupted="finished data sets are saved; run the same command with --resume to continue")
 
 
 def main(argv: list[str] | None = None) -> int:

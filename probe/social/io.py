@@ -17,31 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from probe.errors import DataFormatError
+from probe.textfile import parse_json, read_text  # noqa: F401  (re-exported for the loaders)
 
 Row = tuple[int, dict]  # (physical line where the record starts, the record)
-
-
-def read_text(path: Path) -> str:
-    if not path.is_file():
-        raise DataFormatError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        col = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
-        raise DataFormatError(
-            f"{path} line {line}, column {col} (byte {err.start}): not UTF-8 text (byte 0x{data[err.start]:02x}); "
-            "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8") from None
-
-
-def parse_json(path: Path, text: str):
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        hint = "; the file looks truncated" if err.pos >= len(text.rstrip()) - 1 else ""
-        raise DataFormatError(f"{path} line {err.lineno}, column {err.colno}: not valid JSON ({err.msg}){hint}") \
-            from None
 
 
 def json_rows(path: Path) -> Iterator[Row]:

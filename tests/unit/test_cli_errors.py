@@ -62,6 +62,7 @@ def test_several_outputs_need_a_label_index(capsys, tmp_path, tiny_dirs):
     code = main([*PROMPT, "--rm", tiny_dirs["rm3"], "--label-index", "2", "--limit", "64", "--no-progress",
                  "--output", str(tmp_path / "ok"), "--device", "cpu"])
     assert code == 0
+    assert "rm-probe: " in capsys.readouterr().err  # the successful run says what it sweeps and where it writes
     code, err = _run(capsys, tmp_path, *PROMPT, "--rm", tiny_dirs["rm3"], "--label-index", "5")
     _assert_clean_error(code, err, tmp_path, "only 3 outputs")
 
@@ -77,7 +78,7 @@ def test_bad_prompt_file_row(capsys, tmp_path):
     _assert_clean_error(*_run(capsys, tmp_path, "--prompts", str(f)), tmp_path, r"p\.yaml: prompt 'bad' is a int")
     g = tmp_path / "p.yaml"
     g.write_text("good: [unclosed\n")
-    _assert_clean_error(*_run(capsys, tmp_path, "--prompts", str(g)), tmp_path, r"p\.yaml line \d+: not valid YAML")
+    _assert_clean_error(*_run(capsys, tmp_path, "--prompts", str(g)), tmp_path, r"p\.yaml line \d+, column \d+: not valid YAML")
 
 
 def test_invalid_settings(capsys, tmp_path):

@@ -71,10 +71,15 @@ def test_resume_refuses_other_settings(tiny_dirs, tmp_path, monkeypatch):
         run(_config(tiny_dirs, tmp_path))
     monkeypatch.undo()
     (broken,) = list(tmp_path.glob("*/exhaustive_*"))
-    with pytest.raises(ResumeError, match="n_tokens"):
+    n = json.loads((broken / "meta.json").read_text())["settings"]["n_tokens"]
+    with pytest.raises(ResumeError, match=rf"n_tokens \(--limit\): {n} in the run, 500 now"):
         run(_config(tiny_dirs, tmp_path, resume=str(broken), limit=500))
-    with pytest.raises(ProbeError, match="no unfinished run"):
+    # "latest" with a changed flag: the unfinished run is named, with what differs
+    with pytest.raises(ProbeError, match=r"newest unfinished exhaustive run .* shard_size \(--shard-size\): 128 in the "
+                                         r"run, 64 now"):
         run(_config(tiny_dirs, tmp_path, resume="latest", shard_size=64))
+    with pytest.raises(ProbeError, match="no unfinished exhaustive run"):
+        run(_config(tiny_dirs, tmp_path / "elsewhere", resume="latest"))
 
 
 def test_resume_keeps_the_runs_batch_size(tiny_dirs, tmp_path, monkeypatch):
