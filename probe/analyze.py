@@ -218,6 +218,8 @@ def run(config: AnalysisConfig) -> Path:
     sweeps = [load_sweep(p) for p in config.runs]
     if not sweeps and not (config.analysis == "misalignment" and config.table):
         raise ProbeError(f"{config.analysis} needs at least one run directory")
+    if config.table:
+        read_table_csv(config.table)  # a bad table fails before the output folder is made
     out = _out_dir(config)
     fn = {"top": run_top, "agreement": run_agreement, "framing": run_framing, "exposure": run_exposure,
           "misalignment": run_misalignment,

@@ -37,7 +37,6 @@ def resolve_score_mode(score: str, rm: str | None) -> ScoreMode:
     if score != "auto":
         return score  # type: ignore[return-value]
     return "logprob" if packaged(rm) is not None else "reward"
-FUSED_LOGPROB_MIN_VOCAB = 100_000
 Scorer = PrefixScorer | FullSequenceScorer
 
 
@@ -72,11 +71,10 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
     if loaded.kind != "causal":
         raise ProbeError(f"--score {mode} needs a causal language model")
     if mode == "logprob":
-        # the fused head (no rows x vocabulary logits) measured 0.68x the time at 256k tokens of vocabulary and
-        # 1.11x at 49k on CPU (experiments/results/bench_kernels_cpu_float32.md): fused for large vocabularies
-        vocab = model.get_output_embeddings().weight.shape[0]
-        return LogprobHead(model, opts.logprob_reduce, response_in_prefix=response_in_prefix,
-                           fused=vocab >= FUSED_LOGPROB_MIN_VOCAB)
+        # the fused head (vocabulary-chunked GEMMs in the faster orientation, online log-sum-exp, no rows x
+        # vocabulary logits) is faster than the plain one at 49k and 262k tokens of vocabulary on CPU and needs far
+        # less memory (experiments/results/bench_kernels_cpu_float32.md); GCG's soft one-hot rows use the plain one
+        return LogprobHead(model, opts.logprob_reduce, response_in_prefix=response_in_prefix, fused=True)
     yes, no = (tok.encode(w, add_special_tokens=False) for w in ("Yes", "No"))
     if len(yes) != 1 or len(no) != 1:
         raise ProbeError(f"'Yes'/'No' are not single tokens for this tokenizer ({yes}, {no}); the judge needs them")

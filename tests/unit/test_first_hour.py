@@ -64,8 +64,9 @@ def test_report_and_analysis_outputs(tmp_path, capsys):
     (tmp_path / "run-file").write_text("x")
     line = _one_line_error(capsys, analyze_main(["top", str(run.path), "--out", str(tmp_path / "run-file")]))
     assert "is a file" in line
-    line = _one_line_error(capsys, analyze_main(["misalignment", "--table", str(tmp_path / "missing.csv")]))
-    assert "missing.csv: no such file" in line
+    line = _one_line_error(capsys, analyze_main(["misalignment", "--table", str(tmp_path / "missing.csv"),
+                                                 "--out", str(tmp_path / "analysis")]))
+    assert "missing.csv: no such file" in line and not (tmp_path / "analysis").exists()
 
 
 def test_report_on_a_gcg_run(tmp_path, capsys):
