@@ -321,3 +321,19 @@ def test_wrong_data_set_for_the_file(social_data):
         load("stereoset", social_data / "bbq" / "Age.jsonl")
     with pytest.raises(DataFormatError, match=r"no such file"):
         load("bbq", social_data / "bbq" / "Gender_identity.jsonl")
+
+
+def test_the_shipped_suite_file_reads(social_data):
+    """experiments/social_suite.yaml: its models and data sets (paths relative to the file) resolve and load."""
+    from pathlib import Path
+
+    from probe.social.__main__ import SocialConfig, load_datasets, suite_models
+
+    suite = Path(__file__).resolve().parents[2] / "experiments" / "social_suite.yaml"
+    cfg = SocialConfig(suite=str(suite), limit=3)
+    models = suite_models(cfg)
+    assert [m["rm"] for m in models] == ["smollm2", "gemma3-270m", "smollm2"] and models[2]["allow_random_head"]
+    datasets = load_datasets(cfg)
+    assert {e["dataset"] for e, _ in datasets} == {"bbq", "crows_pairs", "stereoset", "xstest", "ethics_cm",
+                                                    "moralchoice"}
+    assert all(len(items) == 3 for _, items in datasets)
