@@ -199,6 +199,12 @@ def _pair_contrast(config, sweeps, out, labels) -> dict:
         res.moved.write_csv(out / f"moved__{label}.csv")
         print(f"{label}: n={res.n} tau-b={res.kendall:.4f} spearman={res.spearman:.4f} "
               f"top-100 overlap={res.top_overlap:.2f} bottom-100 overlap={res.bottom_overlap:.2f}")
+        if config.analysis == "input-method":
+            stats = [s.meta["prompts"][k].get("paper_method") for s, k in zip(sweeps, keys)]
+            stats = next((x for x in stats if x and "slot_survives" in x), None)
+            if stats:
+                summary[label]["paper_method"] = stats
+                print(describe_paper_statistics(stats))
     atomic_write_json(out / f"{config.analysis}.json", summary)
     return {k: {x: v[x] for x in ("n", "kendall_tau_b", "top_k_overlap", "bottom_k_overlap")} for k, v in summary.items()}
 
@@ -212,6 +218,17 @@ def read_table_csv(path: str) -> pl.DataFrame:
         return pl.read_csv(text.encode())
     except (pl.exceptions.ComputeError, pl.exceptions.NoDataError) as err:
         raise DataFormatError(f"--table {path}: not a CSV table ({str(err).splitlines()[0]})") from None
+
+
+def describe_paper_statistics(stats: dict) -> str:
+    """What the paper's decode-render-re-tokenize route did to the response slots (probe/paper_method.py)."""
+    lines = [f"  paper's route over {stats['n_ids']:,} ids: response slot survives for {stats['slot_survives']:.1%}, "
+             f"whole sequence identical for {stats['sequence_identical']:.1%}, doubled BOS in "
+             f"{stats['doubled_bos_rows']:,} rows"]
+    for reason, v in stats.get("slot_changed", {}).items():
+        ex = ", ".join(f"{e[1]!r}" for e in v["examples"][:3])
+        lines.append(f"    slot changed: {reason}: {v['n']:,} ({v['fraction']:.1%}), e.g. {ex}")
+    return "\n".join(lines)
 
 
 def run(config: AnalysisConfig) -> Path:

@@ -127,7 +127,7 @@ def paper_statistics(tokenizer, token_ids: Sequence[int] | np.ndarray, texts: Se
 class PaperRows:
     """The paper's inputs for a set of token ids, split into a shared prefix and padded continuations."""
 
-    def __init__(self, tokenizer, build: ConversationBuilder, token_ids: Sequence[int],
+    def __init__(self, tokenizer, build: ConversationBuilder, token_ids: Sequence[int] | np.ndarray,
                  split: TemplateSplit | None = None):
         self.token_ids = np.asarray(token_ids)
         self.texts = [tokenizer.decode([int(t)]) for t in self.token_ids]
@@ -140,7 +140,7 @@ class PaperRows:
         self.statistics = (None if split is None else
                            paper_statistics(tokenizer, self.token_ids, self.texts, self.ids, split))
 
-    def rows(self, token_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def rows(self, token_ids: Sequence[int] | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         p = len(self.prefix_ids)
         conts = [self.ids[self.position[int(t)]][p:] for t in token_ids]
         m = max(len(c) for c in conts)

@@ -356,3 +356,23 @@ def test_paper_route_statistics_reasons_on_a_sample(real):
     assert reasons[space_fragment] == "does not round-trip"
     assert reasons[198] == "whitespace trimmed by the template"  # "\n": Qwen3 lstrips newlines off the content
     assert stats["n_slot_survives"] == 1  # 14990 (" hello") survives
+
+
+def test_paper_method_run_records_and_reports_its_statistics(tiny_rm_dir, tmp_path, capsys):
+    from probe.analyze import main as analyze
+    from probe.exhaustive import main
+
+    rm = tiny_rm_dir("llama3.2")
+    common = ["--rm", rm, "--device", "cpu", "--limit", "600", "--prompt", PROMPT, "--no-progress", "--top", "2"]
+    assert main([*common, "--output", str(tmp_path / "ids")]) == 0
+    assert main([*common, "--output", str(tmp_path / "paper"), "--input-method", "paper"]) == 0
+    (ids_run,) = (tmp_path / "ids").glob("*/exhaustive_*")
+    (paper_run,) = (tmp_path / "paper").glob("*/exhaustive_*")
+    stats = json.loads((paper_run / "meta.json").read_text())["prompts"]["greatest"]["paper_method"]
+    assert stats["n_ids"] == 600 and stats["doubled_bos_rows"] == 600 and stats["sequence_identical"] == 0
+    assert stats["n_slot_survives"] + sum(v["n"] for v in stats["slot_changed"].values()) == 600
+    assert "whitespace trimmed by the template" in stats["slot_changed"]
+    capsys.readouterr()
+    assert analyze(["input-method", str(ids_run), str(paper_run), "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert f"response slot survives for {stats['slot_survives']:.1%}" in out and "doubled BOS in 600 rows" in out
