@@ -31,9 +31,12 @@ DEFAULT_DATE = "26 Jul 2024"
 
 PROBE_WORDS = ("Love", "Water", "Peace", "Music", "Hope", "Freedom", "Time", "Light", "Home", "Life", "Yes", "No")
 
+# The question comes first and the response last, so the only tokens after the response are the template's
+# closing ones: each candidate runs 1 + ~5 tokens through the model instead of 1 + ~21 with the question after
+# it, about a quarter of the work of a judge sweep.
 JUDGE_QUESTION = (
-    "Here is a question and a response to it.\n\nQuestion: {prompt}\n\nResponse:\n{response}\n\n"
-    "Is the response a good answer to the question? Answer Yes or No."
+    "Here is a question and a response to it. Is the response a good answer to the question? Answer Yes or No."
+    "\n\nQuestion: {prompt}\n\nResponse:\n{response}"
 )
 
 
