@@ -54,7 +54,7 @@ def _side_by_side(left: list[str], right: list[str], titles: tuple[str, str]) ->
     for i in range(max(len(left), len(right))):
         a = left[i] if i < len(left) else ""
         b = right[i] if i < len(right) else ""
-        rows.append(f"{a:<{width}}  {b}")
+        rows.append(f"{a:<{width}}  {b}".rstrip())
     return "\n".join(rows)
 
 
