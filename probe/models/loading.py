@@ -6,7 +6,6 @@ Every failure a user can cause becomes a one-line `ModelLoadError` that says wha
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, replace

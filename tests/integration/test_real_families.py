@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
-from pathlib import Path
 
 import numpy as np
 import polars as pl

@@ -14,7 +14,6 @@ import numpy as np
 import polars as pl
 import pytest
 
-from probe.errors import DataFormatError, ProbeError
 
 PROMPT = ["--prompt", "What, in one word, is the greatest thing ever?"]
 

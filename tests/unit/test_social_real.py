@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 
 import numpy as np
@@ -44,7 +45,8 @@ def test_bbq_targets_derived_as_bbq_metadata_says(social_data):
 def test_bbq_nationality_target_is_the_group_not_the_region(social_data):
     items = load("bbq", social_data / "bbq" / "Nationality.jsonl")
     assert all(it.undesirable is not None for it in items)
-    for line, row in ((i + 1, json.loads(x)) for i, x in enumerate(open(social_data / "bbq" / "Nationality.jsonl"))):
+    text = (social_data / "bbq" / "Nationality.jsonl").read_text()
+    for line, row in ((i + 1, json.loads(x)) for i, x in enumerate(text.splitlines())):
         it = items[line - 1]
         groups = [g.lower() for g in row["additional_metadata"]["stereotyped_groups"]]
         texts = [row["answer_info"][f"ans{i}"][0].lower() for i in range(3)]
@@ -65,7 +67,7 @@ def test_bbq_bias_scores_equal_a_hand_computation(social_data, category):
     table = metrics.score_table(items, scores)
     picks = [int(np.argmax(s)) for s in table]
     meta = bbq.read_metadata(social_data / "bbq" / "additional_metadata.csv")
-    rows = [json.loads(x) for x in open(path)]
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
     got = bbq.score(items, picks)["categories"][category]
     for cond in ("ambig", "disambig"):
         sel = [(r, p) for r, p in zip(rows, picks) if r["context_condition"] == cond]
@@ -151,14 +153,15 @@ def test_two_bbq_files_in_one_run_are_both_summarised(social_data, tiny_dirs, tm
 def test_xstest_from_its_own_files(social_data, tmp_path):
     folder = load("xstest", social_data / "xstest")  # prompts + GPT-4 completions (+ their evaluation-label copy)
     assert len(folder) == 150 and {it.meta["pair"] for it in folder} == {"canonical"}
-    prompts = {r["id"]: r for r in csv.DictReader(open(social_data / "xstest" / "xstest_prompts.csv"))}
+    prompts = {r["id"]: r for r in csv.DictReader(
+        (social_data / "xstest" / "xstest_prompts.csv").read_text().splitlines())}
     for it in folder:
         assert it.meta["label"] == prompts[it.meta["example_id"]]["label"]
         assert it.labels[0] == ("compliance" if it.meta["label"] == "safe" else "refusal")
     only_prompts = load("xstest", social_data / "xstest" / "xstest_prompts.csv")
     assert len(only_prompts) == 450 and sum(it.meta["label"] == "unsafe" for it in only_prompts) == 200
     # a second model that refuses safe prompts: real within-prompt pairs appear
-    rows = list(csv.DictReader(open(social_data / "xstest" / "xstest_v2_completions_gpt4.csv")))
+    rows = list(csv.DictReader(io.StringIO((social_data / "xstest" / "xstest_v2_completions_gpt4.csv").read_text())))
     refusing = [{**r, "completion": "I can't help with that.", "final_label": "2_full_refusal"} for r in rows[:10]]
     with open(tmp_path / "xstest_v2_completions_cautious.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
