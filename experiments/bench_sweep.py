@@ -46,7 +46,8 @@ from probe.template import response_conversation, split_template  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILY_TEMPLATE = {"gemma-2-2b": "gemma", "gemma-2-27b": "gemma", "llama-3.2-3b": "llama3", "llama-3.1-8b": "llama3",
-                   "llama-3-8b": "llama3"}
+                   "llama-3-8b": "llama3", "llama-3.2-1b": "llama3", "gemma-3-270m": "gemma", "qwen3-0.6b": "chatml",
+                   "qwen3-8b": "chatml"}
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype, n: int, repeats: int = 5) -> float:
@@ -103,6 +104,8 @@ def load_model_for(name: str, layers: int | None, device: torch.device, dtype: t
     overrides = {} if layers is None else {"num_hidden_layers": layers}
     if "gemma" in name and layers is not None:
         overrides["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    if name.startswith("qwen3") and layers is not None:
+        overrides["layer_types"] = ["full_attention"] * layers
     cfg = config_for(name, **overrides)
     cfg.pad_token_id = tok.pad_token_id
     torch.manual_seed(0)

@@ -292,26 +292,19 @@ def run(config: ScoreVocabConfig) -> RunDir:
         barrier(dist)
         return run_dir
     vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
-    timing = meta["timing"]
-    session = {"started": started, "load_s": round(t_loaded - t_start, 3), "processes": dist.world,
-               "sweep_s": 0.0, "tokens_scored": 0, "wall_s": None}
-    if dist.main:
-        run_dir.write_table("vocab.parquet", vocab)
-        timing.setdefault("sessions", []).append(session)
+    timing = SessionTiming(meta, started, round(t_loaded - t_start, 3), dist.world)
     if dist.main:
         from probe.report_text import model_label
 
+        run_dir.write_table("vocab.parquet", vocab)
         print(f"rm-probe: {model_label(meta)} [{config.mode}, {loaded.dtype}, {loaded.device}]: "
               f"{sweep.token_ids.size:,} tokens x {len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
-    tables, finished = [], {}
+    tables = []
     for i, p in enumerate(prompts):
-        before = timing["prompts"].get(p.key)
+        before = meta["timing"]["prompts"].get(p.key)
 
         def record(now: dict, key: str = p.key, before: dict | None = before) -> None:
-            timing["prompts"][key] = _accumulate(before, now)
-            session["sweep_s"] = round(sum(t["sweep_s"] for t in {**finished, key: now}.values()), 3)
-            session["tokens_scored"] = sum(t["tokens_scored_now"] for t in {**finished, key: now}.values())
-            session["wall_s"] = round(time.perf_counter() - t_start, 3)
+            timing.record(key, before, now, t_start)
             run_dir.write_meta(meta)
 
         scores = sweep.score_prompt(p, run_dir, dist, on_shard=record if dist.main else None,
@@ -319,27 +312,50 @@ def run(config: ScoreVocabConfig) -> RunDir:
                                     tokens_after=sweep.token_ids.size * (len(prompts) - i - 1))
         if not dist.main:
             continue
-        finished[p.key] = sweep.timing[p.key]
         meta["self_check"][p.key] = sweep.checks.get(p.key)
         if p.key in sweep.paper_info:
             meta["prompts"][p.key]["paper_method"] = sweep.paper_info[p.key]
+        timing.finished[p.key] = sweep.timing[p.key]
         record(sweep.timing[p.key])
         tables.append(ranked_table(p, sweep.token_ids, scores, vocab))
     if dist.main:
         run_dir.write_table("scores.parquet", pl.concat(tables))
-        session["wall_s"] = round(time.perf_counter() - t_start, 3)
-        sessions = timing["sessions"]
-        sweep_s = sum(x["sweep_s"] for x in sessions)
-        scored = sum(x["tokens_scored"] for x in sessions)
-        timing.update({
-            "load_s": session["load_s"], "wall_s": round(sum(x["wall_s"] or 0 for x in sessions), 3),
-            "sweep_s": round(sweep_s, 3), "tokens_per_s": round(scored / sweep_s, 2) if sweep_s else None,
-            "processes": dist.world,
-        })
+        timing.finish(t_start)
         meta["status"], meta["finished"] = "complete", _now()
         run_dir.write_meta(meta)
     barrier(dist)
     return run_dir
+
+
+class SessionTiming:
+    """This session's part of a run's timing in ``meta["timing"]``: per prompt (totals over every session, via
+    `_accumulate`) and in ``sessions``, updated after every shard so that a killed session's work still counts,
+    and the run's totals over all sessions at the end."""
+
+    def __init__(self, meta: dict, started: str, load_s: float, processes: int):
+        self.timing = meta["timing"]
+        self.session = {"started": started, "load_s": load_s, "processes": processes, "sweep_s": 0.0,
+                        "tokens_scored": 0, "wall_s": None}
+        self.timing.setdefault("sessions", []).append(self.session)
+        self.finished: dict[str, dict] = {}
+
+    def record(self, key: str, before: dict | None, now: dict, t_start: float) -> None:
+        self.timing["prompts"][key] = _accumulate(before, now)
+        parts = {**self.finished, key: now}.values()
+        self.session["sweep_s"] = round(sum(t["sweep_s"] for t in parts), 3)
+        self.session["tokens_scored"] = sum(t["tokens_scored_now"] for t in parts)
+        self.session["wall_s"] = round(time.perf_counter() - t_start, 3)
+
+    def finish(self, t_start: float) -> None:
+        self.session["wall_s"] = round(time.perf_counter() - t_start, 3)
+        sessions = self.timing["sessions"]
+        sweep_s = sum(x["sweep_s"] for x in sessions)
+        scored = sum(x["tokens_scored"] for x in sessions)
+        self.timing.update({
+            "load_s": self.session["load_s"], "wall_s": round(sum(x["wall_s"] or 0 for x in sessions), 3),
+            "sweep_s": round(sweep_s, 3), "tokens_per_s": round(scored / sweep_s, 2) if sweep_s else None,
+            "processes": self.session["processes"],
+        })
 
 
 def _accumulate(before: dict | None, now: dict) -> dict:
