@@ -59,12 +59,20 @@ def common_prefix(rows: Sequence[Sequence[int]]) -> list[int]:
 
 # Why a response slot changed under the paper's route, checked in this order (the first that applies counts):
 REASONS = (
-    "control token re-parsed",  # an added token: its text is markup the template or the tokenizer acts on
     "merged with the template's text",  # the response's text fused with its neighbours: no slot to compare
-    "whitespace trimmed by the template",  # leading/trailing whitespace cut (Llama 3, Gemma: `| trim`)
+    "whitespace trimmed by the template",  # the slot is the text with whitespace cut off (Llama 3 and Gemma trim;
+    # Qwen3 strips leading newlines)
+    "control token re-parsed",  # an added token: its text is markup the template or the tokenizer acts on
     "does not round-trip",  # decode then encode gives other ids, template or not
     "other",
 )
+
+
+def _trimmed_forms(text: str) -> tuple[str, ...]:
+    """What templates make of a response's surrounding whitespace: ``| trim``, one-sided strips, Qwen3's
+    ``lstrip('\n')``."""
+    forms = (text.strip(), text.lstrip(), text.rstrip(), text.lstrip("\n"), text.rstrip("\n"))
+    return tuple(f for f in dict.fromkeys(forms) if f != text)  # the untrimmed text is no trimming
 
 
 def paper_statistics(tokenizer, token_ids: Sequence[int] | np.ndarray, texts: Sequence[str], rows: Sequence[Sequence[int]],
@@ -97,21 +105,18 @@ def paper_statistics(tokenizer, token_ids: Sequence[int] | np.ndarray, texts: Se
         slot = row[len(pre) : len(row) - len(suf)] if fits else None
         if slot == [tid]:
             survive += 1
-        elif tid in added:
-            changed["control token re-parsed"].append((tid, text, slot))
         elif slot is None:
             changed["merged with the template's text"].append((tid, text, slot))
         elif text != text.strip():
             trimmed_candidates.append((tid, text, slot, enc))
-        elif enc != [tid]:
-            changed["does not round-trip"].append((tid, text, slot))
         else:
-            changed["other"].append((tid, text, slot))
-    stripped = tokenizer([t.strip() for _, t, _, _ in trimmed_candidates], add_special_tokens=False)["input_ids"] \
-        if trimmed_candidates else []
-    for (tid, text, slot, enc), ids in zip(trimmed_candidates, stripped):
-        reason = ("whitespace trimmed by the template" if slot == ids else
-                  "does not round-trip" if enc != [tid] else "other")
+            changed[_other_reason(tid, enc, added)].append((tid, text, slot))
+    forms = [_trimmed_forms(t) for _, t, _, _ in trimmed_candidates]
+    flat = [f for fs in forms for f in fs]
+    encoded = iter(tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else [])
+    for (tid, text, slot, enc), fs in zip(trimmed_candidates, forms):
+        trimmed = [next(encoded) for _ in fs]
+        reason = "whitespace trimmed by the template" if slot in trimmed else _other_reason(tid, enc, added)
         changed[reason].append((tid, text, slot))
     frac = lambda k: round(k / n, 6) if n else None  # noqa: E731
     return {
@@ -122,6 +127,12 @@ def paper_statistics(tokenizer, token_ids: Sequence[int] | np.ndarray, texts: Se
         "slot_changed": {r: {"n": len(v), "fraction": frac(len(v)),
                              "examples": [[t, x, s] for t, x, s in v[:n_examples]]} for r, v in changed.items() if v},
     }
+
+
+def _other_reason(tid: int, encoded: list[int], added: set[int]) -> str:
+    if tid in added:
+        return "control token re-parsed"
+    return "does not round-trip" if encoded != [tid] else "other"
 
 
 class PaperRows:
