@@ -79,7 +79,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device, spec: RewardModelSpec) -> torch.dtype:
-    """float32 on CPU (bf16 matmuls there are ~500x slower); the spec's dtype (bf16) on GPU, unless asked."""
+    """float32 on CPU (half-precision matmuls are much slower there); the spec's dtype (bf16) on GPU, unless asked."""
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else getattr(torch, spec.dtype)
     try:
