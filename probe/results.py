@@ -261,10 +261,11 @@ def run_metas(base: Path, experiment: str) -> Iterator[tuple[Path, dict]]:
             continue
 
 
-def find_resumable(root: str | Path, model: str, experiment: str, fp: str) -> RunDir | None:
-    """The newest unfinished run of this model and experiment with the same fingerprint."""
+def find_resumable(root: str | Path, model: str, experiment: str, fp: str, complete: bool = False) -> RunDir | None:
+    """The newest unfinished run of this model and experiment with the same fingerprint (``complete``: the
+    newest finished one)."""
     for path, meta in run_metas(Path(root) / sanitize_model_name(model), experiment):
-        if meta.get("status") != "complete" and meta.get("fingerprint") == fp:
+        if (meta.get("status") == "complete") == complete and meta.get("fingerprint") == fp:
             return RunDir(path)
     return None
 

@@ -14,7 +14,7 @@ allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data, limit)
 set's own example id and social group), ``summary.json`` (per data set, and per file where there are several:
 accuracy, undesirable rate, pick distributions per social group, and the data set's own scores) and
 ``meta.json``; with several models a comparison folder holds one CSV per domain, the pick distributions per
-group and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept).
+group and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept; in a suite, finished models too).
 On a CPU, a whole published data set takes minutes to hours (about 10-15 responses/s for SmolLM2); --limit N
 takes a quick look.
 """
@@ -33,7 +33,8 @@ import polars as pl
 from probe.cliargs import config_from_args
 from probe.errors import DataFormatError
 from probe.models.loading import LoadedModel, load_model, weights_identity
-from probe.results import RunDir, atomic_write_json, environment, open_or_resume, utc_stamp, writable_dir
+from probe.results import (RunDir, atomic_write_json, environment, find_resumable, fingerprint, open_or_resume,
+                           utc_stamp, writable_dir)
 from probe.scoring import ScoringOptions, model_kind, resolve_score_mode
 from probe.social import metrics
 from probe.social.items import Item
@@ -75,7 +76,8 @@ class SocialConfig:
     batch_size: int = field(default=64, metadata={"help": "rows per forward"})
     output: str = field(default="results", metadata={"help": "root folder for run directories"})
     resume: str | None = field(default=None, metadata={
-        "help": "continue an unfinished run: a run directory, or no value for the newest matching one",
+        "help": "continue an unfinished run: a run directory, or no value for the newest matching one (with --suite: "
+                "each model's unfinished run; a finished one is reused, a missing one started)",
         "optional_value": "latest"})
     seed: int = field(default=0, metadata={"help": "bootstrap seed, and the seed of a random head (--allow-random-head)"})
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
@@ -215,7 +217,14 @@ def _open_run(cfg: SocialConfig, loaded: LoadedModel, model: dict, mode: str, se
                           "source": loaded.source, "dtype": str(loaded.dtype), "device": str(loaded.device)},
                 "environment": environment()}
 
-    return open_or_resume(cfg.output, loaded.model_id, EXPERIMENT, settings, cfg.resume, new_meta)
+    resume = cfg.resume
+    if cfg.suite and resume == "latest":
+        # A suite continues model by model: each model's unfinished run, else its finished one, else a new run.
+        fp = fingerprint(settings)
+        found = (find_resumable(cfg.output, loaded.model_id, EXPERIMENT, fp)
+                 or find_resumable(cfg.output, loaded.model_id, EXPERIMENT, fp, complete=True))
+        resume = str(found.path) if found else None
+    return open_or_resume(cfg.output, loaded.model_id, EXPERIMENT, settings, resume, new_meta)
 
 
 # --- tables and plots over models ---------------------------------------------------------------------------------

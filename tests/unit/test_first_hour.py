@@ -350,3 +350,31 @@ def test_interrupted_message_comes_after_the_progress_bars(capsys):
     bar.update(1)  # a closed bar draws nothing more
     err = capsys.readouterr().err
     assert err.rstrip().endswith("interrupted")
+
+
+def test_social_suite_resume_continues_model_by_model(tiny_dirs, tmp_path, monkeypatch, capsys, social_data):
+    """--resume on a suite: the finished model is reused, the interrupted one continues, none is started twice."""
+    import yaml
+
+    from probe.social.__main__ import main
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({
+        "models": [{"rm": tiny_dirs["rm"], "score": "reward", "label": "rm"},
+                   {"rm": tiny_dirs["lm"], "score": "logprob", "label": "lm"}],
+        "datasets": [{"dataset": "crows_pairs", "data": str(social_data / "crows_pairs" / "crows_pairs_anonymized.csv"),
+                      "limit": 4},
+                     {"dataset": "ethics_cm", "data": str(social_data / "ethics" / "cm_test.csv"), "limit": 4}]}))
+    args = ["--suite", str(suite), "--device", "cpu", "--no-progress"]
+
+    def summaries(root):
+        return {p.parent.parent.name: json.loads(p.read_text()) for p in root.glob("*/social_*/summary.json")}
+
+    assert main([*args, "--output", str(tmp_path / "full")]) == 0
+    original = _interrupt_after(monkeypatch, "probe.social.__main__.score_items", 3)  # model 2 is half done
+    assert main([*args, "--output", str(tmp_path / "cut")]) == 130
+    assert len(summaries(tmp_path / "cut")) == 1
+    monkeypatch.setattr("probe.social.__main__.score_items", original)
+    assert main([*args, "--output", str(tmp_path / "cut"), "--resume"]) == 0
+    assert summaries(tmp_path / "cut") == summaries(tmp_path / "full")
+    assert len(list((tmp_path / "cut").glob("*/social_*"))) == 2  # one run per model, none started twice
