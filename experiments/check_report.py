@@ -2,6 +2,7 @@
 rows that the same filter computed in Python gives.
 
     python experiments/check_report.py results/<model>/exhaustive_<time>/report.html [--screenshot out.png]
+    python experiments/check_report.py audit.html --runs RUN_A RUN_B ...     # a multi-model report (probe report A B)
 
 Needs Debian's chromium (``apt-get install chromium``). Filters are preset through the page address
 (``#words=1&q=love``), the page is loaded with ``--dump-dom``, and the rendered tables are parsed.
@@ -146,14 +147,21 @@ def main(argv=None) -> int:
     parser.add_argument("report", type=Path)
     parser.add_argument("--prompt", default=None, help="prompt key (default: the run's first)")
     parser.add_argument("--query", default="love")
-    parser.add_argument("--rows", type=int, default=50, help="rows per table the report was built with")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="rows per table the report was built with (default 50; multi-model: 25)")
+    parser.add_argument("--runs", type=Path, nargs="+", default=None,
+                        help="the run directories of a multi-model report, in the order given to probe report")
     parser.add_argument("--screenshot", type=Path, default=None)
     args = parser.parse_args(argv)
     import json
 
-    run_dir = args.report.parent
-    prompt = args.prompt or next(iter(json.loads((run_dir / "meta.json").read_text())["prompts"]))
-    for line in check(args.report, run_dir, prompt, args.rows, args.query):
+    if args.runs:
+        lines = check_multi(args.report, args.runs, args.rows or 25)
+    else:
+        run_dir = args.report.parent
+        prompt = args.prompt or next(iter(json.loads((run_dir / "meta.json").read_text())["prompts"]))
+        lines = check(args.report, run_dir, prompt, args.rows or 50, args.query)
+    for line in lines:
         print("ok", line)
     if args.screenshot:
         with tempfile.TemporaryDirectory() as profile:
