@@ -90,8 +90,9 @@ def _prompt_keys(sweeps: list[Sweep], prompt: str | None) -> dict[str, list[str]
 
 
 def _names(sweeps: list[Sweep]) -> list[str]:
-    names = [short_name(s.model) for s in sweeps]
-    return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
+    from probe.analysis.sweeps import run_labels
+
+    return run_labels(sweeps, with_mode=False)
 
 
 def run_top(config, sweeps, out) -> dict:

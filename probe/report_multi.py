@@ -21,17 +21,12 @@ import numpy as np
 import polars as pl
 
 from probe.analysis import stats
-from probe.analysis.sweeps import Sweep, load_sweep, shared_vocabulary, short_name
+from probe.analysis.sweeps import Sweep, load_sweep, run_labels, shared_vocabulary
 from probe.errors import ProbeError
 from probe.report_text import flags, model_label, score_decimal
 from probe.vocab import strip_markers
 
 COLUMNS = ["rank", "score", "id", "flags", "token"]
-
-
-def labels_for(sweeps: list[Sweep]) -> list[str]:
-    names = [f"{short_name(s.model)} [{s.meta.get('score', {}).get('mode', '?')}]" for s in sweeps]
-    return [n if names.count(n) == 1 else f"{n} #{i + 1}" for i, n in enumerate(names)]
 
 
 def shared_prompts(sweeps: list[Sweep]) -> dict[str, list[str]]:
@@ -134,7 +129,7 @@ def heatmap_png(tau: np.ndarray, labels: list[str], title: str) -> str:
 
 
 def report_data(sweeps: list[Sweep], rows: int) -> dict:
-    labels = labels_for(sweeps)
+    labels = run_labels(sweeps)
     data: dict = {"labels": labels, "models": [model_label(s.meta) for s in sweeps], "prompts": {}}
     for prompt, keys in shared_prompts(sweeps).items():
         frames = [s.prompt(k) for s, k in zip(sweeps, keys)]

@@ -124,3 +124,12 @@ def shared_vocabulary(frames: dict[str, pl.DataFrame], mode: str = "exact", by: 
 
 def short_name(model_id: str) -> str:
     return model_id.rstrip("/").split("/")[-1]
+
+
+def run_labels(sweeps: list[Sweep], with_mode: bool = True) -> list[str]:
+    """One label per run: model and score mode (``SmolLM2-135M-Instruct [judge]``; without ``with_mode`` the
+    mode only where a model repeats), numbered where labels still repeat."""
+    base = [short_name(s.model) for s in sweeps]
+    names = [f"{b} [{s.meta.get('score', {}).get('mode', '?')}]" if with_mode or base.count(b) > 1 else b
+             for b, s in zip(base, sweeps)]
+    return [n if names.count(n) == 1 else f"{n} #{i + 1}" for i, n in enumerate(names)]

@@ -33,15 +33,23 @@ import polars as pl
 from probe.cliargs import config_from_args
 from probe.errors import DataFormatError
 from probe.models.loading import LoadedModel, load_model, weights_identity
-from probe.results import (RunDir, atomic_write_json, environment, find_resumable, fingerprint, open_or_resume,
-                           utc_stamp, writable_dir)
+from probe.results import (
+    RunDir,
+    atomic_write_json,
+    environment,
+    find_resumable,
+    fingerprint,
+    open_or_resume,
+    utc_stamp,
+    writable_dir,
+)
 from probe.scoring import ScoringOptions, model_kind, resolve_score_mode
 from probe.social import metrics
 from probe.social.items import Item
 from probe.social.loaders import LOADERS, load
 from probe.social.scoring import score_items
-from probe.textfile import read_yaml
 from probe.template import DEFAULT_DATE, resolve_date
+from probe.textfile import read_yaml
 
 EXPERIMENT = "social"
 

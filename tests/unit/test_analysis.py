@@ -126,3 +126,18 @@ def test_analyze_cli_on_fake_runs(tmp_path, lexicon_words, capsys):
     assert set(agree) == {"greatest", "worst"}
     assert agree["greatest"]["n_strings"] == len(tokens)
     assert agree["greatest"]["kendall_tau_b"]["m0"]["m0"] == 1.0
+
+
+def test_runs_of_one_model_under_two_score_modes_are_named_by_mode(tmp_path):
+    """A model's logprob and judge sweeps: the analyses name them by mode, not by a bare position."""
+    from probe.analysis.sweeps import load_sweep, run_labels
+
+    runs = [write_fake_run(tmp_path, "org/m", ["a", "b", "c"], PROMPTS) for _ in range(3)]
+    for run, mode in zip(runs, ("logprob", "judge", "judge")):
+        meta = run.read_meta()
+        meta["score"]["mode"] = mode
+        run.write_meta(meta)
+    other = write_fake_run(tmp_path, "org/n", ["a", "b", "c"], PROMPTS)
+    sweeps = [load_sweep(r.path) for r in (*runs, other)]
+    assert run_labels(sweeps, with_mode=False) == ["m [logprob]", "m [judge] #2", "m [judge] #3", "n"]
+    assert run_labels(sweeps)[-1] == "n [reward]"
