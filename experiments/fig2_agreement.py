@@ -34,7 +34,7 @@ from experiments.common import (  # noqa: E402
     sweep_label,
 )
 from probe.analysis import stats  # noqa: E402
-from probe.analysis.agreement import developer_of, family_of  # noqa: E402
+from probe.analysis.agreement import base_architecture_of, developer_of, family_of  # noqa: E402
 from probe.analysis.sweeps import shared_vocabulary  # noqa: E402
 from probe.results import atomic_write_json  # noqa: E402
 
@@ -97,7 +97,7 @@ def main(cfg: Fig2Config) -> dict:
     ax.set_ylabel("dimension 2")
     save(fig, cfg.out, f"fig2b_mds{cfg.suffix}.png")
 
-    hyps = {"same base architecture": [family_of(m).split(" ")[0] for m in ids],
+    hyps = {"same base architecture": [base_architecture_of(m) for m in ids],
             "same base model": [family_of(m) for m in ids], "same developer": [developer_of(m) for m in ids]}
     rsa = {}
     fig, axes = plt.subplots(1, len(hyps) + 1, figsize=(4.2 * (len(hyps) + 1), 4.6))

@@ -34,8 +34,16 @@ class Agreement:
 
 
 def family_of(model_id: str) -> str:
+    """The registry's base family ("Llama 3.1 8B"); a model the registry does not know is its own group, so two
+    unknown models are never counted as one family."""
     spec = REGISTRY.get(model_id)
-    return spec.family if spec and spec.family else "unknown"
+    return spec.family if spec and spec.family else f"unknown:{model_id}"
+
+
+def base_architecture_of(model_id: str) -> str:
+    """The family's first word ("Llama", "Gemma"); unknown models stay their own group."""
+    family = family_of(model_id)
+    return family if family.startswith("unknown:") else family.split(" ")[0]
 
 
 def developer_of(model_id: str) -> str:

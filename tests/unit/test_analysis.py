@@ -141,3 +141,14 @@ def test_runs_of_one_model_under_two_score_modes_are_named_by_mode(tmp_path):
     sweeps = [load_sweep(r.path) for r in (*runs, other)]
     assert run_labels(sweeps, with_mode=False) == ["m [logprob]", "m [judge] #2", "m [judge] #3", "n"]
     assert run_labels(sweeps)[-1] == "n [reward]"
+
+
+def test_models_the_registry_does_not_know_are_not_one_family():
+    """Two unknown models (the packaged SmolLM2 and Gemma 3) must not count as 'same base model' in RSA."""
+    from probe.analysis.agreement import base_architecture_of, developer_of, family_of
+
+    a, b = "HuggingFaceTB/SmolLM2-135M-Instruct", "google/gemma-3-270m"
+    assert family_of(a) != family_of(b) and base_architecture_of(a) != base_architecture_of(b)
+    assert family_of(a) == family_of(a)
+    known = "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2"
+    assert base_architecture_of(known) == family_of(known).split(" ")[0] and developer_of(known) == "Skywork"
