@@ -123,7 +123,8 @@ def run_agreement(config, sweeps, out) -> dict:
         raise ProbeError("agreement needs at least two run directories")
     summary = {}
     names = _names(sweeps)
-    groupings = {"family": [s.meta["model"]["spec"].get("family") or f"unknown:{s.model}" for s in sweeps],
+    groupings = {"family": [s.meta["model"]["spec"].get("family") or agreement_mod.family_of(s.model)
+                            for s in sweeps],
                  "developer": [agreement_mod.developer_of(s.model) for s in sweeps]}
     for label, keys in _prompt_keys(sweeps, config.prompt).items():
         wide = shared_vocabulary({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)}, config.normalise)

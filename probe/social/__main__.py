@@ -14,7 +14,8 @@ allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data, limit)
 set's own example id and social group), ``summary.json`` (per data set, and per file where there are several:
 accuracy, undesirable rate, pick distributions per social group, and the data set's own scores) and
 ``meta.json``; with several models a comparison folder holds one CSV per domain, the pick distributions per
-group and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept; in a suite, finished models too).
+group and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept; in a
+suite, finished models too).
 On a CPU, a whole published data set takes minutes to hours (about 10-15 responses/s for SmolLM2); --limit N
 takes a quick look.
 """
