@@ -1,10 +1,10 @@
 """Benchmark the whole CLI sweep of a packaged model against its floor, on this CPU.
 
-    python experiments/bench_cli.py --model smollm2 --tokens 16384
-    python experiments/bench_cli.py --model gemma3-270m --tokens 8192
-    python experiments/bench_cli.py --model smollm2 --checkout /tmp/before --label before   # an older checkout
+    python -m experiments.bench_cli --model smollm2 --tokens 16384
+    python -m experiments.bench_cli --model gemma3-270m --tokens 8192
+    PYTHONPATH=/tmp/before python -m experiments.bench_cli --model smollm2 --label before   # an older checkout
 
-It runs ``probe.exhaustive.run`` (the command's own code path: template split, vocabulary table, self-check,
+It runs ``probe.commands.score.run`` (the command's own code path: template split, vocabulary table, self-check,
 shards, checkpoints) on the first ``--tokens`` ids for the paper's "greatest" prompt, in this process, and
 measures the float32 GEMM rate (best of 2048^3 products) before and after it; the floor uses the higher of
 the two (the host is shared, and its rate drifts). FLOPs per candidate for the ``logprob`` proxy: the rows are
@@ -56,15 +56,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="a packaged model: smollm2 or gemma3-270m")
     ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--checkout", default=None, help="import probe from this checkout (e.g. an older commit)")
     ap.add_argument("--label", default="current")
     args = ap.parse_args(argv)
-    root = Path(args.checkout).resolve() if args.checkout else Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root))
     import torch
 
+    import probe
+
+    root = Path(probe.__file__).resolve().parents[1]  # the checkout measured (PYTHONPATH picks an older one)
+
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    from probe.exhaustive import ScoreVocabConfig, run
+    from probe.commands.score import ScoreVocabConfig, run
     from probe.models.loading import load_model
 
     rate_before = gemm_rate()
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
 def write_table() -> None:
     rows = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("bench_cli_*.json"))]
     lines = ["# The CLI sweep against its floor (CPU, float32, 2 threads)", "",
-             "`experiments/bench_cli.py`: `probe.exhaustive.run` on the first N ids of the 'greatest' prompt, the "
+             "`experiments/bench_cli.py`: `probe.commands.score.run` on the first N ids of the 'greatest' prompt, the "
              "float32 GEMM rate measured in the same process (best of before and after). Fractions are floor time / "
              "measured time.", "",
              "| model | code | tokens | GFLOP/cand | GEMM GFLOP/s | tokens/s | sweep | command | one full prompt (est.) |",

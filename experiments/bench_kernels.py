@@ -1,7 +1,7 @@
 """Benchmark kernels against their references: time and peak memory, side by side in one run.
 
-    python experiments/bench_kernels.py                    # CPU, float32
-    python experiments/bench_kernels.py --device cuda --dtype bfloat16
+    python -m experiments.bench_kernels                    # CPU, float32
+    python -m experiments.bench_kernels --device cuda --dtype bfloat16
 
 fused log-probabilities (kernels/fused_logprob.py) against full logits + log_softmax, for the LM-head shapes
 of SmolLM2 (vocabulary 49,152) and Gemma-2-2B (256,000): rows x 2 positions, as a sweep's logprob head sees
@@ -20,10 +20,8 @@ from pathlib import Path
 
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.fused_logprob import fused_token_logprobs, reference_token_logprobs  # noqa: E402
+from probe.kernels.fused_logprob import fused_token_logprobs, reference_token_logprobs  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CASES = {"smollm2": dict(d=576, vocab=49152, rows=512), "gemma-2-2b": dict(d=2304, vocab=256000, rows=256)}

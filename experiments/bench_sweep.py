@@ -1,8 +1,8 @@
 """Benchmark the exhaustive sweep against the paper's method and against no cache, with the floor.
 
-    python experiments/bench_sweep.py --model smollm2 --tokens 1024            # the real SmolLM2 (CPU)
-    python experiments/bench_sweep.py --model llama-3.1-8b --layers 1,2        # random weights, published shape
-    python experiments/bench_sweep.py --model gemma-2-2b --device cuda --dtype bfloat16 --layers full
+    python -m experiments.bench_sweep --model smollm2 --tokens 1024            # the real SmolLM2 (CPU)
+    python -m experiments.bench_sweep --model llama-3.1-8b --layers 1,2        # random weights, published shape
+    python -m experiments.bench_sweep --model gemma-2-2b --device cuda --dtype bfloat16 --layers full
 
 In one process, on the same tokens and prompts, it times
   1. the paper's method: decode each id, render the chat template as a string, re-tokenize the batch with
@@ -32,17 +32,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe.engine import PrefixScorer  # noqa: E402
-from probe.heads import LinearRewardHead  # noqa: E402
+from probe.core.engine import PrefixScorer  # noqa: E402
+from probe.core.heads import LinearRewardHead  # noqa: E402
 from probe.models.loading import LoadedModel  # noqa: E402
 from probe.models.registry import DEFAULT  # noqa: E402
-from probe.paper_method import naive_scores, paper_texts  # noqa: E402
-from probe.prompts import PAPER_PROMPTS  # noqa: E402
-from probe.scoring import sweep_rows  # noqa: E402
-from probe.template import response_conversation, split_template  # noqa: E402
+from probe.core.paper_method import naive_scores, paper_texts  # noqa: E402
+from probe.core.prompts import PAPER_PROMPTS  # noqa: E402
+from probe.core.scoring import sweep_rows  # noqa: E402
+from probe.core.template import response_conversation, split_template  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILY_TEMPLATE = {"gemma-2-2b": "gemma", "gemma-2-27b": "gemma", "llama-3.2-3b": "llama3", "llama-3.1-8b": "llama3",

@@ -1,8 +1,8 @@
 """Check an auditors' report in headless Chromium: it renders, and each filter and the search give exactly the
 rows that the same filter computed in Python gives.
 
-    python experiments/check_report.py results/<model>/exhaustive_<time>/report.html [--screenshot out.png]
-    python experiments/check_report.py audit.html --runs RUN_A RUN_B ...     # a multi-model report (probe report A B)
+    python -m experiments.check_report results/<model>/exhaustive_<time>/report.html [--screenshot out.png]
+    python -m experiments.check_report audit.html --runs RUN_A RUN_B ...     # a multi-model report (probe report A B)
 
 Needs Debian's chromium (``apt-get install chromium``). Filters are preset through the page address
 (``#words=1&q=love``), the page is loaded with ``--dump-dom``, and the rendered tables are parsed.
@@ -123,7 +123,7 @@ def check_multi(report: Path, run_dirs: list[Path], rows: int = 25) -> list[str]
     """The multi-model report: for every shared prompt and both views (all tokens, words only), each model's best
     and worst tables in the browser equal the lists computed in Python from the runs' saved scores."""
     from probe.analysis.sweeps import load_sweep
-    from probe.report_multi import best_worst, shared_prompts
+    from probe.report.multi import best_worst, shared_prompts
 
     sweeps = [load_sweep(p) for p in run_dirs]
     done = []

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from probe.analysis.sweeps import Sweep, load_sweep, short_name  # noqa: E402
-from probe.results import run_metas  # noqa: E402
+from probe.runs.rundir import run_metas  # noqa: E402
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 # The paper's data release: $RM_PROBE_PAPER_RELEASE, else ../shared/data/paper-release beside this checkout.
@@ -96,7 +96,7 @@ def save(fig, out_dir: str | Path, name: str) -> Path:
     and without a software-version stamp, so an unchanged figure is byte-identical."""
     import io
 
-    from probe.results import atomic_write_bytes
+    from probe.runs.rundir import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=150, bbox_inches="tight", metadata={"Software": None})
@@ -108,7 +108,7 @@ def save(fig, out_dir: str | Path, name: str) -> Path:
 
 def save_csv(df, out_dir: str | Path, name: str) -> Path:
     """A table as CSV, written atomically."""
-    from probe.results import atomic_write_bytes
+    from probe.runs.rundir import atomic_write_bytes
 
     path = Path(out_dir) / name
     atomic_write_bytes(path, df.write_csv().encode())
@@ -142,9 +142,9 @@ def place_labels(ax, xy, labels, colors_, fontsize=8) -> None:
 
 
 def script_config(config_cls, doc: str | None, script: str):
-    """The config of an experiment script run as ``python experiments/<name>.py``, from its command line."""
-    from probe.cli import command_parser
-    from probe.cliargs import config_from_args
+    """The config of an experiment script run as ``python -m experiments.<name>``, from its command line."""
+    from probe.commands.cli import command_parser
+    from probe.commands.args import config_from_args
 
     name = Path(script).stem
     parser = command_parser(None, name, (doc or "").splitlines()[0], f"experiments/{name}.py", doc, config_cls,

@@ -1,7 +1,7 @@
 """Figure 1 (and A1): distribution of every token's score per model for one prompt, as violins, plus the moments
 of the paper's Table 3 (mean, variance, skewness) in a CSV beside it.
 
-    python experiments/fig1_distributions.py --runs results/*/exhaustive_* --prompt greatest
+    python -m experiments.fig1_distributions --runs results/*/exhaustive_* --prompt greatest
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import numpy as np
 import polars as pl
 from scipy import stats as sps
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv  # noqa: E402
 from experiments.common import script_config, sweep_label  # noqa: E402

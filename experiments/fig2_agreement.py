@@ -5,8 +5,8 @@ observed tau matrix, with RSA tau and permutation p-values.
 Input: sweeps of at least two models (compared on their shared vocabulary), or an item table (``--table``,
 e.g. an EloEverything CSV of the paper's release: one score column per model).
 
-    python experiments/fig2_agreement.py --runs RUN_A --runs RUN_B --prompt greatest
-    python experiments/fig2_agreement.py --table ../shared/data/paper-release/elo_greatest_one_word.csv
+    python -m experiments.fig2_agreement --runs RUN_A --runs RUN_B --prompt greatest
+    python -m experiments.fig2_agreement --table ../shared/data/paper-release/elo_greatest_one_word.csv
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import (  # noqa: E402
     SweepFigureConfig,
@@ -36,7 +34,7 @@ from experiments.common import (  # noqa: E402
 from probe.analysis import stats  # noqa: E402
 from probe.analysis.agreement import base_architecture_of, developer_of, family_of  # noqa: E402
 from probe.analysis.sweeps import shared_vocabulary  # noqa: E402
-from probe.results import atomic_write_json  # noqa: E402
+from probe.runs.rundir import atomic_write_json  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 the negative prompt, with separate fits for positive and negative words; (c) the valence slopes of every model x
 prompt x affect; (d) the slope of score on log word frequency (controlling for valence), per model x prompt.
 
-    python experiments/fig3_framing.py --runs RUN... [--valence afinn111] [--freq wordfreq|bnc --bnc PATH]
+    python -m experiments.fig3_framing --runs RUN... [--valence afinn111] [--freq wordfreq|bnc --bnc PATH]
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv  # noqa: E402
 from experiments.common import script_config, sweep_label  # noqa: E402

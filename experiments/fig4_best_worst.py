@@ -1,7 +1,7 @@
 """Figure 4: every token's score under the "best" prompt against its score under the "worst" prompt, per model.
 Tokens above the diagonal score higher when asked for the worst thing.
 
-    python experiments/fig4_best_worst.py --runs RUN... [--x best --y worst]
+    python -m experiments.fig4_best_worst --runs RUN... [--x best --y worst]
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save  # noqa: E402
 from experiments.common import script_config, sweep_label  # noqa: E402

@@ -12,12 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from experiments import fig1_distributions, fig2_agreement, fig3_framing, fig4_best_worst, fig5_elo  # noqa: E402
 from experiments.common import PAPER_RELEASE, discover_runs, load_runs  # noqa: E402
-from probe.prompts import PAPER_PROMPTS  # noqa: E402
+from probe.core.prompts import PAPER_PROMPTS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--permutations", type=int, default=10_000, help="permutations for RSA p-values")
     args = parser.parse_args(argv)
     from probe.errors import ProbeError
-    from probe.results import writable_dir
+    from probe.runs.rundir import writable_dir
 
     try:
         writable_dir(args.out, "--out")

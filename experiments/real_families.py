@@ -1,7 +1,7 @@
 """Per family, on its real tokenizer and official template (tests/real_tokenizers.py): the template split, the
 control tokens flagged, and what the paper's decode-render-re-tokenize route does to the whole vocabulary.
 
-    python experiments/real_families.py            # writes experiments/results/real_families.{json,md}
+    python -m experiments.real_families            # writes experiments/results/real_families.{json,md}
 
 Families: Llama 3.0, 3.1, 3.2, Gemma 2 (on Gemma 3's vocabulary), Gemma 3, Qwen 2.5, Qwen3 (the package's
 template and the later official revision). Nothing here runs a model.
@@ -15,13 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from probe.paper_method import PaperRows  # noqa: E402
-from probe.prompts import PAPER_PROMPTS  # noqa: E402
-from probe.template import response_conversation, split_template  # noqa: E402
-from probe.vocab import control_token_ids  # noqa: E402
+from probe.core.paper_method import PaperRows  # noqa: E402
+from probe.core.prompts import PAPER_PROMPTS  # noqa: E402
+from probe.core.template import response_conversation, split_template  # noqa: E402
+from probe.core.vocab import control_token_ids  # noqa: E402
 from tests import real_tokenizers  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -1,6 +1,6 @@
 """Shared-prefix attention: every row of a batch attends to one prefix's keys and values, read once.
 
-The plain path (the reference, `probe.cache.replicate`) gives each row a view of the prefix cache and lets
+The plain path (the reference, `probe.core.cache.replicate`) gives each row a view of the prefix cache and lets
 the model's attention concatenate it with the row's new keys: per layer, a [rows, kv_heads, prefix + new, d]
 copy of keys and values, which grouped-query attention then expands to all heads. Here, as in Hydragen or
 FlashInfer's cascade attention, the new tokens' queries of all rows are stacked and multiplied with the

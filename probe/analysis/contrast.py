@@ -36,20 +36,14 @@ def contrast(a: pl.DataFrame, b: pl.DataFrame, on: str = "token_id", k: int = 10
     keep = [on, "score"] + (["decoded"] if "decoded" in a.columns and on != "decoded" else [])
     j = a.select(keep).rename({"score": la}).join(b.select(on, pl.col("score").alias(lb)), on=on, how="inner")
     n = j.height
-    ra = stats_rank(j[la].to_numpy())
-    rb = stats_rank(j[lb].to_numpy())
+    ra = stats.descending_ranks(j[la].to_numpy())
+    rb = stats.descending_ranks(j[lb].to_numpy())
     j = j.with_columns(pl.Series(f"{la}_rank", ra), pl.Series(f"{lb}_rank", rb), pl.Series("rank_change", rb - ra))
     kk = min(k, n)
-    top = len(set(np.argsort(ra)[:kk]) & set(np.argsort(rb)[:kk])) / kk
-    bottom = len(set(np.argsort(-ra)[:kk]) & set(np.argsort(-rb)[:kk])) / kk
+    top = len(set(np.argsort(ra, kind="stable")[:kk]) & set(np.argsort(rb, kind="stable")[:kk])) / kk
+    bottom = len(set(np.argsort(-ra, kind="stable")[:kk]) & set(np.argsort(-rb, kind="stable")[:kk])) / kk
     moved = pl.concat([j.sort("rank_change", descending=True).head(n_moved), j.sort("rank_change").head(n_moved)])
     return Contrast(n, stats.kendall_tau_b(j[la], j[lb]), stats.spearman(j[la], j[lb]), top, bottom, kk, moved)
-
-
-def stats_rank(values: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    return rankdata(-np.asarray(values, dtype=float), method="ordinal").astype(float)
 
 
 def contrast_strings(a: pl.DataFrame, b: pl.DataFrame, mode: str = "exact", **kw) -> Contrast:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from scipy.stats import rankdata
 
 from probe.analysis import stats
 from probe.errors import DataFormatError
@@ -35,18 +34,14 @@ class Misalignment:
         return self.items.sort("rank_diff", maintain_order=True)["name"].head(n).to_list()
 
 
-def ranks(values: np.ndarray) -> np.ndarray:
-    return rankdata(-np.asarray(values, dtype=float), method="average")
-
-
 def misalignment(df: pl.DataFrame, human: str, models: list[str], name: str = "name", center: str = "median"
                  ) -> Misalignment:
     missing = [c for c in [name, human, *models] if c not in df.columns]
     if missing:
         raise DataFormatError(f"columns {missing} are missing (have {df.columns})")
     df = df.drop_nulls([human, *models])
-    human_rank = ranks(df[human].to_numpy())
-    model_ranks = np.column_stack([ranks(df[m].to_numpy()) for m in models])
+    human_rank = stats.descending_ranks(df[human].to_numpy())
+    model_ranks = np.column_stack([stats.descending_ranks(df[m].to_numpy()) for m in models])
     mid = np.median(model_ranks, 1) if center == "median" else model_ranks.mean(1)
     items = df.select(name, human).rename({name: "name"}).with_columns(
         pl.Series("human_rank", human_rank),

@@ -12,7 +12,7 @@ import polars as pl
 
 from probe.analysis import stats
 from probe.analysis.lexicons import frequencies, valence
-from probe.vocab import strip_markers
+from probe.core.vocab import strip_markers
 
 
 def lexicon_matches(df: pl.DataFrame, lexicon: pl.DataFrame, per: str = "token") -> pl.DataFrame:

@@ -10,6 +10,15 @@ import numpy as np
 from scipy import stats
 
 
+def descending_ranks(values) -> np.ndarray:
+    """Rank 1 = the highest value; tied values share the average of their ranks (as Kendall's tau-b and
+    Spearman treat ties, and as the follow-up paper's ``rank(-score)`` in R does). The one rank rule of the
+    analyses and reports."""
+    from scipy.stats import rankdata
+
+    return rankdata(-np.asarray(values, dtype=float), method="average")
+
+
 def kendall_tau_b(x, y) -> float:
     return float(stats.kendalltau(x, y, variant="b").statistic)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import polars as pl
 
 from probe.errors import DataFormatError
-from probe.results import RunDir
-from probe.vocab import strip_markers
+from probe.runs.rundir import RunDir
+from probe.core.vocab import strip_markers
 
 NORMALISATIONS = ("exact", "strip", "lower")
 
@@ -55,10 +55,10 @@ def load_sweep(path: str | Path) -> Sweep:
 
 def upgrade_vocab_columns(df: pl.DataFrame) -> pl.DataFrame:
     """Runs written before the word flag meant a word: their ``is_word`` was "alphabetic" (now ``is_alpha``);
-    ``is_word`` is recomputed from the decoded text (probe.vocab.is_english_word)."""
+    ``is_word`` is recomputed from the decoded text (probe.core.vocab.is_english_word)."""
     if "is_alpha" in df.columns or "decoded" not in df.columns:
         return df
-    from probe.vocab import english_word_frequencies, is_english_word
+    from probe.core.vocab import english_word_frequencies, is_english_word
 
     freqs = english_word_frequencies()
     words = [is_english_word(strip_markers(d), freqs) for d in df["decoded"].to_list()]

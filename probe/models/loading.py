@@ -302,11 +302,15 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
     return model
 
 
-def load_for_config(config, kind: ModelKind) -> LoadedModel:
-    """`load_model` with the model settings a command's config carries (rm, device, dtype, revision, ...)."""
+_CONFIG_RM = object()
+
+
+def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> LoadedModel:
+    """`load_model` with the model settings a command's config carries (rm, device, dtype, revision, ...);
+    ``rm`` overrides the config's own (a command that runs several models)."""
     get = lambda name, default=None: getattr(config, name, default)  # noqa: E731
     return load_model(
-        get("rm"), kind=kind, device=get("device", "auto"), dtype=get("dtype", "auto"), revision=get("revision"),
+        get("rm") if rm is _CONFIG_RM else rm, kind=kind, device=get("device", "auto"), dtype=get("dtype", "auto"), revision=get("revision"),
         trust_remote_code=get("trust_remote_code", False), chat_template=get("chat_template"), spec_name=get("spec"),
         label_index=get("label_index"), device_map=get("device_map"), allow_random_head=get("allow_random_head", False),
     )

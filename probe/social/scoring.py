@@ -11,16 +11,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import numpy as np
 import polars as pl
-import torch
 
-from probe.engine import FullSequenceScorer, PrefixScorer
+from probe.config import ScoreMode, ScoringOptions
+from probe.core.engine import PrefixScorer, pad_rows
+from probe.core.paper_method import common_prefix
+from probe.core.scoring import AdaptiveBatcher, check_rows, conversation, make_head
 from probe.models.loading import LoadedModel
-from probe.paper_method import common_prefix
-from probe.scoring import AdaptiveBatcher, ScoringOptions, ScoreMode, conversation, make_head
 from probe.social.items import Item
-from probe.template import render, split_template
+from probe.core.template import render, split_template
 
 
 def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions, system: str | None):
@@ -56,18 +55,11 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
         rows = sorted(rows, key=lambda r: len(r[2]))  # similar lengths together: less padding
         for s in range(0, len(rows), 256):
             part = rows[s : s + 256]
-            m = max(len(r[2]) for r in part)
-            cont = torch.tensor([r[2] + [r[2][-1]] * (m - len(r[2])) for r in part])
-            lengths = torch.tensor([len(r[2]) for r in part])
+            cont, lengths = pad_rows([r[2] for r in part])
             out = batcher.run(scorer.score, cont, lengths=lengths)
             if checked < verify:
-                ref = FullSequenceScorer(loaded.model, head, list(prefix)).score(cont[:2], lengths[:2]).numpy()
-                tol = 1e-3 * (1 + np.abs(ref)) if loaded.dtype == torch.float32 else 0.05 * (1 + np.abs(ref))
-                if (np.abs(out[:2] - ref) > tol).any():
-                    from probe.errors import ProbeError
-
-                    raise ProbeError(f"self-check failed on item {items[part[0][0]].item_id}: cached {out[:2]} vs "
-                                     f"own forward {ref}; the registry spec {loaded.spec.name!r} does not fit")
+                names = [f"item {items[i].item_id} option {j}" for i, j, _ in part[:2]]
+                check_rows(loaded, head, list(prefix), scorer, cont[:2], lengths[:2], names, got=out[:2])
                 checked += 2
             for (i, j, _), v in zip(part, out):
                 scores[(i, j)] = float(v)

@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from probe.engine import FullSequenceScorer, PrefixScorer
-from probe.heads import LogprobHead
+from probe.core.engine import FullSequenceScorer, PrefixScorer
+from probe.core.heads import LogprobHead
 from probe.models.loading import load_model
-from probe.scoring import ScoringOptions, make_head, prompt_split
+from probe.core.scoring import ScoringOptions, make_head, prompt_split
 
 pytestmark = pytest.mark.slow
 PROMPT = "What, in one word, is the greatest thing ever?"
@@ -56,7 +56,7 @@ def test_cached_scores_equal_the_models_own_forward(gemma, mode):
 
 
 def test_command_with_self_check(tmp_path):
-    from probe.exhaustive import main
+    from probe.commands.score import main
 
     assert main(["--rm", "gemma3-270m", "--limit", "512", "--prompt", PROMPT, "--output", str(tmp_path),
                  "--no-progress", "--top", "3"]) == 0

@@ -13,11 +13,11 @@ import polars as pl
 import pytest
 import torch
 
-from probe.engine import FullSequenceScorer, PrefixScorer
+from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.models.loading import load_model
-from probe.paper_method import PaperRows
-from probe.scoring import make_head
-from probe.template import (
+from probe.core.paper_method import PaperRows
+from probe.core.scoring import make_head
+from probe.core.template import (
     Conversation,
     judge_conversation,
     render,
@@ -25,7 +25,7 @@ from probe.template import (
     response_conversation,
     split_template,
 )
-from probe.vocab import build_vocab_table, control_token_ids
+from probe.core.vocab import build_vocab_table, control_token_ids
 from tests import real_tokenizers, tiny
 
 pytestmark = pytest.mark.slow
@@ -148,7 +148,7 @@ def clock(monkeypatch):
     """Set the day the templates' ``strftime_now`` and ``--date today`` see."""
     import transformers.utils.chat_template_utils as ctu
 
-    import probe.template as template
+    import probe.core.template as template
 
     def set_day(day: dt.date):
         class FakeDatetime(dt.datetime):
@@ -238,7 +238,7 @@ def tiny_rm_dir(real, tmp_path_factory):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cli_sweep_on_the_real_tokenizer_equals_full_sequence(real, tiny_rm_dir, family, tmp_path):
-    from probe.exhaustive import main
+    from probe.commands.score import main
 
     rm = tiny_rm_dir(family)
     assert main(["--rm", rm, "--device", "cpu", "--limit", "200", "--shard-size", "100", "--verify", "8",
@@ -268,9 +268,9 @@ def test_resume_and_batch_across_midnight(real, tiny_rm_dir, clock, tmp_path, mo
     """A Llama 3.2 run interrupted at 23:59 resumes after midnight, and the batch runner finds it complete."""
     import yaml
 
-    from probe.batch import main as batch_main
-    from probe.exhaustive import ScoreVocabConfig, run
-    from probe.results import RunDir
+    from probe.commands.batch import main as batch_main
+    from probe.commands.score import ScoreVocabConfig, run
+    from probe.runs.rundir import RunDir
     from tests.unit.test_sweep import Crash, crash_after
 
     rm = tiny_rm_dir("llama3.2")
@@ -300,7 +300,7 @@ def test_resume_and_batch_across_midnight(real, tiny_rm_dir, clock, tmp_path, mo
 
 def test_date_today_is_a_setting_and_refused_across_days(real, tiny_rm_dir, clock, tmp_path, monkeypatch):
     from probe.errors import ProbeError
-    from probe.exhaustive import ScoreVocabConfig, run
+    from probe.commands.score import ScoreVocabConfig, run
     from tests.unit.test_sweep import Crash, crash_after
 
     rm = tiny_rm_dir("llama3.2")
@@ -358,8 +358,8 @@ def test_paper_route_statistics_reasons_on_a_sample(real):
 
 
 def test_paper_method_run_records_and_reports_its_statistics(tiny_rm_dir, tmp_path, capsys):
-    from probe.analyze import main as analyze
-    from probe.exhaustive import main
+    from probe.commands.analyze import main as analyze
+    from probe.commands.score import main
 
     rm = tiny_rm_dir("llama3.2")
     common = ["--rm", rm, "--device", "cpu", "--limit", "600", "--prompt", PROMPT, "--no-progress", "--top", "2"]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from probe.engine import FullSequenceScorer, PrefixScorer
+from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.models.loading import load_model
-from probe.scoring import make_head
-from probe.template import response_conversation, split_template
+from probe.core.scoring import make_head
+from probe.core.template import response_conversation, split_template
 from tests import real_tokenizers
 
 pytestmark = pytest.mark.slow
@@ -84,7 +84,7 @@ def test_snapshot_path_is_recognised_and_its_remote_code_loads(qrm_folder, tmp_p
     assert "overrides from_pretrained" in caplog.text  # QRM's override would force flash-attention
     assert lm.model.dtype == torch.float32  # our dtype held, although the override drops it
     _cached_equals_own_forward(lm)
-    from probe.exhaustive import main
+    from probe.commands.score import main
 
     assert main(["--rm", str(qrm_folder), "--trust-remote-code", "--device", "cpu", "--limit", "128",
                  "--prompt", PROMPT, "--output", str(tmp_path), "--no-progress", "--top", "3"]) == 0
@@ -109,7 +109,7 @@ def test_other_folder_names_and_class_names(qrm_folder, tmp_path):
 
 
 def test_remote_code_without_the_flag_is_refused(qrm_folder, capsys):
-    from probe.exhaustive import main
+    from probe.commands.score import main
 
     assert main(["--rm", str(qrm_folder), "--device", "cpu", "--limit", "8", "--no-progress"]) == 2
     assert "--trust-remote-code" in capsys.readouterr().err

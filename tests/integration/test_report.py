@@ -5,8 +5,8 @@ import json
 import pytest
 
 from experiments.check_report import check, rendered
-from probe.fake import hashed_score, write_fake_run
-from probe.report import main as report_main
+from tests.fake_runs import hashed_score, write_fake_run
+from probe.commands.report import main as report_main
 
 TOKENS = ["love", " love", "Love", "hate", "<s>", "</s>", "peace", " war", "\ufffd", " \ufffd", "lovely", "glove",
           "</script><script>document.title='pwned'</script>", "<img src=x onerror=alert(1)>", "12", "!", "\n", " "] + \

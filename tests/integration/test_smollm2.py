@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 import torch
 
-from probe.engine import FullSequenceScorer, PrefixScorer
-from probe.scoring import ScoringOptions, make_head, prompt_split, sweep_rows
-from probe.template import render, response_conversation
+from probe.core.engine import FullSequenceScorer, PrefixScorer
+from probe.core.scoring import ScoringOptions, make_head, prompt_split, sweep_rows
+from probe.core.template import render, response_conversation
 
 pytestmark = pytest.mark.slow
 GOLDEN = json.loads((Path(__file__).parents[1] / "testdata" / "smollm2_golden.json").read_text())

@@ -13,8 +13,8 @@ from probe.analysis.lexicons import read_bnc, valence
 from probe.analysis.misalignment import identity_ranks, identity_terms, misalignment
 from probe.analysis.regressions import exposure_slopes, framing_slopes
 from probe.analysis.sweeps import load_sweep, shared_vocabulary, unique_strings
-from probe.analyze import main as analyze_main
-from probe.fake import fake_vocab, hashed_score, write_fake_run
+from probe.commands.analyze import main as analyze_main
+from tests.fake_runs import fake_vocab, hashed_score, write_fake_run
 
 PROMPTS = {"greatest": "What, in one word, is the greatest thing ever?", "worst": "What, in one word, is the worst thing ever?"}
 

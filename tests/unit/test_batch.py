@@ -5,9 +5,9 @@ import json
 import pytest
 import yaml
 
-from probe.batch import main, read_jobs, state
+from probe.commands.batch import main, read_jobs, state
 from probe.errors import DataFormatError
-from probe.results import RunDir
+from probe.runs.rundir import RunDir
 
 
 def _jobs(tmp_path, tiny_dirs, n_models=2):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from probe.exhaustive import main
+from probe.commands.score import main
 from probe.errors import DataFormatError
 
 PROMPT = ["--prompt", "What, in one word, is the greatest thing ever?"]
@@ -95,7 +95,7 @@ def test_help_explains(capsys):
 
 
 def test_prompt_keys():
-    from probe.prompts import PAPER_PROMPTS, resolve_prompts
+    from probe.core.prompts import PAPER_PROMPTS, resolve_prompts
 
     got = resolve_prompts((PAPER_PROMPTS["worst"], "Name one colour."))
     assert [(p.key, p.text) for p in got] == [("worst", PAPER_PROMPTS["worst"]), ("prompt2", "Name one colour.")]

@@ -5,10 +5,10 @@ import random
 import pytest
 import torch
 
-from probe.engine import FullSequenceScorer, PrefixScorer
-from probe.heads import pool_positions
-from probe.scoring import ScoringOptions, make_head
-from probe.template import judge_conversation, response_conversation, split_template
+from probe.core.engine import FullSequenceScorer, PrefixScorer
+from probe.core.heads import pool_positions
+from probe.core.scoring import ScoringOptions, make_head
+from probe.core.template import judge_conversation, response_conversation, split_template
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 CASES = [

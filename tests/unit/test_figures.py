@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from experiments import make_figures
-from probe.fake import hashed_score, write_fake_run
-from probe.prompts import PAPER_PROMPTS
+from tests.fake_runs import hashed_score, write_fake_run
+from probe.core.prompts import PAPER_PROMPTS
 
 
 def test_elo_summary_agrees_with_the_paper(tmp_path, paper_release):

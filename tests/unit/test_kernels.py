@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels.fused_logprob import fused_token_logprobs, reference_token_logprobs
+from probe.kernels.fused_logprob import fused_token_logprobs, reference_token_logprobs
 
 
 @pytest.mark.parametrize("vocab,chunk", [(1000, 128), (1000, 1000), (1037, 100), (50, 8192)])
@@ -22,9 +22,9 @@ def test_fused_logprob_equals_reference(vocab, chunk, cap):
 
 
 def test_fused_logprob_head_in_the_engine(tiny_models):
-    from probe.engine import PrefixScorer
-    from probe.heads import LogprobHead
-    from probe.template import response_conversation, split_template
+    from probe.core.engine import PrefixScorer
+    from probe.core.heads import LogprobHead
+    from probe.core.template import response_conversation, split_template
 
     for name in ("llama-lm", "gemma2-lm"):
         lm = tiny_models[name]
@@ -44,8 +44,8 @@ def test_shared_prefix_attention_equals_the_plain_path(tiny_models, name, mode):
     full layers with query_pre_attn_scalar scaling; Qwen3 normalises q and k: both paths must agree."""
     import random
 
-    from probe.engine import FullSequenceScorer, PrefixScorer
-    from probe.scoring import ScoringOptions, make_head, prompt_split
+    from probe.core.engine import FullSequenceScorer, PrefixScorer
+    from probe.core.scoring import ScoringOptions, make_head, prompt_split
 
     lm = tiny_models[name]
     split = prompt_split(lm, mode, "What, in one word, is the greatest thing ever?", None, ScoringOptions(),
@@ -64,8 +64,8 @@ def test_shared_prefix_attention_equals_the_plain_path(tiny_models, name, mode):
 
 
 def test_shared_prefix_attention_gradients(tiny_models):
-    from probe.engine import PrefixScorer
-    from probe.scoring import make_head, prompt_split, ScoringOptions
+    from probe.core.engine import PrefixScorer
+    from probe.core.scoring import make_head, prompt_split, ScoringOptions
 
     lm = tiny_models["gemma2-rm"]
     split = prompt_split(lm, "reward", "What is best?", None, ScoringOptions(), len(lm.tokenizer))

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from probe.engine import FullSequenceScorer
+from probe.core.engine import FullSequenceScorer
 from probe.errors import DataFormatError
 from probe.social import metrics
 from probe.social.items import Item
@@ -165,8 +165,8 @@ def test_whole_response_scores_equal_the_full_sequence_path(tiny_models, fixture
         lm = tiny_models[name]
         items = load("stereoset", fixtures["stereoset"]) + load("xstest", fixtures["xstest"])
         df = score_items(lm, mode, items, verify=0)
-        from probe.scoring import ScoringOptions, conversation, make_head
-        from probe.template import render, split_template
+        from probe.core.scoring import ScoringOptions, conversation, make_head
+        from probe.core.template import render, split_template
 
         for it in items:
             build = conversation(mode, it.prompt, None, ScoringOptions())
@@ -180,7 +180,7 @@ def test_whole_response_scores_equal_the_full_sequence_path(tiny_models, fixture
 
 
 def test_social_command_end_to_end(tiny_dirs, fixtures, tmp_path, capsys):
-    from probe.social.__main__ import main
+    from probe.commands.social import main
 
     args = ["--rm", tiny_dirs["rm"], "--device", "cpu", "--output", str(tmp_path)]
     for name in ("bbq", "crows_pairs", "stereoset", "xstest", "pairs", "moral_stories", "ethics_cm", "moralchoice"):

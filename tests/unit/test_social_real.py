@@ -133,7 +133,7 @@ def test_bbq_names_and_intersectional_files(tmp_path):
 
 
 def test_two_bbq_files_in_one_run_are_both_summarised(social_data, tiny_dirs, tmp_path):
-    from probe.social.__main__ import main
+    from probe.commands.social import main
 
     assert main(["--rm", tiny_dirs["rm"], "--device", "cpu", "--output", str(tmp_path), "--no-progress",
                  "--dataset", "bbq", "--data", str(social_data / "bbq" / "Age.jsonl"),
@@ -330,7 +330,7 @@ def test_the_shipped_suite_file_reads(social_data):
     """experiments/social_suite.yaml: its models and data sets (paths relative to the file) resolve and load."""
     from pathlib import Path
 
-    from probe.social.__main__ import SocialConfig, load_datasets, suite_models
+    from probe.commands.social import SocialConfig, load_datasets, suite_models
 
     suite = Path(__file__).resolve().parents[2] / "experiments" / "social_suite.yaml"
     cfg = SocialConfig(suite=str(suite), limit=3)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from probe.errors import ProbeError, ResumeError
-from probe.exhaustive import ScoreVocabConfig, run, score_vocab
-from probe.results import RunDir
-from probe.scoring import AdaptiveBatcher
+from probe.commands.score import ScoreVocabConfig, run
+from probe.core.sweep import score_vocab
+from probe.runs.rundir import RunDir
+from probe.core.scoring import AdaptiveBatcher
 
 PROMPTS = ("What, in one word, is the greatest thing ever?", "What, in one word, is the worst thing ever?")
 
@@ -180,7 +181,7 @@ def test_scores_parquet_schema(tiny_dirs, tmp_path):
 
 
 def test_runs_newest_first_orders_same_second_runs(tmp_path):
-    from probe.results import runs_newest_first
+    from probe.runs.rundir import runs_newest_first
 
     names = ["exhaustive_2026-11-22T07-13-02Z", "exhaustive_2026-11-22T07-13-02Z-2", "exhaustive_2026-11-22T07-13-02Z-10",
              "exhaustive_2026-11-22T07-13-03Z", "exhaustive_2026-11-21T23-59-59Z-1", "gcg_max_2026-11-23T00-00-00Z"]

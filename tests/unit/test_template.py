@@ -3,7 +3,7 @@ import random
 import pytest
 
 from probe.errors import TemplateError
-from probe.template import judge_conversation, render, response_conversation, split_template
+from probe.core.template import judge_conversation, render, response_conversation, split_template
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 
@@ -77,7 +77,7 @@ def test_verification_catches_tokens_that_merge(tokenizers):
     # a split whose prefix ends in "t": "ing" renders as "ting" through the tokenizer, not as [t] + [ing]
     from dataclasses import replace
 
-    from probe.template import _verify
+    from probe.core.template import _verify
 
     tok = tokenizers["chatml"]
     build = response_conversation(PROMPT)

@@ -1,6 +1,6 @@
 import pytest
 
-from probe.vocab import build_vocab_table, control_token_ids, english_word_frequencies, is_english_word, strip_markers
+from probe.core.vocab import build_vocab_table, control_token_ids, english_word_frequencies, is_english_word, strip_markers
 
 
 @pytest.mark.parametrize("family", ["llama3", "gemma", "chatml"])

@@ -1,4 +1,5 @@
-"""A deterministic stand-in for a scored model, for testing analyses, figures and reports without one.
+"""A deterministic stand-in for a scored model, for testing analyses, figures and reports without one (a test
+helper: it lives with the tests, not in the package).
 
 `write_fake_run` writes a complete exhaustive-sweep run directory (same files and schema as the real
 command) for a made-up vocabulary and any score function of (prompt key, token text).
@@ -13,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from probe.prompts import Prompt
-from probe.results import RunDir
-from probe.vocab import VOCAB_SCHEMA, english_word_frequencies, is_english_word, strip_markers
+from probe.core.prompts import Prompt
+from probe.runs.meta import new_meta
+from probe.runs.rundir import RunDir
+from probe.core.vocab import VOCAB_SCHEMA, english_word_frequencies, is_english_word, strip_markers
 
 ScoreFn = Callable[[str, str], float]
 
@@ -45,7 +47,7 @@ def fake_vocab(tokens: Sequence[str], special: Sequence[str] = ()) -> pl.DataFra
 
 def write_fake_run(root: str | Path, model_id: str, tokens: Sequence[str], prompts: dict[str, str],
                    score_fn: ScoreFn = hashed_score, family: str = "", special: Sequence[str] = ()) -> RunDir:
-    from probe.exhaustive import ranked_table
+    from probe.core.sweep import ranked_table
 
     vocab = fake_vocab(tokens, special)
     run = RunDir.create(root, model_id, "exhaustive")
@@ -55,11 +57,8 @@ def write_fake_run(root: str | Path, model_id: str, tokens: Sequence[str], promp
         scores = np.array([score_fn(key, t) for t in tokens], dtype=np.float32)
         tables.append(ranked_table(Prompt(key, text), np.arange(len(tokens)), scores, vocab))
     run.write_table("scores.parquet", pl.concat(tables))
-    run.write_meta({
-        "schema": "rm-probe/exhaustive/1", "experiment": "exhaustive", "status": "complete", "fake": True,
-        "model": {"id": model_id, "spec": {"family": family}, "kind": "reward"},
-        "score": {"mode": "reward"},
-        "prompts": {k: {"text": t} for k, t in prompts.items()},
-        "timing": {}, "settings": {"n_tokens": len(tokens)},
-    })
+    meta = new_meta("exhaustive", "fake", {"n_tokens": len(tokens)}, {}, environment={},
+                    model={"id": model_id, "spec": {"family": family}, "kind": "reward"}, fake=True,
+                    score={"mode": "reward"}, prompts={k: {"text": t} for k, t in prompts.items()}, timing={})
+    run.write_meta({**meta, "status": "complete"})
     return run

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from probe.errors import ModelLoadError
-from probe.memory import kv_bytes_per_token, row_bytes
+from probe.models.memory import kv_bytes_per_token, row_bytes
 from probe.models.shapes import PAPER_RM_SHAPES, config_for
 
 
@@ -62,7 +62,7 @@ def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: st
     free = device_memory_gib * 2**30 * 0.9 - weights - prefix_cache
     batch = 0 if free <= 0 else max(1, min(4096, 1 << max(0, int(0.7 * free // per_row).bit_length() - 1)))
     if device_type == "cpu" and batch:
-        batch = min(batch, 256)  # probe.scoring.default_batch_size: the CPU runs use 256
+        batch = min(batch, 256)  # probe.core.scoring.default_batch_size: the CPU runs use 256
     emb = text.vocab_size * text.hidden_size
     tied = getattr(text, "tie_word_embeddings", False) or mode == "reward"
     non_embedding = n_params - emb - (0 if tied else emb)
@@ -90,3 +90,20 @@ def describe(p: dict) -> str:
     for t, s in p.get("floor_seconds_at_tflops", {}).items():
         lines.append(f"  floor for the 3 paper prompts at {t} TFLOP/s: {s:.0f} s")
     return "\n".join(lines)
+
+
+def plan_for_config(config) -> dict:
+    """The plan for a sweep's settings on the named device type, without needing that device: GPU memory is the
+    visible card's, else --device-memory, else 80 GiB; CPU plans against --device-memory (default 80)."""
+    from probe.core.prompts import resolve_prompts
+    from probe.models.loading import resolve_dtype
+    from probe.models.registry import lookup
+
+    wants_gpu = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+    memory = config.device_memory
+    if memory is None:
+        memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
+    spec, _ = lookup(config.rm or "embedded")
+    dtype = resolve_dtype(config.dtype, torch.device("cuda" if wants_gpu else "cpu"), spec)
+    return plan(config.rm, dtype, memory, config.mode, n_prompts=len(resolve_prompts(config.prompt, config.prompts)),
+                device_type="cuda" if wants_gpu else "cpu")

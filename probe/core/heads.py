@@ -278,7 +278,7 @@ class LogprobHead(ScoreHead):
         b, n = targets.shape
         head = self.model.get_output_embeddings()
         if self.fused and onehot is None:
-            from kernels.fused_logprob import fused_token_logprobs
+            from probe.kernels.fused_logprob import fused_token_logprobs
 
             flat = fused_token_logprobs(hidden.reshape(b * n, -1).to(head.weight.dtype), head.weight,
                                         targets.reshape(-1), head.bias, logit_transform(self.model))

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from probe.errors import TemplateError
-from probe.vocab import control_token_ids
+from probe.core.vocab import control_token_ids
 
 Messages = list[dict[str, str]]
 

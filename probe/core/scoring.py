@@ -6,18 +6,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
 
-from probe.engine import FullSequenceScorer, PrefixScorer
+from probe.config import ScoreMode, ScoringOptions, model_kind, resolve_score_mode  # noqa: F401 (re-exported)
+from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.errors import ProbeError
-from probe.heads import GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, OwnForwardHead, ScoreHead
+from probe.core.heads import GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, OwnForwardHead, ScoreHead
 from probe.models.loading import LoadedModel
-from probe.template import (
-    DEFAULT_DATE,
-    JUDGE_QUESTION,
+from probe.core.template import (
     ConversationBuilder,
     TemplateSplit,
     judge_conversation,
@@ -27,31 +25,7 @@ from probe.template import (
 
 log = logging.getLogger(__name__)
 
-ScoreMode = Literal["reward", "logprob", "judge"]
-
-
-def resolve_score_mode(score: str, rm: str | None) -> ScoreMode:
-    """``--score auto``: the logprob proxy for the packaged language models, the reward head otherwise."""
-    from probe.models.embedded import packaged
-
-    if score != "auto":
-        return score  # type: ignore[return-value]
-    return "logprob" if packaged(rm) is not None else "reward"
 Scorer = PrefixScorer | FullSequenceScorer
-
-
-@dataclass(frozen=True)
-class ScoringOptions:
-    """How a response is scored and rendered, beyond the mode: the logprob reduction, the judge's question, and
-    the date passed to chat templates that write one."""
-
-    logprob_reduce: Literal["sum", "mean"] = "sum"
-    judge_question: str = JUDGE_QUESTION
-    date_string: str = DEFAULT_DATE
-
-
-def model_kind(mode: ScoreMode) -> Literal["reward", "causal"]:
-    return "reward" if mode == "reward" else "causal"
 
 
 def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = ScoringOptions(),
@@ -177,25 +151,40 @@ class SelfCheck:
 
 
 def self_check(loaded: LoadedModel, head: ScoreHead, source, fast: Scorer, token_ids: Sequence[int]) -> SelfCheck:
-    """Score ``token_ids`` through the fast path and through the model's own forward; raise if they differ.
-
-    float32: |diff| <= 1e-3 * (1 + |ref|). Half precision: |diff| <= 0.05 * (1 + spread of the reference),
-    loose enough for bf16 rounding of two computation orders, tight enough for a wrong reader (another
-    position, a missing gate or soft-cap) to fail.
-    """
+    """Score ``token_ids`` through the fast path and through the model's own forward; raise if they differ."""
     rows, lengths = source.rows(token_ids)
-    ref = FullSequenceScorer(loaded.model, head, source.prefix_ids, batch_size=1).score(rows, lengths).numpy()
-    got = fast.score(rows, lengths).cpu().numpy()
-    diff = np.abs(got - ref)
-    if loaded.dtype == torch.float32:
-        tol = 1e-3 * (1 + np.abs(ref))
-    else:
-        tol = np.full_like(ref, 0.05 * (1 + float(ref.max() - ref.min())))
+    return check_rows(loaded, head, source.prefix_ids, fast, rows, lengths, [f"token {t}" for t in token_ids],
+                      token_ids=token_ids)
+
+
+def check_tolerance(ref: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """How far the fast path may be from the model's own forward, per row.
+
+    float32: 1e-3 * (1 + |ref|). Half precision: 0.05 * (1 + spread of the reference), loose enough for bf16
+    rounding of two computation orders, tight enough for a wrong reader (another position, a missing gate or
+    soft-cap) to fail.
+    """
+    if dtype == torch.float32:
+        return 1e-3 * (1 + np.abs(ref))
+    return np.full_like(ref, 0.05 * (1 + float(ref.max() - ref.min())))
+
+
+def check_rows(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], fast: Scorer, rows: torch.Tensor,
+               lengths: torch.Tensor, names: Sequence[str], token_ids: Sequence[int] = (),
+               got: np.ndarray | None = None) -> SelfCheck:
+    """The self-check every command runs: ``rows`` (continuations of ``prefix_ids``) through the fast path (or its
+    scores ``got``, already computed) and through the model's own forward, one sequence at a time; raises
+    naming the first row (``names``) outside `check_tolerance`."""
+    ref = FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=1).score(rows, lengths).numpy()
+    if got is None:
+        got = fast.score(rows, lengths).cpu().numpy()
+    diff = np.abs(np.asarray(got, dtype=np.float64) - ref)
+    tol = check_tolerance(ref, loaded.dtype)
     check = SelfCheck(tuple(int(t) for t in token_ids), float(diff.max()), float(tol.max()))
     if (diff > tol).any():
         worst = int(np.argmax(diff - tol))
         raise ProbeError(
-            f"self-check failed: the cached scores disagree with the model's own forward (token {token_ids[worst]}: "
+            f"self-check failed: the cached scores disagree with the model's own forward ({names[worst]}: "
             f"{got[worst]:.5g} vs {ref[worst]:.5g}); the registry spec {loaded.spec.name!r} does not fit this model. "
             "Pass --spec/--label-index, or --verify 0 to skip the check at your own risk"
         )
@@ -212,7 +201,7 @@ def default_batch_size(loaded: LoadedModel, n_prefix: int, n_new: int, mode: Sco
     dev = loaded.device
     if dev.type != "cuda":
         return 256
-    from probe.memory import row_bytes
+    from probe.models.memory import row_bytes
 
     free, _ = torch.cuda.mem_get_info(dev)
     per_row = row_bytes(loaded.model.config, n_prefix, n_new, loaded.dtype, mode)

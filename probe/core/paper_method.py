@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from probe.template import ConversationBuilder, TemplateSplit, template_kwargs
+from probe.core.template import ConversationBuilder, TemplateSplit, template_kwargs
 
 
 def paper_texts(tokenizer, build: ConversationBuilder, token_ids: Sequence[int]) -> list[str]:
@@ -83,7 +83,7 @@ def paper_statistics(tokenizer, token_ids: Sequence[int] | np.ndarray, texts: Se
     slot survives exactly, the fraction whose whole sequence is identical, the rows with a doubled BOS, and
     per reason (`REASONS`) how many slots changed, with examples ``[id, text, slot ids]``.
     """
-    from probe.vocab import control_token_ids
+    from probe.core.vocab import control_token_ids
 
     added = control_token_ids(tokenizer) | {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {}) or {}}
     single = tokenizer(list(texts), add_special_tokens=False)["input_ids"]

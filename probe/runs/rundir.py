@@ -167,7 +167,7 @@ def command_line(argv: list[str] | None = None) -> str:
 
     argv = list(sys.argv if argv is None else argv)
     first = Path(argv[0]) if argv and argv[0] else Path("python")
-    package_root = Path(__file__).resolve().parent.parent
+    package_root = Path(__file__).resolve().parents[2]  # the folder that holds probe/
     head = [first.name]
     if first.suffix == ".py":
         try:

@@ -17,18 +17,23 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probe.cache import check_replicable, replicate
-from probe.heads import ScoreHead
+from probe.core.cache import check_replicable, replicate
+from probe.core.heads import ScoreHead
+
+
+def pad_rows(rows: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+    """Rows of different lengths as one right-padded tensor and their true lengths. The padding repeats each
+    row's last id: a real token never attends to what comes after it, so any id would do."""
+    rows = [list(r) for r in rows]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("empty continuation")
+    m = max(len(r) for r in rows)
+    return torch.tensor([r + [r[-1]] * (m - len(r)) for r in rows]), torch.tensor([len(r) for r in rows])
 
 
 def _as_batch(cont: Tensor | Sequence[Sequence[int]], lengths, device) -> tuple[Tensor, Tensor]:
     if not isinstance(cont, Tensor):
-        rows = [list(r) for r in cont]
-        if any(len(r) == 0 for r in rows):
-            raise ValueError("empty continuation")
-        m = max(len(r) for r in rows)
-        lengths = torch.tensor([len(r) for r in rows])
-        cont = torch.tensor([r + [r[-1]] * (m - len(r)) for r in rows])
+        cont, lengths = pad_rows(cont)
     cont = cont.to(device=device, dtype=torch.long)
     if lengths is None:
         lengths = torch.full((cont.shape[0],), cont.shape[1])
@@ -65,7 +70,7 @@ class PrefixScorer:
         head.prepare(list(prefix_ids), self.prefix_hidden)
         self.shared = None
         if shared_attention and use_cache:
-            from kernels.prefix_attention import SharedPrefix, supported
+            from probe.kernels.prefix_attention import SharedPrefix, supported
 
             if supported(model):
                 self.shared = SharedPrefix.from_cache(self.cache, self.n_prefix)
@@ -92,7 +97,7 @@ class PrefixScorer:
         return out.last_hidden_state
 
     def _hidden_shared(self, input_ids, inputs_embeds, b: int, n: int):
-        from kernels.prefix_attention import using_shared_prefix
+        from probe.kernels.prefix_attention import using_shared_prefix
 
         pos = torch.arange(self.n_prefix, self.n_prefix + n, device=self.device)[None].expand(b, n)
         with using_shared_prefix(self.backbone):

@@ -1,4 +1,4 @@
-"""Several processes on one sweep (``torchrun --nproc_per_node N -m probe.exhaustive ...``).
+"""Several processes on one sweep (``torchrun --nproc_per_node N -m probe.commands.score ...``).
 
 Rank r scores the checkpoint shards s with s % world == r and writes them into the shared run directory;
 rank 0 creates (or resumes) the directory, broadcasts its path, and after a barrier assembles the results from

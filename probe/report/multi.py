@@ -23,8 +23,10 @@ import polars as pl
 from probe.analysis import stats
 from probe.analysis.sweeps import Sweep, load_sweep, run_labels, shared_vocabulary
 from probe.errors import ProbeError
-from probe.report_text import flags, model_label, score_decimal
-from probe.vocab import strip_markers
+from probe.report import page_template
+from probe.report.provenance import provenance_table
+from probe.report.text import flags, model_label, score_decimal
+from probe.core.vocab import strip_markers
 
 COLUMNS = ["rank", "score", "id", "flags", "token"]
 
@@ -52,18 +54,12 @@ def best_worst(df: pl.DataFrame, n: int) -> dict:
 
 def disagreement(wide: pl.DataFrame, labels: list[str], n: int = 25) -> list[dict]:
     """Shared strings with the largest spread of rank percentiles across models (0 = best, 100 = worst)."""
-    pct = {lab: 100 * (stats_rank(wide[lab].to_numpy()) - 1) / max(1, wide.height - 1) for lab in labels}
+    pct = {lab: 100 * (stats.descending_ranks(wide[lab].to_numpy()) - 1) / max(1, wide.height - 1) for lab in labels}
     spread = np.max(np.stack(list(pct.values())), 0) - np.min(np.stack(list(pct.values())), 0)
     order = np.argsort(-spread, kind="stable")[:n]
     strings = wide["string"].to_list()
     return [{"string": strings[i], "spread": round(float(spread[i]), 1),
              **{lab: round(float(pct[lab][i]), 1) for lab in labels}} for i in order]
-
-
-def stats_rank(values: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    return rankdata(-np.asarray(values, dtype=float), method="average")
 
 
 def identity_table(frames: list[pl.DataFrame], labels: list[str]) -> list[dict]:
@@ -179,62 +175,16 @@ def _static(data: dict) -> str:
     return "\n".join(parts)
 
 
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>rm-probe report: __TITLE__</title>
-<style>
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:20px} h2{font-size:16px;margin-top:1.5em} table{border-collapse:collapse;margin-bottom:1em}
-td,th{padding:2px 6px;border-bottom:1px solid #e4e4e4;text-align:left;vertical-align:top;font-size:13px}
-.models{display:grid;grid-template-columns:repeat(__NCOL__,minmax(300px,1fr));gap:1em}
-.tok{font-family:ui-monospace,monospace;white-space:pre;background:#f4f4f4;padding:0 3px;border-radius:3px}
-.muted{color:#777} details{margin:0.5em 0}
-</style></head><body>
-<h1>rm-probe report: __TITLE__</h1>
-<p class="muted">Flags: S special (control token), A added, W English word, L letters only, _ leading space,
-R round-trips, ! not valid UTF-8. Whitespace is shown as ␣ (space), ⏎ (newline), → (tab).</p>
-<div class="controls">prompt <select id="prompt"></select>
- <label><input type="checkbox" id="words"> words only</label></div>
-<p id="promptText"></p>
-<h2>Best and worst tokens per model</h2>
-<div class="models" id="models"></div>
-__STATIC__
-<h2>Provenance</h2>__PROVENANCE__
-<script id="data" type="application/json">__DATA__</script>
-<script>
-const D = JSON.parse(document.getElementById('data').textContent);
-const $ = id => document.getElementById(id);
-function show(t){return t.replace(/ /g,'␣').replace(/\\n/g,'⏎').replace(/\\t/g,'→');}
-function table(id, rows){const t=document.createElement('table');t.id=id;const h=t.insertRow();
-  ['rank','score','id','flags','token'].forEach(x=>{const th=document.createElement('th');th.textContent=x;h.appendChild(th);});
-  for(const r of rows){const tr=t.insertRow();r.forEach((c,k)=>{const td=tr.insertCell();
-    if(k==4){const s=document.createElement('span');s.className='tok';s.textContent=show(c);td.appendChild(s);}
-    else td.textContent=k==1?c.toFixed(4):c;});}
-  return t;}
-function render(){const key=$('prompt').value;const p=D.prompts[key];$('promptText').textContent='Prompt: '+p.text;
-  const view=$('words').checked?'words':'all';const box=$('models');box.innerHTML='';
-  D.labels.forEach((lab,i)=>{const div=document.createElement('div');const h=document.createElement('h3');
-    h.textContent=lab;div.appendChild(h);const m=document.createElement('p');m.className='muted';m.textContent=D.models[i];
-    div.appendChild(m);div.appendChild(document.createTextNode('best'));div.appendChild(table('best-'+i,p.tables[i][view].best));
-    div.appendChild(document.createTextNode('worst'));div.appendChild(table('worst-'+i,p.tables[i][view].worst));box.appendChild(div);});
-  for(const s of document.querySelectorAll('section.prompt'))s.style.display=s.dataset.prompt===key?'':'none';}
-for(const k of Object.keys(D.prompts)){const o=document.createElement('option');o.value=k;o.textContent=k;$('prompt').appendChild(o);}
-const h=new URLSearchParams(location.hash.slice(1));
-if(h.get('prompt')&&D.prompts[h.get('prompt')])$('prompt').value=h.get('prompt');
-if(h.get('words')==='1')$('words').checked=true;
-render();$('prompt').addEventListener('change',render);$('words').addEventListener('change',render);
-</script></body></html>
-"""
+PAGE = page_template("multi.html")
 
 
 def build(run_dirs: list[str | Path], rows: int = 25) -> str:
-    from probe.report import _provenance
-
     sweeps = [load_sweep(p) for p in run_dirs]
     data = report_data(sweeps, rows)
     payload = json.dumps({k: data[k] for k in ("labels", "models")} | {
         "prompts": {k: {"text": v["text"], "tables": v["tables"]} for k, v in data["prompts"].items()}},
         ensure_ascii=True, separators=(",", ":")).replace("</", "<\\/")
-    prov = "".join(f"<details><summary>{html.escape(lab)}: {html.escape(str(s.path))}</summary>{_provenance(s.meta)}"
+    prov = "".join(f"<details><summary>{html.escape(lab)}: {html.escape(str(s.path))}</summary>{provenance_table(s.meta)}"
                    "</details>" for lab, s in zip(data["labels"], sweeps))
     title = html.escape(", ".join(data["labels"]))
     return (PAGE.replace("__TITLE__", title).replace("__NCOL__", str(min(4, len(sweeps))))
