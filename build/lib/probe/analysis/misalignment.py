@@ -1,0 +1,74 @@
+"""Misalignment between reward models and human ratings of the same items.
+
+Input: a table with an item name, a human score and one or more model scores (the EloEverything tables of
+the paper's release, or a sweep's words joined to a human lexicon). Ranks are 1 = best (highest score),
+ties get the average rank. The rank difference of an item is the median of its model ranks minus its human
+rank ("as the paper does"; ``center="mean"`` for the mean): positive = models rank it worse than humans do
+(undervalued), negative = overvalued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from probe.analysis import stats
+from probe.errors import DataFormatError
+
+
+@dataclass
+class Misalignment:
+    items: pl.DataFrame  # name, human score, human_rank, <model>_rank..., center_rank, rank_diff
+    tau_human: dict[str, float]
+    tau_models: np.ndarray
+    models: list[str]
+
+    def most_undervalued(self, n: int = 20) -> list[str]:
+        return self.items.sort("rank_diff", descending=True, maintain_order=True)["name"].head(n).to_list()
+
+    def most_overvalued(self, n: int = 20) -> list[str]:
+        return self.items.sort("rank_diff", maintain_order=True)["name"].head(n).to_list()
+
+
+def misalignment(df: pl.DataFrame, human: str, models: list[str], name: str = "name", center: str = "median"
+                 ) -> Misalignment:
+    missing = [c for c in [name, human, *models] if c not in df.columns]
+    if missing:
+        raise DataFormatError(f"columns {missing} are missing (have {df.columns})")
+    df = df.drop_nulls([human, *models])
+    human_rank = stats.descending_ranks(df[human].to_numpy())
+    model_ranks = np.column_stack([stats.descending_ranks(df[m].to_numpy()) for m in models])
+    mid = np.median(model_ranks, 1) if center == "median" else model_ranks.mean(1)
+    items = df.select(name, human).rename({name: "name"}).with_columns(
+        pl.Series("human_rank", human_rank),
+        *[pl.Series(f"{m}_rank", model_ranks[:, i]) for i, m in enumerate(models)],
+        pl.Series("center_rank", mid), pl.Series("rank_diff", mid - human_rank))
+    tau_h = {m: stats.kendall_tau_b(df[human].to_numpy(), df[m].to_numpy()) for m in models}
+    tau_m = stats.matrix([df[m].to_numpy() for m in models], stats.kendall_tau_b)
+    return Misalignment(items, tau_h, tau_m, models)
+
+
+def identity_terms(path: str | Path | None = None) -> pl.DataFrame:
+    """``term, category``: the shipped list (probe/data/identity_terms.csv) or a user file of the same shape."""
+    src = Path(path) if path else files("probe") / "data" / "identity_terms.csv"
+    try:
+        df = pl.read_csv(str(src))
+    except (OSError, pl.exceptions.PolarsError) as err:
+        raise DataFormatError(f"{src}: cannot read as CSV ({err})") from None
+    if not {"term", "category"} <= set(df.columns):
+        raise DataFormatError(f"{src}: needs the columns term, category (has {df.columns})")
+    return df
+
+
+def identity_ranks(result: Misalignment, terms: pl.DataFrame) -> pl.DataFrame:
+    """The identity terms found among the items, with their human and model ranks (case-insensitive match)."""
+    lookup = terms.with_columns(pl.col("term").str.to_lowercase().alias("key"))
+    items = result.items.with_columns(pl.col("name").str.to_lowercase().alias("key"))
+    out = items.join(lookup.select("key", "category"), on="key", how="inner").drop("key")
+    n = result.items.height
+    return out.with_columns((pl.col("human_rank") / n).alias("human_percentile"),
+                            (pl.col("center_rank") / n).alias("model_percentile")).sort("rank_diff", descending=True)

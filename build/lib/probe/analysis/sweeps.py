@@ -1,0 +1,135 @@
+"""Saved sweeps as tables, and the shared vocabulary across models with different tokenizers."""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from probe.errors import DataFormatError
+from probe.runs.rundir import RunDir
+from probe.core.vocab import strip_markers
+
+NORMALISATIONS = ("exact", "strip", "lower")
+
+
+@dataclass
+class Sweep:
+    path: Path
+    meta: dict
+    scores: pl.DataFrame  # prompt_key, token_id, score, rank, vocabulary columns
+
+    @property
+    def model(self) -> str:
+        return self.meta["model"]["id"]
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        return {k: v["text"] for k, v in self.meta["prompts"].items()}
+
+    def prompt(self, key: str) -> pl.DataFrame:
+        if key not in self.prompts:
+            raise DataFormatError(f"{self.path}: no prompt {key!r} (has {sorted(self.prompts)})")
+        return self.scores.filter(pl.col("prompt_key") == key)
+
+    def key_for(self, text_or_key: str) -> str:
+        if text_or_key in self.prompts:
+            return text_or_key
+        for k, t in self.prompts.items():
+            if t == text_or_key:
+                return k
+        raise DataFormatError(f"{self.path}: no prompt {text_or_key!r} (has {sorted(self.prompts)})")
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    rd = RunDir(path)
+    meta = rd.read_meta()
+    if meta.get("status") != "complete":
+        raise DataFormatError(f"{path}: the run is not complete (status {meta.get('status')!r}); finish it with --resume")
+    if not (rd.path / "scores.parquet").is_file():
+        raise DataFormatError(f"{path}: no scores.parquet")
+    return Sweep(rd.path, meta, upgrade_vocab_columns(rd.read_table("scores.parquet")))
+
+
+def upgrade_vocab_columns(df: pl.DataFrame) -> pl.DataFrame:
+    """Runs written before the word flag meant a word: their ``is_word`` was "alphabetic" (now ``is_alpha``);
+    ``is_word`` is recomputed from the decoded text (probe.core.vocab.is_english_word)."""
+    if "is_alpha" in df.columns or "decoded" not in df.columns:
+        return df
+    from probe.core.vocab import english_word_frequencies, is_english_word
+
+    freqs = english_word_frequencies()
+    words = [is_english_word(strip_markers(d), freqs) for d in df["decoded"].to_list()]
+    return df.rename({"is_word": "is_alpha"}).with_columns(pl.Series("is_word", words, dtype=pl.Boolean))
+
+
+def normalise(text: str, mode: str = "exact") -> str:
+    """``exact``: Unicode NFC only (a leading space is part of the string); ``strip``: also strip surrounding
+    whitespace and sub-word markers; ``lower``: also lower-case."""
+    text = unicodedata.normalize("NFC", text)
+    if mode == "exact":
+        return text
+    text = strip_markers(text)
+    return text.lower() if mode == "lower" else text
+
+
+def unique_strings(df: pl.DataFrame, mode: str = "exact") -> pl.DataFrame:
+    """One prompt's rows -> ``string, score``, dropping strings that several ids of this tokenizer decode to
+    (after normalisation): such a string has no single score. Invalid UTF-8 fragments and empty strings go too."""
+    rows = df.filter(pl.col("valid_utf8")).select(
+        pl.col("decoded").map_elements(lambda t: normalise(t, mode), return_dtype=pl.String).alias("string"),
+        "score", "token_id")
+    rows = rows.filter(pl.col("string").str.len_chars() > 0)
+    counts = rows.group_by("string").len()
+    keep = counts.filter(pl.col("len") == 1).select("string")
+    return rows.join(keep, on="string").select("string", "score", "token_id")
+
+
+def same_tokenizer(frames: dict[str, pl.DataFrame]) -> bool:
+    """Whether every run decodes every token id to the same text (one tokenizer, e.g. two score modes)."""
+    first = None
+    for df in frames.values():
+        ids = df.select("token_id", "decoded").sort("token_id")
+        if first is None:
+            first = ids
+        elif not ids.equals(first):
+            return False
+    return True
+
+
+def shared_vocabulary(frames: dict[str, pl.DataFrame], mode: str = "exact", by: str = "strings",
+                      with_kind: bool = False):
+    """One row per shared vocabulary entry, ``string`` plus one score column per model.
+
+    ``by="strings"`` (the paper's matching across tokenizers): the strings that every model's tokenizer has as
+    exactly one id, after normalisation (`normalise`). ``by="ids"``: runs of one tokenizer, joined on the token id
+    (all ids, duplicated strings included). ``by="auto"``: ids where the runs share a tokenizer, else strings.
+    ``with_kind``: also return "token ids" or "strings"."""
+    use_ids = by == "ids" or (by == "auto" and same_tokenizer(frames))
+    out = None
+    for name, df in frames.items():
+        if use_ids:
+            u = df.select(pl.col("token_id"), pl.col("decoded").alias("string"), pl.col("score").alias(name))
+            out = u if out is None else out.join(u.drop("string"), on="token_id", how="inner")
+        else:
+            u = unique_strings(df, mode).select("string", pl.col("score").alias(name))
+            out = u if out is None else out.join(u, on="string", how="inner")
+    if out is None or out.height == 0:
+        raise DataFormatError("the models share no vocabulary strings under this normalisation")
+    out = out.sort("token_id").drop("token_id") if use_ids else out.sort("string")
+    return (out, "token ids" if use_ids else "strings") if with_kind else out
+
+
+def short_name(model_id: str) -> str:
+    return model_id.rstrip("/").split("/")[-1]
+
+
+def run_labels(sweeps: list[Sweep], with_mode: bool = True) -> list[str]:
+    """One label per run: model and score mode (``SmolLM2-135M-Instruct [judge]``; without ``with_mode`` the
+    mode only where a model repeats), numbered where labels still repeat."""
+    base = [short_name(s.model) for s in sweeps]
+    names = [f"{b} [{s.meta.get('score', {}).get('mode', '?')}]" if with_mode or base.count(b) > 1 else b
+             for b, s in zip(base, sweeps)]
+    return [n if names.count(n) == 1 else f"{n} #{i + 1}" for i, n in enumerate(names)]

@@ -1,0 +1,153 @@
+"""rm-probe's Python API: the commands' science on a model and tokenizer you already hold, in memory.
+
+    >>> import probe
+    >>> lm = probe.load("smollm2", score="logprob")                    # or your own model and tokenizer
+    >>> df = probe.sweep(lm.model, lm.tokenizer, "What, in one word, is the greatest thing ever?", limit=500)
+    >>> df.select("rank", "score", "token_id", "decoded").head(3)      # doctest: +SKIP
+    >>> probe.score_responses(lm.model, lm.tokenizer, "What is the greatest thing ever?",
+    ...                       ["Love", "Black people", "The Beatles"])  # doctest: +SKIP
+
+Each function scores exactly as the corresponding command does (the same template split, engine, heads and
+self-check against the model's own forward) and writes nothing to disk unless asked (``output=``: a run
+folder as the command writes it). ``score="auto"`` reads a sequence classifier's reward head and scores a
+causal language model by its log-probability (``"logprob"``) proxy; ``"judge"`` asks it a Yes/No question.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import polars as pl
+
+from probe.config import GCGConfig, ScoreMode, ScoreVocabConfig, ScoringOptions, model_kind
+from probe.core.prompts import Prompt
+from probe.core.template import DEFAULT_DATE, JUDGE_QUESTION, resolve_date
+from probe.errors import ProbeError
+
+
+def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dtype: str = "auto",
+         revision: str | None = None, trust_remote_code: bool = False, chat_template: str | None = None,
+         spec: str | None = None, label_index: int | None = None, device_map: str | None = None,
+         allow_random_head: bool = False):
+    """Load a model as the commands do (Hugging Face id, local folder, cache snapshot, or a packaged model:
+    ``None``/``"smollm2"``, ``"gemma3-270m"``), with its registry spec. Returns a ``LoadedModel``
+    (``.model``, ``.tokenizer``, ``.spec``, ...), which every other function here also accepts as ``model``.
+
+    >>> lm = probe.load("smollm2")                   # doctest: +SKIP
+    >>> lm.spec.name, lm.kind                        # doctest: +SKIP
+    """
+    from probe.config import ModelOptions, resolve_score_mode
+    from probe.models.loading import load_for_config
+
+    options = ModelOptions(rm=rm, device=device, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
+                           chat_template=chat_template, spec=spec, label_index=label_index, device_map=device_map,
+                           allow_random_head=allow_random_head)
+    return load_for_config(options, model_kind(resolve_score_mode(score, rm)))
+
+
+def _loaded(model, tokenizer, score: str):
+    """(LoadedModel, score mode) for a model the caller holds (or a LoadedModel from `load`)."""
+    from probe.models.loading import LoadedModel
+    from probe.models.registry import lookup, structural_spec
+
+    if isinstance(model, LoadedModel):
+        loaded = model if tokenizer is None else replace(model, tokenizer=tokenizer)
+        mode = score if score != "auto" else ("reward" if loaded.kind == "reward" else "logprob")
+        return loaded, mode
+    if tokenizer is None:
+        raise ProbeError("pass the model's tokenizer (or a LoadedModel from probe.load)")
+    causal = model.get_output_embeddings() is not None
+    kind = "causal" if causal else "reward"
+    mode = score if score != "auto" else ("logprob" if causal else "reward")
+    if model_kind(mode) != kind:  # type: ignore[arg-type]
+        raise ProbeError(f"score={mode!r} needs a {'causal language model' if mode != 'reward' else 'sequence classifier'}"
+                         f"; this model is a {'causal LM' if causal else 'sequence classifier'}")
+    name = getattr(model.config, "name_or_path", "") or type(model).__name__
+    spec, match = lookup(name, getattr(model.config, "architectures", None))
+    if kind == "reward" and (found := structural_spec(model, spec)) is not None:
+        spec, match = found, "structure"
+    return LoadedModel(model, tokenizer, spec, kind, name, name, None, f"api ({match})"), mode
+
+
+def _prompts(prompt: str | Sequence[str] | Mapping[str, str]) -> list[Prompt]:
+    from probe.core.prompts import PAPER_PROMPTS
+
+    if isinstance(prompt, str):
+        known = {text: key for key, text in PAPER_PROMPTS.items()}
+        return [Prompt(known.get(prompt, "prompt"), prompt)]
+    if isinstance(prompt, Mapping):
+        return [Prompt(str(k), v) for k, v in prompt.items()]
+    return [Prompt(f"prompt{i + 1}", p) for i, p in enumerate(prompt)]
+
+
+def sweep(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], *, score: str = "auto",
+          limit: int | None = None, batch_size: int | None = None, verify: int = 16, system: str | None = None,
+          date: str = DEFAULT_DATE, logprob_reduce: str = "sum", judge_question: str = JUDGE_QUESTION,
+          progress: bool = False, seed: int = 0) -> pl.DataFrame:
+    """Every token id of the vocabulary as the one-token response to ``prompt`` (a text, a list, or a mapping
+    key: text). Returns one row per prompt x token: ``prompt_key, token_id, score, rank`` (1 = best) and the
+    vocabulary's columns (``decoded``, ``is_special``, ``is_word``, ``leading_space``, ``roundtrips``, ...),
+    exactly as the command's ``scores.parquet``. ``limit``: the first N ids only.
+
+    >>> import probe
+    >>> lm = probe.load("smollm2")                                          # doctest: +SKIP
+    >>> df = probe.sweep(lm, None, "What, in one word, is the greatest thing ever?", limit=300)  # doctest: +SKIP
+    >>> df.filter(pl.col("is_word")).head(5)                                # doctest: +SKIP
+    """
+    from probe.core.scoring import n_scorable
+    from probe.core.sweep import VocabSweep, ranked_table
+    from probe.core.vocab import build_vocab_table
+
+    loaded, mode = _loaded(model, tokenizer, score)
+    prompts = _prompts(prompt)
+    config = ScoreVocabConfig(rm=loaded.model_id, score=mode, limit=limit, batch_size=batch_size, verify=verify,
+                              system=system, date=date, logprob_reduce=logprob_reduce,  # type: ignore[arg-type]
+                              judge_question=judge_question, progress=progress, seed=seed)
+    vs = VocabSweep(loaded, config, prompts)
+    vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
+    return pl.concat([ranked_table(p, vs.token_ids, vs.score_prompt(p), vocab) for p in prompts])
+
+
+def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], responses: Sequence[str], *,
+                    score: str = "auto", batch_size: int | None = None, verify: int = 4, system: str | None = None,
+                    date: str = DEFAULT_DATE, logprob_reduce: str = "sum",
+                    judge_question: str = JUDGE_QUESTION) -> pl.DataFrame:
+    """Each response (a whole assistant turn, any length) scored under each prompt: ``prompt_key, response,
+    n_tokens, score, rank`` (1 = best within the prompt), and what the chat template did to the response
+    (``slot_text``, ``change``). The logprob of a multi-token response is the sum (``logprob_reduce="mean"``:
+    the mean) over its tokens and the template's closing tokens.
+
+    >>> probe.score_responses(lm, None, "What is the greatest thing ever?", ["Love", "Black people"])  # doctest: +SKIP
+    """
+    from probe.core.responses import prepare, ranked_responses, score_rows
+
+    loaded, mode = _loaded(model, tokenizer, score)
+    opts = ScoringOptions(logprob_reduce, judge_question, resolve_date(date))  # type: ignore[arg-type]
+    size = batch_size or (256 if loaded.device.type == "cpu" else 1024)
+    tables = []
+    for p in _prompts(prompt):
+        rows = prepare(loaded, mode, p.key, p.text, list(responses), opts, system)
+        tables.append(ranked_responses(rows, score_rows(loaded, mode, rows, opts=opts, batch_size=size,
+                                                        verify=verify)))
+    return pl.concat(tables)
+
+
+def gcg(model, tokenizer, prompt: str, *, score: str = "auto", config: GCGConfig | None = None, **settings):
+    """Greedy Coordinate Gradient over n-token responses (``length=5, direction="max", steps=100, ...``: any
+    field of `probe.config.GCGConfig`, or a whole ``config``). Returns a ``GCGResult``: ``best_ids``,
+    ``best_text``, ``best_score`` (the model's own forward), ``search_score`` (the cached engine), each
+    restart's trajectory, and the random baseline.
+
+    >>> res = probe.gcg(lm, None, "What is the greatest thing ever?", length=3, steps=10)  # doctest: +SKIP
+    >>> res.best_text, res.best_score                                                     # doctest: +SKIP
+    """
+    from probe.core.gcg import run
+
+    loaded, mode = _loaded(model, tokenizer, score)
+    base = config or GCGConfig(progress=False)
+    cfg = replace(base, rm=loaded.model_id, prompt=prompt, score=mode, **settings)
+    return run(loaded, cfg)
+
+
+__all__ = ["load", "sweep", "score_responses", "gcg", "ScoreMode"]

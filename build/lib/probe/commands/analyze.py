@@ -1,0 +1,291 @@
+"""Analyses of saved results (never a model): ``python -m probe.analyze <analysis> RUN_DIR... [options]``.
+
+  top           best and worst tokens per model x prompt, raw and words-only, and on the shared vocabulary
+  agreement     Kendall tau-b, Spearman, RBO (top and bottom) matrices, MDS, same-family permutation tests
+  framing       slope of score on human valence, positive and negative words separately (AFINN-111 default)
+  exposure      slope of score on log word frequency, controlling for valence (wordfreq default, or --freq bnc)
+  misalignment  human vs model ranks on an item table (--table, e.g. EloEverything) or a sweep's words
+  contrast      a reward model's ranking against a language model's log-probabilities (two run dirs)
+  input-method  raw-id scoring against the paper's re-tokenized inputs (two runs of one model)
+
+Each writes JSON/CSV tables under --out (default results/analysis/<analysis>_<time>/) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import polars as pl
+
+from probe.commands.args import config_from_args
+from probe.errors import DataFormatError, ProbeError
+from probe.runs.rundir import atomic_write_json, utc_stamp, writable_dir
+
+ANALYSES = ("top", "agreement", "framing", "exposure", "misalignment", "contrast", "input-method")
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    analysis: str = field(default="top", metadata={})
+    runs: tuple[str, ...] = field(default=(), metadata={})
+    prompt: str | None = field(default=None, metadata={
+        "help": "prompt key or text (default: every prompt the runs share)"})
+    top: int = field(default=20, metadata={"help": "rows in best/worst tables"})
+    normalise: Literal["exact", "strip", "lower"] = field(default="exact", metadata={
+        "help": "how decoded strings are matched across tokenizers (exact keeps leading spaces)"})
+    rbo_p: float = field(default=0.9, metadata={"help": "persistence of rank-biased overlap"})
+    valence_source: Literal["afinn111", "afinn165", "warriner"] = field(default="afinn111", metadata={
+        "help": "human valence ratings", "flag": "--valence"})
+    per: Literal["token", "word"] = field(default="token", metadata={
+        "help": "one observation per matching token (the paper) or per word (mean of its tokens)"})
+    freq: Literal["wordfreq", "bnc"] = field(default="wordfreq", metadata={"help": "word-frequency source"})
+    bnc: str | None = field(default=None, metadata={"help": "path of the BNC list (1_1_all_alpha.txt)"})
+    table: str | None = field(default=None, metadata={
+        "help": "misalignment: CSV of items with a human score column and model score columns"})
+    human: str = field(default="elo_score", metadata={"help": "misalignment: the human score column"})
+    name_column: str = field(default="name", metadata={"help": "misalignment: the item name column"})
+    models: tuple[str, ...] = field(default=(), metadata={
+        "help": "misalignment: model columns (repeatable; default: every column after the first four)",
+        "repeat": True, "flag": "--model", "metavar": "COLUMN"})
+    center: Literal["median", "mean"] = field(default="median", metadata={
+        "help": "misalignment: centre of the model ranks that the human rank is subtracted from"})
+    identity_terms_file: str | None = field(default=None, metadata={
+        "help": "CSV (term, category) of identity terms (default: the shipped list)", "flag": "--identity-terms"})
+    permutations: int = field(default=10_000, metadata={"help": "permutations for group tests"})
+    out: str | None = field(default=None, metadata={"help": "output folder"})
+
+    def __post_init__(self) -> None:
+        if self.analysis not in ANALYSES:
+            raise ValueError(f"unknown analysis {self.analysis!r}; choose from {ANALYSES}")
+        if not 0 < self.rbo_p < 1:
+            raise ValueError("--rbo-p must be in (0, 1)")
+
+
+def _out_dir(config: AnalysisConfig) -> Path:
+    path = Path(config.out or Path("results") / "analysis" / f"{config.analysis.replace('-', '_')}_{utc_stamp()}")
+    return writable_dir(path, "--out")
+
+
+def _prompt_keys(sweeps: list, prompt: str | None) -> dict[str, list[str]]:
+    """Common prompt label -> each sweep's key for it. Prompts are matched by text across runs."""
+    if prompt is not None:
+        return {prompt: [s.key_for(prompt) for s in sweeps]}
+    texts = [set(s.prompts.values()) for s in sweeps]
+    shared = sorted(set.intersection(*texts))
+    if not shared:
+        raise DataFormatError("the runs share no prompt text; pick one with --prompt")
+    first = sweeps[0]
+    return {first.key_for(t): [s.key_for(t) for s in sweeps] for t in shared}
+
+
+def _names(sweeps: list) -> list[str]:
+    from probe.analysis.sweeps import run_labels
+
+    return run_labels(sweeps, with_mode=False)
+
+
+def run_top(config, sweeps, out) -> dict:
+    from probe.analysis.sweeps import shared_vocabulary
+
+    from probe.report.text import format_top_bottom
+
+    summary = {}
+    for label, keys in _prompt_keys(sweeps, config.prompt).items():
+        for sweep, key, name in zip(sweeps, keys, _names(sweeps)):
+            df = sweep.prompt(key)
+            print(format_top_bottom(df, key, sweep.prompts[key], sweep.meta, config.top))
+            best = df.sort("score", descending=True)
+            words = best.filter(pl.col("is_word"))
+            cols = ["rank", "token_id", "decoded", "score", "is_special", "is_word", "leading_space", "roundtrips"]
+            for tag, part in (("best", best.head(config.top)), ("worst", best.tail(config.top).reverse()),
+                              ("best_words", words.head(config.top)), ("worst_words", words.tail(config.top).reverse())):
+                part.select(cols).write_csv(out / f"{name}__{label}__{tag}.csv")
+            summary[f"{name}/{label}"] = {"best": best["decoded"].head(10).to_list(),
+                                          "worst": best["decoded"].tail(10).reverse().to_list()}
+        if len(sweeps) > 1:
+            wide = shared_vocabulary({n: s.prompt(k) for s, k, n in zip(sweeps, keys, _names(sweeps))}, config.normalise)
+            wide.write_csv(out / f"shared_vocabulary__{label}.csv")
+            summary[f"shared/{label}"] = {"n_strings": wide.height}
+    return summary
+
+
+def run_agreement(config, sweeps, out) -> dict:
+    from probe.analysis import agreement as agreement_mod
+    from probe.analysis.sweeps import shared_vocabulary
+
+    if len(sweeps) < 2:
+        raise ProbeError("agreement needs at least two run directories")
+    summary = {}
+    names = _names(sweeps)
+    groupings = {"family": [s.meta["model"]["spec"].get("family") or agreement_mod.family_of(s.model)
+                            for s in sweeps],
+                 "developer": [agreement_mod.developer_of(s.model) for s in sweeps]}
+    for label, keys in _prompt_keys(sweeps, config.prompt).items():
+        wide = shared_vocabulary({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)}, config.normalise)
+        res = agreement_mod.agreement(wide, names, config.rbo_p, groupings, config.permutations)
+        pairs = agreement_mod.pairwise_agreement({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)},
+                                                 config.normalise, config.rbo_p)
+        summary[label] = {**res.to_json(), "pairwise": pairs}
+        print(f"{label}: {wide.height} strings shared by all runs; Kendall tau-b:")
+        print(pl.DataFrame({"model": names, **{n: res.kendall[:, i].round(3) for i, n in enumerate(names)}}))
+        print("each pair on its own shared vocabulary:")
+        with pl.Config(tbl_rows=100, fmt_str_lengths=40, tbl_width_chars=160, float_precision=3):
+            print(pl.DataFrame(pairs))
+    atomic_write_json(out / "agreement.json", summary)
+    return {k: {"n_strings": v["n_strings"], "groups": v["groups"]} for k, v in summary.items()}
+
+
+def _frames(sweeps, prompt) -> dict[tuple[str, str], pl.DataFrame]:
+    out = {}
+    for label, keys in _prompt_keys(sweeps, prompt).items() if len(sweeps) > 1 else \
+            ((k, [k]) for k in ([sweeps[0].key_for(prompt)] if prompt else sweeps[0].prompts)):
+        for sweep, key, name in zip(sweeps, keys, _names(sweeps)):
+            out[(name, label)] = sweep.prompt(key)
+    return out
+
+
+def run_framing(config, sweeps, out) -> dict:
+    from probe.analysis.regressions import framing_slopes
+
+    df = framing_slopes(_frames(sweeps, config.prompt), config.valence_source, config.per)
+    df.write_csv(out / "framing.csv")
+    print(df)
+    return {"rows": df.height}
+
+
+def run_exposure(config, sweeps, out) -> dict:
+    from probe.analysis.regressions import exposure_slopes
+
+    df = exposure_slopes(_frames(sweeps, config.prompt), config.valence_source, config.freq, config.bnc, config.per)
+    df.write_csv(out / "exposure.csv")
+    print(df)
+    return {"rows": df.height}
+
+
+def run_misalignment(config, sweeps, out) -> dict:
+    from probe.analysis.lexicons import valence
+    from probe.analysis.misalignment import identity_ranks
+    from probe.analysis.misalignment import identity_terms
+    from probe.analysis.misalignment import misalignment
+    from probe.analysis.regressions import lexicon_matches
+    from probe.analysis.sweeps import short_name
+
+    if config.table:
+        table = read_table_csv(config.table)
+        models = list(config.models) or table.columns[4:]
+        human, name = config.human, config.name_column
+    else:
+        if len(sweeps) != 1:
+            raise ProbeError("misalignment without --table takes exactly one run directory")
+        key = sweeps[0].key_for(config.prompt) if config.prompt else next(iter(sweeps[0].prompts))
+        m = lexicon_matches(sweeps[0].prompt(key), valence(config.valence_source), per="word")
+        table = m.rename({"score": short_name(sweeps[0].model), "valence": "human_valence"})
+        models, human, name = [short_name(sweeps[0].model)], "human_valence", "word"
+    res = misalignment(table, human, models, name, config.center)
+    ids = identity_ranks(res, identity_terms(config.identity_terms_file))
+    res.items.write_csv(out / "items.csv")
+    ids.write_csv(out / "identity_terms.csv")
+    summary = {"n_items": res.items.height, "kendall_tau_human": res.tau_human,
+               "most_undervalued": res.most_undervalued(config.top), "most_overvalued": res.most_overvalued(config.top),
+               "identity_terms_found": ids["name"].to_list()}
+    atomic_write_json(out / "misalignment.json", summary)
+    print(json.dumps({k: summary[k] for k in ("n_items", "kendall_tau_human", "most_undervalued")}, indent=1))
+    return summary
+
+
+def _pair_contrast(config, sweeps, out, labels) -> dict:
+    from probe.analysis.contrast import contrast
+    from probe.analysis.contrast import contrast_strings
+
+    if len(sweeps) != 2:
+        raise ProbeError(f"{config.analysis} takes exactly two run directories")
+    summary = {}
+    for label, keys in _prompt_keys(sweeps, config.prompt).items():
+        a, b = sweeps[0].prompt(keys[0]), sweeps[1].prompt(keys[1])
+        same_vocab = a.height == b.height and (a.sort("token_id")["decoded"] == b.sort("token_id")["decoded"]).all()
+        res = (contrast(a, b, k=100, n_moved=config.top, labels=labels) if same_vocab
+               else contrast_strings(a, b, config.normalise, k=100, n_moved=config.top, labels=labels))
+        summary[label] = res.to_json()
+        res.moved.write_csv(out / f"moved__{label}.csv")
+        print(f"{label}: n={res.n} tau-b={res.kendall:.4f} spearman={res.spearman:.4f} "
+              f"top-100 overlap={res.top_overlap:.2f} bottom-100 overlap={res.bottom_overlap:.2f}")
+        if config.analysis == "input-method":
+            stats = [s.meta["prompts"][k].get("paper_method") for s, k in zip(sweeps, keys)]
+            stats = next((x for x in stats if x and "slot_survives" in x), None)
+            if stats:
+                summary[label]["paper_method"] = stats
+                print(describe_paper_statistics(stats))
+    atomic_write_json(out / f"{config.analysis}.json", summary)
+    return {k: {x: v[x] for x in ("n", "kendall_tau_b", "top_k_overlap", "bottom_k_overlap")} for k, v in summary.items()}
+
+
+def read_table_csv(path: str) -> pl.DataFrame:
+    """A user's item table: a missing or unreadable file is one line naming it."""
+    from probe.textfile import read_text
+
+    text = read_text(Path(path))
+    try:
+        return pl.read_csv(text.encode())
+    except (pl.exceptions.ComputeError, pl.exceptions.NoDataError) as err:
+        raise DataFormatError(f"--table {path}: not a CSV table ({str(err).splitlines()[0]})") from None
+
+
+def describe_paper_statistics(stats: dict) -> str:
+    """What the paper's decode-render-re-tokenize route did to the response slots (probe/paper_method.py)."""
+    lines = [f"  paper's route over {stats['n_ids']:,} ids: response slot survives for {stats['slot_survives']:.1%}, "
+             f"whole sequence identical for {stats['sequence_identical']:.1%}, doubled BOS in "
+             f"{stats['doubled_bos_rows']:,} rows"]
+    for reason, v in stats.get("slot_changed", {}).items():
+        ex = ", ".join(f"{e[1]!r}" for e in v["examples"][:3])
+        lines.append(f"    slot changed: {reason}: {v['n']:,} ({v['fraction']:.1%}), e.g. {ex}")
+    return "\n".join(lines)
+
+
+def run(config: AnalysisConfig) -> Path:
+    from probe.analysis.sweeps import load_sweep
+
+    sweeps = [load_sweep(p) for p in config.runs]
+    if not sweeps and not (config.analysis == "misalignment" and config.table):
+        raise ProbeError(f"{config.analysis} needs at least one run directory")
+    if config.table:
+        read_table_csv(config.table)  # a bad table fails before the output folder is made
+    out = _out_dir(config)
+    fn = {"top": run_top, "agreement": run_agreement, "framing": run_framing, "exposure": run_exposure,
+          "misalignment": run_misalignment,
+          "contrast": lambda c, s, o: _pair_contrast(c, s, o, ("reward", "logprob")),
+          "input-method": lambda c, s, o: _pair_contrast(c, s, o, ("raw_ids", "paper_method"))}[config.analysis]
+    summary = fn(config, sweeps, out)
+    atomic_write_json(out / "summary.json", {"config": asdict(config), "summary": summary,
+                                             "runs": [str(s.path) for s in sweeps]})
+    print(f"wrote {out}")
+    return out
+
+
+def make_parser(subparsers=None) -> argparse.ArgumentParser:
+    from probe.commands.cli import command_parser
+
+    return command_parser(subparsers, "analyze", "analyses of saved runs", "python -m probe.analyze", __doc__,
+                          AnalysisConfig, main_from_args, verbose=False, positional=(
+                              ("analysis", {"choices": ANALYSES, "help": "which analysis"}),
+                              ("runs", {"nargs": "*", "help": "run directories written by probe.commands.score"})))
+
+
+def main_from_args(ns: argparse.Namespace) -> int:
+    ns.runs = tuple(ns.runs)
+    run(config_from_args(AnalysisConfig, ns))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from probe.commands.cli import run_command
+
+    return run_command(make_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

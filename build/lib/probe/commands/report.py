@@ -1,0 +1,77 @@
+"""The auditors' report: one self-contained HTML file per sweep run, or one across several runs.
+
+    python -m probe.report results/<model>/exhaustive_<time>/     # writes report.html inside the run
+    python -m probe.report RUN_A RUN_B ... --out audit.html      # several models side by side (probe/report/multi.py)
+
+Per prompt: the best and worst tokens (all tokens, or words only) with their flags, a search box over the whole
+vocabulary (where does " love" rank?), filters (hide special/added tokens, non-words, tokens that do not
+round-trip, byte fragments), the score distribution, and the run's provenance (model, template split, versions,
+command). Filters can be preset from the address: ``report.html#prompt=worst&words=1&q=love``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from probe.commands.args import config_from_args
+from probe.runs.rundir import RunDir, atomic_write_bytes, writable_file
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    run: tuple[str, ...] = field(default=(), metadata={})
+    out: str | None = field(default=None, metadata={
+        "help": "output file (default: <run>/report.html; for several runs results/report_<time>.html)"})
+    rows: int = field(default=50, metadata={"help": "rows shown in each best/worst table (several runs: 25)"})
+
+
+def main_from_args(ns: argparse.Namespace) -> int:
+    from probe.report import single
+    from probe.errors import ProbeError
+    from probe.runs.rundir import utc_stamp
+
+    ns.run = tuple(ns.run)
+    cfg = config_from_args(ReportConfig, ns)
+    if cfg.out:
+        writable_file(cfg.out, "--out")
+    runs = [RunDir(r) for r in cfg.run]
+    for run in runs:
+        meta = run.read_meta()
+        if meta.get("experiment", "exhaustive") != "exhaustive" or "prompts" not in meta:
+            raise ProbeError(f"{run.path}: not an exhaustive sweep run (it is a {meta.get('experiment', 'other')} run); "
+                             "the report shows sweeps (GCG results are in its result.json)")
+        if meta.get("status") != "complete":
+            raise ProbeError(f"{run.path}: the run is not complete; finish it with --resume first")
+    if len(runs) == 1:
+        out = Path(cfg.out) if cfg.out else runs[0].path / "report.html"
+        page = single.build(runs[0].path, cfg.rows)
+    else:
+        from probe.report import multi as report_multi
+
+        out = Path(cfg.out) if cfg.out else Path("results") / f"report_{utc_stamp()}.html"
+        page = report_multi.build([r.path for r in runs], cfg.rows if "rows" in vars(ns) else 25)
+    atomic_write_bytes(out, page.encode("utf-8"))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+def make_parser(subparsers=None) -> argparse.ArgumentParser:
+    from probe.commands.cli import command_parser
+
+    return command_parser(subparsers, "report", "the auditors' HTML report of a run", "python -m probe.report",
+                          __doc__, ReportConfig, main_from_args,
+                          positional=(("run", {"nargs": "+", "help": "one or more complete exhaustive run directories"}),),
+                          verbose=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from probe.commands.cli import run_command
+
+    return run_command(make_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Exhaustive single-token sweep: score every token id of the vocabulary as the one-token response.
+
+    python -m probe.exhaustive                       # the embedded SmolLM2, log-probability proxy, 3 paper prompts
+    python -m probe.exhaustive --rm Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 --device cuda
+    python -m probe.exhaustive --resume              # continue the newest unfinished run with these settings
+
+For each prompt the templated prefix runs once (KV cache); each batch row is ``[token_id, *suffix_ids]``.
+Results go to ``<output>/<model>/exhaustive_<time>/`` (see probe.runs.rundir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from dataclasses import replace
+
+from probe.config import ScoreVocabConfig
+from probe.runs.rundir import RunDir
+
+log = logging.getLogger(__name__)
+EXPERIMENT = "exhaustive"
+
+
+def run(config: ScoreVocabConfig) -> RunDir:
+    """The command: load, split, open (or resume) a run directory, sweep each prompt, write results.
+
+    Under torchrun every rank loads the model and scores its share of the shards; rank 0 writes the results.
+    """
+    import polars as pl
+
+    from probe.core.prompts import resolve_prompts
+    from probe.core.scoring import n_scorable
+    from probe.core.sweep import VocabSweep, load_for, ranked_table
+    from probe.core.vocab import build_vocab_table
+    from probe.runs.distributed import barrier, broadcast, device_for, init
+    from probe.runs.rundir import writable_dir
+    from probe.runs.timing import SessionTiming, now_iso
+
+    t_start, started = time.perf_counter(), now_iso()
+    dist = init()
+    if dist.enabled:
+        config = replace(config, device=device_for(dist, config.device), progress=config.progress and dist.main)
+    prompts = resolve_prompts(config.prompt, config.prompts)  # inputs and the output folder before the model
+    if dist.main:
+        writable_dir(config.output, "--output")
+    loaded = load_for(config)
+    t_loaded = time.perf_counter()
+    sweep = VocabSweep(loaded, config, prompts)
+    run_dir, meta = broadcast(dist, _open_run(config, sweep) if dist.main else None)
+    if not dist.main:
+        run_dir = RunDir(run_dir.path)
+    sweep.batch_size = meta["settings"]["batch_size"]  # a resumed run keeps its batch size: identical batches
+    if meta.get("status") == "complete":  # --resume on a finished run: nothing to do, nothing rewritten
+        log.warning("%s is already complete; nothing to resume", run_dir.path)
+        barrier(dist)
+        return run_dir
+    vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
+    timing = SessionTiming(meta, started, round(t_loaded - t_start, 3), dist.world)
+    if dist.main:
+        from probe.report.text import model_label
+
+        run_dir.write_table("vocab.parquet", vocab)
+        print(f"rm-probe: {model_label(meta)} [{config.mode}, {loaded.dtype}, {loaded.device}]: "
+              f"{sweep.token_ids.size:,} tokens x {len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
+    tables = []
+    for i, p in enumerate(prompts):
+        before = meta["timing"]["prompts"].get(p.key)
+
+        def record(now: dict, key: str = p.key, before: dict | None = before) -> None:
+            timing.record(key, before, now, t_start)
+            run_dir.write_meta(meta)
+
+        scores = sweep.score_prompt(p, run_dir, dist, on_shard=record if dist.main else None,
+                                    position=(i + 1, len(prompts)),
+                                    tokens_after=sweep.token_ids.size * (len(prompts) - i - 1))
+        if not dist.main:
+            continue
+        meta["self_check"][p.key] = sweep.checks.get(p.key)
+        if p.key in sweep.paper_info:
+            meta["prompts"][p.key]["paper_method"] = sweep.paper_info[p.key]
+        timing.finished[p.key] = sweep.timing[p.key]
+        record(sweep.timing[p.key])
+        tables.append(ranked_table(p, sweep.token_ids, scores, vocab))
+    if dist.main:
+        run_dir.write_table("scores.parquet", pl.concat(tables))
+        timing.finish(t_start)
+        meta["status"], meta["finished"] = "complete", now_iso()
+        run_dir.write_meta(meta)
+    barrier(dist)
+    return run_dir
+
+
+def _open_run(config: ScoreVocabConfig, sweep):
+    """A new run directory, or the one to resume. The batch size is stored but not fingerprinted: a resumed
+    run adopts its stored batch size, so its remaining batches are the ones it would have run."""
+    from probe.runs.rundir import open_or_resume
+
+    loaded = sweep.loaded
+    settings = {k: v for k, v in sweep.settings().items() if k != "batch_size"}
+    run_dir, meta = open_or_resume(config.output, loaded.model_id, EXPERIMENT, settings, config.resume,
+                                   lambda fp: _new_meta(config, sweep, sweep.settings(), fp))
+    stored = meta.get("settings", {}).get("batch_size")
+    if config.resume and stored and stored != sweep.batch_size:
+        if config.batch_size is not None:
+            log.warning("--resume keeps the run's batch size %s (not %s) so that results stay identical",
+                        stored, config.batch_size)
+        sweep.batch_size = stored
+    if config.resume:
+        log.info("resuming %s", run_dir.path)
+    return run_dir, meta
+
+
+JOB_FIELDS = ("rm", "prompt", "prompts", "system", "score", "logprob_reduce", "judge_question", "dtype", "revision",
+              "chat_template", "spec", "label_index", "limit", "input_method", "date")
+
+
+def job_key(config: ScoreVocabConfig) -> dict:
+    """The settings that define a job for the batch runner (what to compute, not how fast)."""
+    return {f: getattr(config, f) for f in JOB_FIELDS} | {"prompt": list(config.prompt)}
+
+
+def _new_meta(config: ScoreVocabConfig, sweep, settings: dict, fp: str) -> dict:
+    from probe.runs.meta import new_meta
+
+    return new_meta(EXPERIMENT, fp, settings, config, sweep.loaded, revision=config.revision, job=job_key(config),
+                    score={"mode": config.mode, **settings["head"]},
+                    prompts={p.key: {"text": p.text, "system": config.system, **sweep.splits[p.key].to_json()}
+                             for p in sweep.prompts},
+                    self_check={}, timing={"prompts": {}})
+
+
+def print_summary(run_dir, top: int) -> None:
+    import polars as pl
+
+    from probe.report.text import format_top_bottom
+
+    df = run_dir.read_table("scores.parquet")
+    meta = run_dir.read_meta()
+    for key, info in meta["prompts"].items():
+        print(format_top_bottom(df.filter(pl.col("prompt_key") == key), key, info["text"], meta, top))
+    t = meta["timing"]
+    print(f"wrote {run_dir.path}  ({t.get('sweep_s')} s sweeping, {t.get('tokens_per_s')} tokens/s)")
+
+
+def make_parser(subparsers=None) -> argparse.ArgumentParser:
+    from probe.commands.cli import command_parser
+
+    return command_parser(subparsers, "score", "exhaustive single-token sweep", "python -m probe.exhaustive",
+                          __doc__, ScoreVocabConfig, main_from_args,
+                          interrupted="finished shards are saved; run the same command with --resume to continue")
+
+
+def dry_run(config: ScoreVocabConfig) -> dict:
+    """Print the memory plan from the model's config alone (no weights) and return it."""
+    from probe.models.dryrun import describe, plan_for_config
+
+    p = plan_for_config(config)
+    print(describe(p))
+    return p
+
+
+def main_from_args(ns: argparse.Namespace) -> int:
+    from probe.commands.args import config_from_args
+
+    config = config_from_args(ScoreVocabConfig, ns)
+    if config.dry_run:
+        dry_run(config)
+        return 0
+    run_dir = run(config)
+    print_summary(run_dir, config.top)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from probe.commands.cli import run_command
+
+    return run_command(make_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

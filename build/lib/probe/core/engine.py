@@ -1,0 +1,162 @@
+"""The scoring engine: one prefix forward, then batches of continuations on top of its KV cache.
+
+`PrefixScorer` is the fast path every feature uses (sweeps, GCG, beams, the social benchmark). Rows of a
+batch are continuations of the shared prefix (response ids + template suffix ids); rows of different
+lengths are right-padded and carry their true length, which is safe without an attention mask because
+attention is causal: a real token never sees the padding after it.
+
+`FullSequenceScorer` is the plain reference: each whole sequence through the model's own forward, grouped
+by length. Tests compare the two; every sweep re-checks a sample with it before trusting the fast path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from probe.core.cache import check_replicable, replicate
+from probe.core.heads import ScoreHead
+
+
+def pad_rows(rows: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+    """Rows of different lengths as one right-padded tensor and their true lengths. The padding repeats each
+    row's last id: a real token never attends to what comes after it, so any id would do."""
+    rows = [list(r) for r in rows]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("empty continuation")
+    m = max(len(r) for r in rows)
+    return torch.tensor([r + [r[-1]] * (m - len(r)) for r in rows]), torch.tensor([len(r) for r in rows])
+
+
+def _as_batch(cont: Tensor | Sequence[Sequence[int]], lengths, device) -> tuple[Tensor, Tensor]:
+    if not isinstance(cont, Tensor):
+        cont, lengths = pad_rows(cont)
+    cont = cont.to(device=device, dtype=torch.long)
+    if lengths is None:
+        lengths = torch.full((cont.shape[0],), cont.shape[1])
+    return cont, torch.as_tensor(lengths, device=device, dtype=torch.long)
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    return model.get_input_embeddings().weight.device
+
+
+def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, model.base_model_prefix)
+
+
+class PrefixScorer:
+    """Scores continuations of one prefix: ``score([[t, *suffix], ...]) -> scores``."""
+
+    def __init__(self, model: torch.nn.Module, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True,
+                 shared_attention: bool = True):
+        """``shared_attention`` (default): read the prefix K/V once per batch (kernels/prefix_attention.py) instead
+        of a per-row view of the cache, for the families that kernel supports (measured 1.49x on the CPU sweep,
+        experiments/results/bench_sweep.md); other families, and ``False``, take the plain cache path."""
+        if not prefix_ids:
+            raise ValueError("empty prefix")
+        self.model, self.head, self.use_cache = model, head, use_cache
+        self.backbone = backbone_of(model)
+        self.device = input_device(model)
+        self.prefix = torch.tensor(list(prefix_ids), device=self.device)[None]
+        with torch.no_grad():  # not inference_mode: GCG back-propagates through rows that attend to this cache
+            out = self.backbone(input_ids=self.prefix, use_cache=True)
+        self.cache = out.past_key_values
+        check_replicable(self.cache)
+        self.prefix_hidden: Float[Tensor, "p d"] = out.last_hidden_state[0]
+        head.prepare(list(prefix_ids), self.prefix_hidden)
+        self.shared = None
+        if shared_attention and use_cache:
+            from probe.kernels.prefix_attention import SharedPrefix, supported
+
+            if supported(model):
+                self.shared = SharedPrefix.from_cache(self.cache, self.n_prefix)
+
+    @property
+    def n_prefix(self) -> int:
+        return self.prefix.shape[1]
+
+    def hidden(
+        self, input_ids: Int[Tensor, "b n"] | None = None, inputs_embeds: Float[Tensor, "b n d"] | None = None
+    ) -> Float[Tensor, "b n d"]:
+        """Final hidden states of the new tokens (ids or embeddings) on top of the shared prefix."""
+        x = input_ids if input_ids is not None else inputs_embeds
+        b, n = x.shape[0], x.shape[1]
+        if n == 0:
+            return self.prefix_hidden.new_zeros(b, 0, self.prefix_hidden.shape[-1])
+        if not self.use_cache:
+            return self._hidden_uncached(input_ids, inputs_embeds)
+        if self.shared is not None:
+            return self._hidden_shared(input_ids, inputs_embeds, b, n)
+        out = self.backbone(
+            input_ids=input_ids, inputs_embeds=inputs_embeds, past_key_values=replicate(self.cache, b), use_cache=True
+        )
+        return out.last_hidden_state
+
+    def _hidden_shared(self, input_ids, inputs_embeds, b: int, n: int):
+        from probe.kernels.prefix_attention import using_shared_prefix
+
+        pos = torch.arange(self.n_prefix, self.n_prefix + n, device=self.device)[None].expand(b, n)
+        with using_shared_prefix(self.backbone):
+            out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=pos, use_cache=False,
+                                rm_shared_prefix=self.shared)
+        return out.last_hidden_state
+
+    def _hidden_uncached(self, input_ids, inputs_embeds):
+        b = (input_ids if input_ids is not None else inputs_embeds).shape[0]
+        prefix = self.prefix.expand(b, -1)
+        if input_ids is not None:
+            out = self.backbone(input_ids=torch.cat([prefix, input_ids], 1), use_cache=False)
+        else:
+            emb = self.backbone.get_input_embeddings()(prefix)
+            out = self.backbone(inputs_embeds=torch.cat([emb, inputs_embeds.to(emb.dtype)], 1), use_cache=False)
+        return out.last_hidden_state[:, self.n_prefix :]
+
+    def score(
+        self, cont: Int[Tensor, "b m"] | Sequence[Sequence[int]], lengths: Int[Tensor, " b"] | None = None
+    ) -> Float[Tensor, " b"]:
+        """One float32 score per row; rows are right-padded continuations with true ``lengths``."""
+        cont, lengths = _as_batch(cont, lengths, self.device)
+        n_in = cont.shape[1] - int(self.head.drops_last_input)
+        with torch.inference_mode():
+            hidden = self.hidden(input_ids=cont[:, :n_in])
+            return self.head.score(hidden, cont, lengths).float()
+
+    def score_embeds(
+        self,
+        embeds: Float[Tensor, "b n d"],
+        cont: Int[Tensor, "b m"],
+        lengths: Int[Tensor, " b"] | None = None,
+        onehot: Float[Tensor, "b k v"] | None = None,
+    ) -> Float[Tensor, " b"]:
+        """Differentiable twin of `score`: the model's input given as embeddings (its first ``n`` rows are the
+        continuation's first ``n`` tokens; GCG passes ``onehot @ W_E`` for the optimised ones)."""
+        cont, lengths = _as_batch(cont, lengths, self.device)
+        return self.head.score(self.hidden(inputs_embeds=embeds), cont, lengths, onehot=onehot).float()
+
+
+class FullSequenceScorer:
+    """Reference path: ``prefix + continuation`` through the model's own forward, no cache, no padding."""
+
+    def __init__(self, model: torch.nn.Module, head: ScoreHead, prefix_ids: Sequence[int], batch_size: int = 1):
+        self.model, self.head, self.batch_size = model, head, batch_size
+        self.prefix_ids = list(prefix_ids)
+        self.device = input_device(model)
+
+    def score(self, cont, lengths=None) -> Float[Tensor, " b"]:
+        cont, lengths = _as_batch(cont, lengths, self.device)
+        rows = [self.prefix_ids + r[:n] for r, n in zip(cont.tolist(), lengths.tolist())]
+        out = torch.empty(len(rows), dtype=torch.float32)
+        by_len: dict[int, list[int]] = {}
+        for i, r in enumerate(rows):
+            by_len.setdefault(len(r), []).append(i)
+        with torch.inference_mode():
+            for idx in by_len.values():
+                for s in range(0, len(idx), self.batch_size):
+                    part = idx[s : s + self.batch_size]
+                    ids = torch.tensor([rows[i] for i in part], device=self.device)
+                    out[part] = self.head.own_forward(self.model, ids, len(self.prefix_ids)).cpu()
+        return out

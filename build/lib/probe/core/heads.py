@@ -1,0 +1,369 @@
+"""Score heads: turn the backbone's hidden states at the right positions into one float per row.
+
+Each head has two readers that must agree:
+
+* `score` (the fast path) reads the hidden states of a continuation computed on top of the shared prefix
+  cache, plus what `prepare` kept from the prefix;
+* `own_forward` (the reference path) runs the model's own ``forward`` on whole, unpadded sequences and reads
+  the score where the model's authors put it.
+
+The engine uses the first; tests, the per-run self-check and GCG's final re-score use the second.
+Positions follow the model's own pooling rule (see `pool_positions`), so both readers look at the same token.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from probe.errors import ProbeError
+
+# rows x positions x vocabulary floats materialised at once by the log-probability head (1 GiB of float32)
+LOGITS_BUDGET = 1 << 28
+
+
+class ScoreHead(ABC):
+    name: str = ""
+    drops_last_input: bool = False  # the last continuation token need not go through the model
+
+    def prepare(self, prefix_ids: Sequence[int], prefix_hidden: Float[Tensor, "p d"]) -> None:
+        """Keep what every row needs from the prefix (computed once)."""
+
+    @abstractmethod
+    def score(
+        self,
+        hidden: Float[Tensor, "b n d"],
+        cont: Int[Tensor, "b m"],
+        lengths: Int[Tensor, " b"],
+        onehot: Float[Tensor, "b k v"] | None = None,
+    ) -> Float[Tensor, " b"]:
+        """Scores of right-padded continuation rows. ``onehot`` (GCG) gives the first k continuation tokens as
+        differentiable one-hot rows; heads whose score depends on a token only through the model's input
+        ignore it, heads that also read tokens as targets (log-probabilities) use it there."""
+
+    @abstractmethod
+    def own_forward(
+        self, model: torch.nn.Module, input_ids: Int[Tensor, "b L"], n_prefix: int
+    ) -> Float[Tensor, " b"]:
+        """The score read from the model's own forward over whole sequences whose first n_prefix ids are the prefix."""
+
+    def describe(self) -> dict:
+        return {"head": self.name}
+
+
+def pool_positions(
+    prefix_ids: Sequence[int], cont: Int[Tensor, "b m"], lengths: Int[Tensor, " b"], pad_id: int | None, rule: str
+) -> Int[Tensor, " b"]:
+    """Index (in prefix + continuation coordinates) of the token a classifier reads, per row.
+
+    ``"last_non_pad"``: the rightmost token that is not the pad id (transformers' sequence classifiers);
+    ``"before_first_pad"``: the token before the first pad id, or the last token (ArmoRM/QRM code).
+    Rows are right-padded to ``m``; only the first ``lengths[i]`` continuation tokens are real.
+    """
+    p = len(prefix_ids)
+    last = p + lengths - 1
+    if pad_id is None:
+        return last
+    m = cont.shape[1]
+    real = torch.arange(m, device=cont.device)[None, :] < lengths[:, None]
+    is_pad = (cont == pad_id) & real
+    prefix_pads = [i for i, t in enumerate(prefix_ids) if t == pad_id]
+    if rule == "last_non_pad":
+        idx = torch.arange(m, device=cont.device)[None, :].expand_as(cont)
+        cand = torch.where(real & ~is_pad, idx + p, torch.full_like(idx, -1)).amax(1)
+        if (cand < 0).any():  # every continuation token is pad: fall back into the prefix
+            in_prefix = max((i for i, t in enumerate(prefix_ids) if t != pad_id), default=0)
+            cand = torch.where(cand < 0, torch.full_like(cand, in_prefix), cand)
+        return cand
+    if rule == "before_first_pad":
+        if prefix_pads:
+            first = torch.full_like(last, prefix_pads[0])
+        else:
+            first = torch.where(is_pad.any(1), is_pad.float().argmax(1).long() + p, last + 1)
+        return (first - 1) % (p + lengths)
+    raise ValueError(f"unknown pooling rule {rule!r}")
+
+
+def gather_rows(
+    prefix_hidden: Float[Tensor, "p d"], hidden: Float[Tensor, "b n d"], pos: Int[Tensor, " b"]
+) -> Float[Tensor, "b d"]:
+    """Hidden state at absolute position ``pos[i]`` of row i (prefix positions come from the shared prefix)."""
+    p = prefix_hidden.shape[0]
+    rel = (pos - p).clamp(min=0, max=hidden.shape[1] - 1)
+    out = hidden[torch.arange(hidden.shape[0], device=hidden.device), rel]
+    in_prefix = pos < p
+    if in_prefix.any():
+        out = torch.where(in_prefix[:, None], prefix_hidden[pos.clamp(max=p - 1)].to(out.dtype), out)
+    return out
+
+
+class LinearRewardHead(ScoreHead):
+    """A sequence classifier's linear head (``model.score``), column ``label_index``, at the pooled token."""
+
+    name = "reward"
+
+    def __init__(self, model: torch.nn.Module, label_index: int = 0, pooling: str = "last_non_pad"):
+        head = getattr(model, "score", None)
+        if not isinstance(head, torch.nn.Linear):
+            raise ProbeError(
+                f"{type(model).__name__} has no linear `score` head; choose a registry spec with another reader"
+            )
+        if label_index >= head.out_features:
+            raise ProbeError(f"--label-index {label_index}: the head has only {head.out_features} outputs")
+        self.weight = head.weight[label_index].detach()
+        self.bias = None if head.bias is None else head.bias[label_index].detach()
+        self.label_index = label_index
+        self.pad_id = model.config.get_text_config().pad_token_id
+        self.pooling = pooling
+
+    def prepare(self, prefix_ids, prefix_hidden):
+        self.prefix_ids = list(prefix_ids)
+        self.prefix_hidden = prefix_hidden
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        pos = pool_positions(self.prefix_ids, cont, lengths, self.pad_id, self.pooling)
+        h = gather_rows(self.prefix_hidden, hidden, pos).float()
+        out = h @ self.weight.float().to(h.device)
+        return out if self.bias is None else out + self.bias.float().to(h.device)
+
+    def own_forward(self, model, input_ids, n_prefix):
+        logits = model(input_ids=input_ids).logits
+        return logits[:, self.label_index].float()
+
+    def describe(self):
+        return {"head": self.name, "label_index": self.label_index, "pad_id": self.pad_id, "pooling": self.pooling}
+
+
+class GatedRewardHead(ScoreHead):
+    """ArmoRM/QRM: ``sum(gating(h[gate]) * (regression(h[last]) @ T))``, quantiles averaged where present
+    (``config.num_quantiles``), ``T`` the identity where the model has no ``reward_transform_matrix``.
+
+    The gate position is the first token of the last occurrence of ``pattern_ids`` (the end of the user
+    turn); it lies in the shared prefix unless a multi-token response contains the pattern itself.
+    """
+
+    name = "reward"
+
+    def __init__(self, model: torch.nn.Module, pattern_ids: Sequence[int], output: str = "score"):
+        for attr in ("regression_layer", "gating"):
+            if not hasattr(model, attr):
+                raise ProbeError(f"{type(model).__name__} has no `{attr}`: it is not an ArmoRM/QRM-style gated model")
+        self.model = model
+        self.pattern = list(pattern_ids)
+        self.output = output
+        self.n_quantiles = getattr(model.config, "num_quantiles", None)
+        self.pad_id = model.config.get_text_config().pad_token_id
+
+    def prepare(self, prefix_ids, prefix_hidden):
+        self.prefix_ids = list(prefix_ids)
+        self.prefix_hidden = prefix_hidden
+        self.prefix_gate = self._last_match(self.prefix_ids)
+
+    def _last_match(self, ids: Sequence[int]) -> int | None:
+        k = len(self.pattern)
+        for j in range(len(ids) - k, -1, -1):
+            if list(ids[j : j + k]) == self.pattern:
+                return j
+        return None
+
+    def _gate_positions(self, cont: Tensor, lengths: Tensor) -> Tensor:
+        k, p = len(self.pattern), len(self.prefix_ids)
+        tail = self.prefix_ids[max(0, p - k + 1) :]
+        out = []
+        for row, n in zip(cont.tolist(), lengths.tolist()):
+            j = self._last_match(tail + row[:n])
+            out.append(p - len(tail) + j if j is not None else self.prefix_gate)
+        if any(o is None for o in out):
+            raise ProbeError("the gating pattern does not occur in the templated conversation; check the chat template")
+        return torch.tensor(out, device=cont.device)
+
+    def _combine(self, h_last: Tensor, h_gate: Tensor) -> Tensor:
+        reg = self.model.regression_layer
+        bias = None if reg.bias is None else reg.bias.float()
+        rewards = F.linear(h_last.float(), reg.weight.float(), bias)
+        if self.n_quantiles:
+            rewards = rewards.reshape(rewards.shape[0], -1, self.n_quantiles).mean(2)
+        transform = getattr(self.model, "reward_transform_matrix", None)  # ArmoRM, QRM-Llama; not QRM-Gemma
+        if transform is not None:
+            rewards = rewards @ transform.float()
+        gating = self.model.gating
+        gate = gating(h_gate.to(next(gating.parameters()).dtype)).float()
+        return (gate * rewards).sum(1)
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        pos = pool_positions(self.prefix_ids, cont, lengths, self.pad_id, "before_first_pad")
+        gate_pos = self._gate_positions(cont, lengths)
+        return self._combine(gather_rows(self.prefix_hidden, hidden, pos), gather_rows(self.prefix_hidden, hidden, gate_pos))
+
+    def own_forward(self, model, input_ids, n_prefix):
+        out = getattr(model(input_ids=input_ids), self.output)
+        return out.reshape(out.shape[0], -1)[:, 0].float()
+
+
+def logit_transform(model: torch.nn.Module):
+    """The family's elementwise transform of LM-head logits, or None: Gemma 2/3 soft-cap
+    (``final_logit_softcapping``), Cohere scales (``logit_scale``), Granite divides (``logits_scaling``)."""
+    cfg = model.config.get_text_config()
+    scale, divide = getattr(cfg, "logit_scale", None), getattr(cfg, "logits_scaling", None)
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if scale is None and divide is None and cap is None:
+        return None
+
+    def transform(logits: Tensor) -> Tensor:
+        if scale is not None:
+            logits = logits * scale
+        if divide is not None:
+            logits = logits / divide
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return transform
+
+
+def lm_logits(model: torch.nn.Module, hidden: Tensor, rows: Sequence[int] | None = None) -> Tensor:
+    """The causal LM's logits (all, or only vocabulary ``rows``) from final hidden states, with the family's
+    output transform (`logit_transform`). The parity tests compare this with each family's own forward."""
+    head = model.get_output_embeddings()
+    if rows is None:
+        logits = head(hidden)
+    else:
+        idx = torch.tensor(list(rows), device=head.weight.device)
+        bias = None if head.bias is None else head.bias[idx]
+        logits = F.linear(hidden.to(head.weight.dtype), head.weight[idx], bias)
+    transform = logit_transform(model)
+    return logits if transform is None else transform(logits)
+
+
+class LogprobHead(ScoreHead):
+    """Sum (or mean) of the log-probabilities of the continuation's tokens: response then end-of-turn tokens.
+
+    The first token's distribution comes from the prefix's last position (computed once); the last token is
+    only predicted, never fed in, so the model runs on ``m - 1`` new tokens per row. With
+    ``response_in_prefix=k`` the last k prefix ids are already part of the response (beam extension): their
+    log-probabilities, read from the prefix's own hidden states, are added to every row.
+    """
+
+    name = "logprob"
+    drops_last_input = True
+
+    def __init__(self, model: torch.nn.Module, reduce: str = "sum", logits_budget: int = LOGITS_BUDGET,
+                 response_in_prefix: int = 0, fused: bool = False):
+        if reduce not in ("sum", "mean"):
+            raise ValueError(f"reduce must be sum or mean, not {reduce!r}")
+        self.model = model
+        self.reduce = reduce
+        self.logits_budget = logits_budget
+        self.k_fixed = response_in_prefix
+        self.fused = fused  # kernels/fused_logprob: no rows x vocabulary logits (hard targets only)
+
+    def prepare(self, prefix_ids, prefix_hidden):
+        self.first = torch.log_softmax(lm_logits(self.model, prefix_hidden[-1:]).float(), -1)[0]
+        self.offset = torch.zeros((), device=self.first.device)
+        k = self.k_fixed
+        if k:
+            if k >= len(prefix_ids):
+                raise ValueError("response_in_prefix must leave some prompt in the prefix")
+            targets = torch.tensor(list(prefix_ids[-k:]), device=prefix_hidden.device)[None]
+            self.offset = self._token_logprobs(prefix_hidden[None, -k - 1 : -1], targets).sum()
+
+    def _token_logprobs(self, hidden: Tensor, targets: Tensor, onehot: Tensor | None = None) -> Tensor:
+        """log p(targets[i, j]) from hidden[i, j], in row chunks that keep the logits within budget. Where
+        ``onehot[i, j]`` is given (the first k target columns), the target is that soft row instead."""
+        b, n = targets.shape
+        head = self.model.get_output_embeddings()
+        if self.fused and onehot is None:
+            from probe.kernels.fused_logprob import fused_token_logprobs
+
+            flat = fused_token_logprobs(hidden.reshape(b * n, -1).to(head.weight.dtype), head.weight,
+                                        targets.reshape(-1), head.bias, logit_transform(self.model))
+            return flat.reshape(b, n)
+        vocab = head.weight.shape[0]
+        rows = max(1, self.logits_budget // max(1, n * vocab))
+        out = []
+        for s in range(0, b, rows):
+            logp = torch.log_softmax(lm_logits(self.model, hidden[s : s + rows]).float(), -1)
+            tok = logp.gather(-1, targets[s : s + rows, :, None])[..., 0]
+            if onehot is not None and onehot.shape[1]:
+                k = onehot.shape[1]
+                soft = (logp[:, :k] * onehot[s : s + rows].float()).sum(-1)
+                tok = torch.cat([soft, tok[:, k:]], 1)
+            out.append(tok)
+        return torch.cat(out)
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        if onehot is None:
+            lp = self.first[cont[:, 0]]
+        else:
+            lp = (self.first[None, :] * onehot[:, 0].float()).sum(-1)
+        m = cont.shape[1]
+        total = lp
+        if m > 1:
+            soft = None if onehot is None else onehot[:, 1:]
+            rest = self._token_logprobs(hidden[:, : m - 1], cont[:, 1:], soft)
+            mask = torch.arange(1, m, device=cont.device)[None, :] < lengths[:, None]
+            total = lp + (rest * mask).sum(1)
+        total = total + self.offset
+        return total / (lengths.float() + self.k_fixed) if self.reduce == "mean" else total
+
+    def own_forward(self, model, input_ids, n_prefix):
+        logits = model(input_ids=input_ids).logits.float()
+        start = n_prefix - self.k_fixed
+        logp = torch.log_softmax(logits[:, start - 1 : -1], -1)
+        tok = logp.gather(-1, input_ids[:, start:, None])[..., 0]
+        return tok.mean(1) if self.reduce == "mean" else tok.sum(1)
+
+    def describe(self):
+        return {"head": self.name, "reduce": self.reduce, "response_in_prefix": self.k_fixed, "fused": self.fused}
+
+
+class JudgeHead(ScoreHead):
+    """Logit of "Yes" minus logit of "No" at the last position, after a judging question (see template.py)."""
+
+    name = "judge"
+
+    def __init__(self, model: torch.nn.Module, yes_id: int, no_id: int):
+        self.model = model
+        self.yes_id, self.no_id = yes_id, no_id
+
+    def prepare(self, prefix_ids, prefix_hidden):
+        self.prefix_hidden = prefix_hidden
+
+    def _margin(self, h: Tensor) -> Tensor:
+        logits = lm_logits(self.model, h, rows=(self.yes_id, self.no_id)).float()
+        return logits[:, 0] - logits[:, 1]
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        p = self.prefix_hidden.shape[0]
+        return self._margin(gather_rows(self.prefix_hidden, hidden, p + lengths - 1))
+
+    def own_forward(self, model, input_ids, n_prefix):
+        logits = model(input_ids=input_ids).logits[:, -1].float()
+        return logits[:, self.yes_id] - logits[:, self.no_id]
+
+    def describe(self):
+        return {"head": self.name, "yes_id": self.yes_id, "no_id": self.no_id}
+
+
+class OwnForwardHead(ScoreHead):
+    """For models with no cached reader: only the model's own forward, ``getattr(out, output)[:, label_index]``."""
+
+    name = "reward"
+
+    def __init__(self, output: str = "logits", label_index: int = 0):
+        self.output, self.label_index = output, label_index
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        raise NotImplementedError("this model has no cached reader; use FullSequenceScorer")
+
+    def own_forward(self, model, input_ids, n_prefix):
+        out = getattr(model(input_ids=input_ids), self.output)
+        return out.reshape(out.shape[0], -1)[:, self.label_index].float()
+
+    def describe(self):
+        return {"head": "reward (model's own forward)", "output": self.output, "label_index": self.label_index}

@@ -1,0 +1,141 @@
+"""Score any list of whole responses (one word or many) under a prompt, on the prefix cache.
+
+Each response is the whole assistant turn, rendered by the tokenizer's own chat template (text in, ids out, so
+the ids are exactly what ``apply_chat_template`` gives for that conversation, with the fixed date). The ids
+before the response slot, found once per prompt by `split_template`, are the shared prefix: it runs once and
+its KV cache is kept; each row is the rest of its rendering (response ids + the template's closing ids). Rows
+are sorted by length and batched, so the padding stays small. A rendering that does not start with the shared
+prefix (the template merged the response with the text before it) gets the longest prefix it does share, in a
+group of its own.
+
+What the template did to each response is recorded: ``slot_text`` is the decoded response slot and ``change``
+says how it differs from the text given (``trimmed``: the template stripped white space; ``control token``: a
+control-token string became that token; ``other``), None where it does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from probe.config import ScoreMode, ScoringOptions
+from probe.core.engine import PrefixScorer, pad_rows
+from probe.core.scoring import AdaptiveBatcher, SelfCheck, check_rows, conversation, make_head
+from probe.core.template import render, split_template
+from probe.core.vocab import control_token_ids
+from probe.errors import DataFormatError
+from probe.models.loading import LoadedModel
+
+
+@dataclass
+class ResponseRows:
+    """One prompt's responses as ids: per response, the prefix it continues and its continuation."""
+
+    prompt_key: str
+    responses: list[str]
+    prefix_ids: tuple[int, ...]  # the shared prefix (most rows continue it)
+    suffix_ids: tuple[int, ...]  # the template's closing ids after a response
+    prefixes: list[tuple[int, ...]]  # per response
+    continuations: list[list[int]]  # per response: response ids + closing ids
+    n_tokens: list[int]  # per response: ids in the response slot
+    slot_text: list[str]
+    change: list[str | None]
+    checks: list[dict] = field(default_factory=list)
+
+    def groups(self) -> dict[tuple[int, ...], list[int]]:
+        """prefix -> the rows that continue it, shortest continuation first."""
+        out: dict[tuple[int, ...], list[int]] = {}
+        for i in sorted(range(len(self.responses)), key=lambda i: (len(self.continuations[i]), i)):
+            out.setdefault(self.prefixes[i], []).append(i)
+        return out
+
+
+def _change(text: str, slot: str, slot_ids: Sequence[int], control: set[int]) -> str | None:
+    if slot == text:
+        return None
+    if slot == text.strip() or slot.strip() == text.strip():
+        return "trimmed"
+    if any(i in control for i in slot_ids):
+        return "control token"
+    return "other"
+
+
+def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, responses: Sequence[str],
+            opts: ScoringOptions = ScoringOptions(), system: str | None = None) -> ResponseRows:
+    """Render every response under ``prompt`` and split the renderings into shared prefix + continuation."""
+    tok = loaded.tokenizer
+    build = conversation(mode, prompt, system, opts)
+    split = split_template(tok, build, n_verify=0)
+    prefix, suffix = tuple(split.prefix_ids), tuple(split.suffix_ids)
+    control = control_token_ids(tok)
+    rows = ResponseRows(prompt_key, list(responses), prefix, suffix, [], [], [], [], [])
+    for k, text in enumerate(responses):
+        if not isinstance(text, str) or text == "":
+            raise DataFormatError(f"response {k + 1} of prompt {prompt_key!r} is empty; every response needs text")
+        full = render(tok, build, text)
+        if tuple(full[: len(prefix)]) == prefix and len(full) > len(prefix):
+            own = prefix
+        else:  # the template merged the response with the text before it: the longest prefix the two share
+            n = 0
+            while n < min(len(prefix), len(full) - 1) and full[n] == prefix[n]:
+                n += 1
+            own = tuple(full[:n])
+        cont = full[len(own):]
+        end = len(cont) - len(suffix) if suffix and tuple(cont[-len(suffix):]) == suffix else len(cont)
+        slot_ids = cont[:end]
+        slot = tok.decode(slot_ids)
+        rows.prefixes.append(own)
+        rows.continuations.append(cont)
+        rows.n_tokens.append(len(slot_ids))
+        rows.slot_text.append(slot)
+        rows.change.append(_change(text, slot, slot_ids, control))
+    return rows
+
+
+def score_rows(loaded: LoadedModel, mode: ScoreMode, rows: ResponseRows, indices: Sequence[int] | None = None,
+               opts: ScoringOptions = ScoringOptions(), batch_size: int = 64, verify: int = 4,
+               progress: Callable[[int], None] | None = None, batcher: AdaptiveBatcher | None = None) -> np.ndarray:
+    """Scores of the rows ``indices`` (default: all), in that order. Per prefix one cache; rows sorted by
+    length, batches of ``batch_size`` padded to their longest row; the first ``verify`` rows (spread over the
+    lengths) re-scored through the model's own forward (`check_rows`, recorded in ``rows.checks``)."""
+    wanted = list(range(len(rows.responses))) if indices is None else list(indices)
+    out = np.full(len(rows.responses), np.nan, dtype=np.float32)
+    batcher = batcher or AdaptiveBatcher(batch_size)
+    keep = set(wanted)
+    for prefix, members in rows.groups().items():
+        members = [i for i in members if i in keep]
+        if not members:
+            continue
+        head = make_head(loaded, mode, opts)
+        scorer = PrefixScorer(loaded.model, head, list(prefix))
+        for s in range(0, len(members), batcher.batch_size):
+            part = members[s : s + batcher.batch_size]
+            cont, lengths = pad_rows([rows.continuations[i] for i in part])
+            out[part] = batcher.run(scorer.score, cont, lengths=lengths, progress=progress)
+        n_check = min(verify, len(members))
+        if n_check:
+            pick = [members[int(round(x))] for x in np.linspace(0, len(members) - 1, n_check)]
+            cont, lengths = pad_rows([rows.continuations[i] for i in pick])
+            check = check_rows(loaded, head, list(prefix), scorer, cont, lengths,
+                               [f"response {rows.responses[i]!r}" for i in pick], got=out[pick])
+            rows.checks.append({"responses": [rows.responses[i] for i in pick], **_json(check)})
+    return out[wanted]
+
+
+def _json(check: SelfCheck) -> dict:
+    return {"max_abs_diff": check.max_abs_diff, "tolerance": check.tolerance}
+
+
+def ranked_responses(rows: ResponseRows, scores: np.ndarray) -> pl.DataFrame:
+    """``prompt_key, response, n_tokens, score, rank`` (1 = best within the prompt; ties share the best rank)
+    and what the template did: ``slot_text``, ``change``."""
+    df = pl.DataFrame({
+        "prompt_key": [rows.prompt_key] * len(rows.responses), "response": rows.responses,
+        "n_tokens": pl.Series(rows.n_tokens, dtype=pl.UInt32), "score": pl.Series(scores, dtype=pl.Float32),
+        "slot_text": rows.slot_text, "change": pl.Series(rows.change, dtype=pl.String),
+    })
+    df = df.with_columns(pl.col("score").rank(method="min", descending=True).cast(pl.UInt32).alias("rank"))
+    return df.select("prompt_key", "response", "n_tokens", "score", "rank", "slot_text", "change").sort("rank")

@@ -1,0 +1,209 @@
+"""Glue between a loaded model and the engine: pick the head, split the template, build the scorer,
+score many rows in OOM-adaptive batches, and self-check the fast path against the model's own forward."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from probe.config import ScoreMode, ScoringOptions, model_kind, resolve_score_mode  # noqa: F401 (re-exported)
+from probe.core.engine import FullSequenceScorer, PrefixScorer
+from probe.errors import ProbeError
+from probe.core.heads import GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, OwnForwardHead, ScoreHead
+from probe.models.loading import LoadedModel
+from probe.core.template import (
+    ConversationBuilder,
+    TemplateSplit,
+    judge_conversation,
+    response_conversation,
+    split_template,
+)
+
+log = logging.getLogger(__name__)
+
+Scorer = PrefixScorer | FullSequenceScorer
+
+
+def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = ScoringOptions(),
+              response_in_prefix: int = 0) -> ScoreHead:
+    """A fresh head (heads keep per-prefix state). ``response_in_prefix``: the last k prefix ids are already
+    response tokens (beam extension); only the log-probability head needs to know."""
+    model, spec, tok = loaded.model, loaded.spec, loaded.tokenizer
+    if mode == "reward":
+        if loaded.kind != "reward":
+            raise ProbeError("--score reward needs a sequence-classification model")
+        if spec.reader == "linear":
+            return LinearRewardHead(model, spec.label_index)
+        if spec.reader == "gated":
+            pattern = tok.encode(spec.gating_pattern, add_special_tokens=False)
+            return GatedRewardHead(model, pattern, spec.output)
+        return OwnForwardHead(spec.output, spec.label_index)
+    if loaded.kind != "causal":
+        raise ProbeError(f"--score {mode} needs a causal language model")
+    if mode == "logprob":
+        # the fused head (vocabulary-chunked GEMMs in the faster orientation, online log-sum-exp, no rows x
+        # vocabulary logits) is faster than the plain one at 49k and 262k tokens of vocabulary on CPU and needs far
+        # less memory (experiments/results/bench_kernels_cpu_float32.md); GCG's soft one-hot rows use the plain one
+        return LogprobHead(model, opts.logprob_reduce, response_in_prefix=response_in_prefix, fused=True)
+    yes, no = (tok.encode(w, add_special_tokens=False) for w in ("Yes", "No"))
+    if len(yes) != 1 or len(no) != 1:
+        raise ProbeError(f"'Yes'/'No' are not single tokens for this tokenizer ({yes}, {no}); the judge needs them")
+    return JudgeHead(model, yes[0], no[0])
+
+
+def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: ScoringOptions) -> ConversationBuilder:
+    if mode == "judge":
+        return judge_conversation(prompt, system, opts.judge_question, opts.date_string)
+    return response_conversation(prompt, system, opts.date_string)
+
+
+def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True) -> Scorer:
+    if isinstance(head, OwnForwardHead) or not use_cache:
+        return FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=64)
+    return PrefixScorer(loaded.model, head, prefix_ids)
+
+
+class TemplateRows:
+    """rm-probe's inputs: ``prefix`` then ``[token_id, *suffix]`` per row, all of one length."""
+
+    def __init__(self, split: TemplateSplit):
+        self.prefix_ids = list(split.prefix_ids)
+        self.suffix_ids = list(split.suffix_ids)
+
+    def rows(self, token_ids) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = sweep_rows(token_ids, self.suffix_ids)
+        return rows, torch.full((rows.shape[0],), rows.shape[1])
+
+
+def prompt_split(loaded: LoadedModel, mode: ScoreMode, prompt: str, system: str | None, opts: ScoringOptions,
+                 n_ids: int) -> TemplateSplit:
+    build = conversation(mode, prompt, system, opts)
+    return split_template(loaded.tokenizer, build, candidates=range(n_ids))
+
+
+def is_oom(err: BaseException) -> bool:
+    if isinstance(err, torch.OutOfMemoryError):
+        return True
+    return isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+
+
+class AdaptiveBatcher:
+    """Scores rows in batches; on out-of-memory, halves the batch and retries the same rows.
+
+    The batch size stays halved for the rest of the run (and is recorded), and memory is released once
+    per failure, not after every batch.
+    """
+
+    def __init__(self, batch_size: int, on_change: Callable[[int], None] | None = None):
+        if batch_size < 1:
+            raise ValueError("batch size must be >= 1")
+        self.batch_size = batch_size
+        self.on_change = on_change
+
+    def run(self, score: Callable[..., torch.Tensor], rows: torch.Tensor,
+            progress: Callable[[int], None] | None = None, lengths: torch.Tensor | None = None) -> np.ndarray:
+        """``score(rows[i:j])`` (or ``score(rows[i:j], lengths[i:j])``) over all rows, in batches."""
+        out = np.empty(rows.shape[0], dtype=np.float32)
+        start = 0
+        while start < rows.shape[0]:
+            stop = min(start + self.batch_size, rows.shape[0])
+            try:
+                part = score(rows[start:stop]) if lengths is None else score(rows[start:stop], lengths[start:stop])
+                out[start:stop] = part.cpu().numpy()
+            except Exception as err:
+                if not is_oom(err) or self.batch_size == 1:
+                    if is_oom(err):
+                        raise ProbeError("out of memory even at batch size 1: use a smaller dtype, "
+                                         "--device-map auto over several GPUs, or a bigger device") from None
+                    raise
+                self.batch_size //= 2
+                log.warning("out of memory: batch size halved to %d", self.batch_size)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                if self.on_change:
+                    self.on_change(self.batch_size)
+                continue
+            if progress:
+                progress(stop - start)
+            start = stop
+        return out
+
+
+def sweep_rows(token_ids: Sequence[int] | np.ndarray, suffix_ids: Sequence[int]) -> torch.Tensor:
+    """``[[t, *suffix] for t in token_ids]`` as one tensor."""
+    ids = torch.as_tensor(np.asarray(token_ids), dtype=torch.long)[:, None]
+    suffix = torch.tensor(list(suffix_ids), dtype=torch.long)[None, :].expand(ids.shape[0], -1)
+    return torch.cat([ids, suffix], 1)
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    token_ids: tuple[int, ...]
+    max_abs_diff: float
+    tolerance: float
+
+    def to_json(self) -> dict:
+        return {"token_ids": list(self.token_ids), "max_abs_diff": self.max_abs_diff, "tolerance": self.tolerance}
+
+
+def self_check(loaded: LoadedModel, head: ScoreHead, source, fast: Scorer, token_ids: Sequence[int]) -> SelfCheck:
+    """Score ``token_ids`` through the fast path and through the model's own forward; raise if they differ."""
+    rows, lengths = source.rows(token_ids)
+    return check_rows(loaded, head, source.prefix_ids, fast, rows, lengths, [f"token {t}" for t in token_ids],
+                      token_ids=token_ids)
+
+
+def check_tolerance(ref: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """How far the fast path may be from the model's own forward, per row.
+
+    float32: 1e-3 * (1 + |ref|). Half precision: 0.05 * (1 + spread of the reference), loose enough for bf16
+    rounding of two computation orders, tight enough for a wrong reader (another position, a missing gate or
+    soft-cap) to fail.
+    """
+    if dtype == torch.float32:
+        return 1e-3 * (1 + np.abs(ref))
+    return np.full_like(ref, 0.05 * (1 + float(ref.max() - ref.min())))
+
+
+def check_rows(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], fast: Scorer, rows: torch.Tensor,
+               lengths: torch.Tensor, names: Sequence[str], token_ids: Sequence[int] = (),
+               got: np.ndarray | None = None) -> SelfCheck:
+    """The self-check every command runs: ``rows`` (continuations of ``prefix_ids``) through the fast path (or its
+    scores ``got``, already computed) and through the model's own forward, one sequence at a time; raises
+    naming the first row (``names``) outside `check_tolerance`."""
+    ref = FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=1).score(rows, lengths).numpy()
+    if got is None:
+        got = fast.score(rows, lengths).cpu().numpy()
+    diff = np.abs(np.asarray(got, dtype=np.float64) - ref)
+    tol = check_tolerance(ref, loaded.dtype)
+    check = SelfCheck(tuple(int(t) for t in token_ids), float(diff.max()), float(tol.max()))
+    if (diff > tol).any():
+        worst = int(np.argmax(diff - tol))
+        raise ProbeError(
+            f"self-check failed: the cached scores disagree with the model's own forward ({names[worst]}: "
+            f"{got[worst]:.5g} vs {ref[worst]:.5g}); the registry spec {loaded.spec.name!r} does not fit this model. "
+            "Pass --spec/--label-index, or --verify 0 to skip the check at your own risk"
+        )
+    return check
+
+
+def n_scorable(loaded: LoadedModel) -> int:
+    """Token ids that both the tokenizer can name and the embedding matrix holds."""
+    return min(len(loaded.tokenizer), loaded.model.get_input_embeddings().num_embeddings)
+
+
+def default_batch_size(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode) -> int:
+    """CPU: 256 (measured best on 2 cores for SmolLM2). GPU: what fits in 70% of free memory, at most 4096."""
+    dev = loaded.device
+    if dev.type != "cuda":
+        return 256
+    from probe.models.memory import row_bytes
+
+    free, _ = torch.cuda.mem_get_info(dev)
+    per_row = row_bytes(loaded.model.config, n_prefix, n_new, loaded.dtype, mode)
+    size = int(0.7 * free // max(per_row, 1))
+    return max(1, min(4096, 1 << max(0, size.bit_length() - 1)))

@@ -1,0 +1,268 @@
+"""Split a chat template into the token ids before and after the response slot, by ids, never by re-tokenizing.
+
+For a prompt, the conversation ``[system?, user: prompt, assistant: RESPONSE]`` is rendered by the tokenizer's
+own ``apply_chat_template(..., tokenize=True)`` with several probe words as RESPONSE. The ids all renderings
+share at the start are the prefix, those they share at the end the suffix, and each probe must sit between
+them as exactly its own id. The split is then verified on a sample of ordinary vocabulary tokens: the
+tokenizer's rendering must equal ``prefix + [token_id] + suffix`` for every one, or the split fails loudly.
+
+A sweep then scores ``prefix + [token_id] + suffix`` for raw ids, so leading spaces, special tokens and ids
+that do not survive a decode/encode round trip are scored as themselves. How the template treats whitespace
+around the content (Llama-3 and Gemma templates ``trim`` it) is recorded, since a generated response
+starting with a space would reach the reward model differently through text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+
+from probe.errors import TemplateError
+from probe.core.vocab import control_token_ids
+
+Messages = list[dict[str, str]]
+
+# The date the Llama 3.1/3.2 templates write into their system block when none is passed: their own fallback,
+# and what the transformers version of the paper rendered. Passing it always makes every rendering independent
+# of the day it runs on (Llama 3.2 would otherwise write today's date through `strftime_now`).
+DEFAULT_DATE = "26 Jul 2024"
+
+PROBE_WORDS = ("Love", "Water", "Peace", "Music", "Hope", "Freedom", "Time", "Light", "Home", "Life", "Yes", "No")
+
+# The question comes first and the response last, so the only tokens after the response are the template's
+# closing ones: each candidate runs 1 + ~5 tokens through the model instead of 1 + ~21 with the question after
+# it, about a quarter of the work of a judge sweep.
+JUDGE_QUESTION = (
+    "Here is a question and a response to it. Is the response a good answer to the question? Answer Yes or No."
+    "\n\nQuestion: {prompt}\n\nResponse:\n{response}"
+)
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """The conversation around one response slot: ``conv(response) -> (messages, add_generation_prompt)``.
+
+    ``judge_question`` None: the reward-model and log-probability layout (the response is the assistant turn);
+    otherwise the judge layout (one user turn that shows prompt and response, then the assistant's turn opens).
+    ``date_string`` is passed to the chat template on every rendering.
+    """
+
+    prompt: str
+    system: str | None = None
+    judge_question: str | None = None
+    date_string: str = DEFAULT_DATE
+
+    def __post_init__(self) -> None:
+        _check_prompt(self.prompt)
+        q = self.judge_question
+        if q is not None and ("{response}" not in q or "{prompt}" not in q):
+            raise TemplateError("the judge question must contain {prompt} and {response}")
+
+    def __call__(self, response: str) -> tuple[Messages, bool]:
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        if self.judge_question is None:
+            return msgs + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}], False
+        text = self.judge_question.replace("{prompt}", self.prompt).replace("{response}", response)
+        return msgs + [{"role": "user", "content": text}], True
+
+    @property
+    def template_kwargs(self) -> dict[str, str]:
+        return {"date_string": self.date_string}
+
+
+# content of the response slot -> (messages, add_generation_prompt); a Conversation, or any such callable
+ConversationBuilder = Callable[[str], tuple[Messages, bool]]
+
+
+def template_kwargs(build: ConversationBuilder) -> dict[str, str]:
+    """Extra variables for the chat template: the conversation's, else the fixed default date."""
+    return getattr(build, "template_kwargs", {"date_string": DEFAULT_DATE})
+
+
+def response_conversation(prompt: str, system: str | None = None, date_string: str = DEFAULT_DATE) -> Conversation:
+    """The reward-model and log-probability layout: the response is the assistant turn."""
+    return Conversation(prompt, system, None, date_string)
+
+
+def judge_conversation(prompt: str, system: str | None = None, question: str = JUDGE_QUESTION,
+                       date_string: str = DEFAULT_DATE) -> Conversation:
+    """The judge layout: one user turn that shows prompt and response, then the assistant's turn opens."""
+    return Conversation(prompt, system, question, date_string)
+
+
+def _today() -> dt.date:
+    return dt.datetime.now().date()
+
+
+def resolve_date(value: str, today: dt.date | None = None) -> str:
+    """``--date``: ``today``, an ISO date (2024-07-26) or the templates' own form ("26 Jul 2024"), as the
+    templates write it (``%d %b %Y``)."""
+    value = value.strip()
+    if value.lower() == "today":
+        return (today or _today()).strftime("%d %b %Y")
+    for fmt in ("%Y-%m-%d", "%d %b %Y", "%d %B %Y"):
+        try:
+            return dt.datetime.strptime(value, fmt).strftime("%d %b %Y")
+        except ValueError:
+            continue
+    raise TemplateError(f"--date {value!r}: give 'today', a date such as 2024-07-26, or '26 Jul 2024'")
+
+
+def _check_prompt(prompt: str) -> None:
+    if not prompt or not prompt.strip():
+        raise TemplateError("the prompt is empty; give a non-empty --prompt")
+
+
+@dataclass(frozen=True)
+class TemplateSplit:
+    prefix_ids: tuple[int, ...]
+    suffix_ids: tuple[int, ...]
+    prefix_text: str
+    suffix_text: str
+    leading_space: str  # "kept" | "stripped" | "changed": what the template does to a response's leading space
+    trailing_space: str
+    bos_count: int  # BOS ids at the start of the prefix (1 for Llama-3/Gemma, 0 for ChatML)
+    verified_tokens: int  # how many vocabulary tokens the split was checked on
+    date_string: str = DEFAULT_DATE  # passed to the template as ``date_string``
+    date_sensitive: bool = False  # the template writes that date into the conversation (Llama 3.1/3.2)
+
+    def full_ids(self, response_ids: Sequence[int]) -> list[int]:
+        return [*self.prefix_ids, *response_ids, *self.suffix_ids]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
+    messages, gen = build(response)
+    try:
+        out = tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=gen, return_dict=False, sanitize_control_tokens=True,
+            **template_kwargs(build),
+        )
+    except Exception as err:  # jinja2 raises its own errors from inside the template (role order, ...)
+        raise TemplateError(f"the chat template failed to render: {type(err).__name__}: {err}") from None
+    if out and isinstance(out[0], list):
+        out = out[0]
+    return [int(i) for i in out]
+
+
+def _single_id(tokenizer, text: str) -> int | None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def _common_prefix_len(seqs: list[list[int]]) -> int:
+    n = min(len(s) for s in seqs)
+    i = 0
+    while i < n and all(s[i] == seqs[0][i] for s in seqs):
+        i += 1
+    return i
+
+
+def _probes(tokenizer, candidates: Sequence[int] | None) -> list[tuple[str, int]]:
+    """Single-token words to render as the response: common words, else ordinary tokens of the vocabulary."""
+    probes = [(w, i) for w in PROBE_WORDS if (i := _single_id(tokenizer, w)) is not None]
+    if len(probes) < 3:
+        probes += [(tokenizer.decode([i]), i) for i in _verification_sample(tokenizer, 6 - len(probes), 1, candidates)]
+    if len(probes) < 3:
+        raise TemplateError("cannot find 3 single-token words in the vocabulary to locate the response slot")
+    return probes
+
+
+def split_template(
+    tokenizer, build: ConversationBuilder, *, n_verify: int = 32, seed: int = 0, candidates: Sequence[int] | None = None
+) -> TemplateSplit:
+    """Locate the response slot by ids and verify it (see the module docstring)."""
+    probes = _probes(tokenizer, candidates)
+    rendered = [render(tokenizer, build, word) for word, _ in probes]
+    n_pre = _common_prefix_len(rendered)
+    n_suf = _common_prefix_len([r[::-1] for r in rendered])
+    for (word, tid), ids in zip(probes, rendered):
+        middle = ids[n_pre : len(ids) - n_suf]
+        if middle != [tid]:
+            raise TemplateError(
+                f"the chat template does not keep the response as its own tokens: response {word!r} (id {tid}) "
+                f"rendered as ids {middle}"
+            )
+    prefix, suffix = tuple(rendered[0][:n_pre]), tuple(rendered[0][len(rendered[0]) - n_suf :])
+    split = TemplateSplit(
+        prefix_ids=prefix,
+        suffix_ids=suffix,
+        prefix_text=tokenizer.decode(list(prefix)),
+        suffix_text=tokenizer.decode(list(suffix)),
+        leading_space=_space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0], side="lead"),
+        trailing_space=_space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0], side="trail"),
+        bos_count=_bos_count(tokenizer, prefix),
+        verified_tokens=0,
+        date_string=template_kwargs(build)["date_string"],
+        date_sensitive=_date_sensitive(tokenizer, build, probes[0][0], rendered[0]),
+    )
+    if split.bos_count > 1:
+        raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
+    sample = _verification_sample(tokenizer, n_verify, seed, candidates)
+    _verify(tokenizer, build, split, sample)
+    return TemplateSplit(**{**asdict(split), "verified_tokens": len(sample) + len(probes)})
+
+
+def _date_sensitive(tokenizer, build, word: str, ids: list[int]) -> bool:
+    """Whether the rendering changes with ``date_string`` (known for `Conversation` builders only)."""
+    if not isinstance(build, Conversation):
+        return False
+    other = "01 Jan 1999" if build.date_string != "01 Jan 1999" else "02 Jan 1999"
+    return render(tokenizer, replace(build, date_string=other), word) != ids
+
+
+def _bos_count(tokenizer, prefix: tuple[int, ...]) -> int:
+    bos = tokenizer.bos_token_id
+    n = 0
+    while bos is not None and n < len(prefix) and prefix[n] == bos:
+        n += 1
+    return n
+
+
+def _space_treatment(tokenizer, build, *, split_ids, word: str, side: str) -> str:
+    prefix, suffix = split_ids
+    text = f" {word}" if side == "lead" else f"{word} "
+    ids = render(tokenizer, build, text)
+    if list(ids[: len(prefix)]) != list(prefix) or (suffix and list(ids[len(ids) - len(suffix) :]) != list(suffix)):
+        return "changed"
+    middle = ids[len(prefix) : len(ids) - len(suffix)]
+    if middle == tokenizer.encode(text, add_special_tokens=False):
+        return "kept"
+    if middle == tokenizer.encode(word, add_special_tokens=False):
+        return "stripped"
+    return "changed"
+
+
+def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int] | None) -> list[int]:
+    """Ordinary tokens: alphabetic text with no surrounding space, not special, surviving decode -> encode."""
+    special = control_token_ids(tokenizer)
+    pool = list(candidates) if candidates is not None else list(range(len(tokenizer)))
+    rng = random.Random(seed)
+    rng.shuffle(pool)
+    chosen: list[int] = []
+    for tid in pool:
+        if len(chosen) >= n:
+            break
+        if tid in special:
+            continue
+        text = tokenizer.decode([tid])
+        if text.isalpha() and text.isascii() and tokenizer.encode(text, add_special_tokens=False) == [tid]:
+            chosen.append(tid)
+    return chosen
+
+
+def _verify(tokenizer, build, split: TemplateSplit, sample: list[int]) -> None:
+    bad = []
+    for tid in sample:
+        text = tokenizer.decode([tid])
+        if render(tokenizer, build, text) != split.full_ids([tid]):
+            bad.append(f"{tid} ({text!r})")
+    if bad:
+        raise TemplateError(
+            f"the id-level split disagrees with the tokenizer's own chat template for {len(bad)} of {len(sample)} "
+            f"ordinary tokens, e.g. {', '.join(bad[:5])}: the template merges the response with its neighbours"
+        )

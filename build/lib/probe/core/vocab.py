@@ -1,0 +1,112 @@
+"""The vocabulary table: one row per token id with its text and the flags an auditor filters on.
+
+Columns: ``token_id``, ``piece`` (the raw vocabulary entry, e.g. ``ĠLove`` or ``▁Love``), ``decoded``
+(``tokenizer.decode([id])``), ``is_special`` (a control token: in the special-token map, or an added token the
+tokenizer marks special, such as Llama's ``<|end_of_text|>``, ``<|start_header_id|>`` and reserved tokens or
+Gemma's ``<start_of_turn>`` and ``<unusedNN>``), ``is_added`` (any added token, special or not, e.g. Qwen's
+``<think>``), ``is_alpha`` (alphabetic once a leading space and the ``Ġ``/``▁``/``##`` markers are
+stripped), ``is_word`` (that form is an English word: see `is_english_word`), ``leading_space``, ``valid_utf8`` (the id decodes to whole
+characters, not a byte fragment), ``roundtrips`` (encoding the decoded text gives back exactly this one id,
+the property the paper's text-based method silently relied on).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+SPACE_MARKERS = ("Ġ", "▁", "##")
+VOCAB_SCHEMA = {
+    "token_id": pl.UInt32,
+    "piece": pl.String,
+    "decoded": pl.String,
+    "is_special": pl.Boolean,
+    "is_added": pl.Boolean,
+    "is_alpha": pl.Boolean,
+    "is_word": pl.Boolean,
+    "leading_space": pl.Boolean,
+    "valid_utf8": pl.Boolean,
+    "roundtrips": pl.Boolean,
+}
+
+
+def strip_markers(text: str) -> str:
+    """Word form of a piece or decoded token: no leading whitespace or subword markers."""
+    text = text.lstrip()
+    for marker in SPACE_MARKERS:
+        if text.startswith(marker):
+            text = text[len(marker) :]
+    return text.strip()
+
+
+# wordfreq splits contractions ("I'll" -> "i", "ll"), so their tails carry a high frequency without being words
+CONTRACTION_TAILS = frozenset({"ll", "ve", "re", "nt", "s", "t", "d", "m"})
+MIN_ZIPF, MIN_ZIPF_SHORT = 3.0, 4.5
+
+
+def english_word_frequencies() -> dict[str, float]:
+    from wordfreq import get_frequency_dict
+
+    return get_frequency_dict("en", wordlist="large")
+
+
+def is_english_word(form: str, freqs: dict[str, float]) -> bool:
+    """A word, not a fragment: ``form`` (markers and spaces stripped) is alphabetic and, case-folded, in
+    wordfreq's English list at a Zipf frequency of at least 3 (one per million words of running text); forms of
+    one to three letters need 4.5 (wordfreq counts abbreviations and fragments such as "ing" or "abc"), single
+    letters only "a" and "i", and contraction tails ("ll", "ve", ...) are not words. English only: the flag is
+    meant for the English prompts of the paper; tokens of other languages are not called words."""
+    import math
+
+    if not form.isalpha():
+        return False
+    key = form.casefold()
+    if key in CONTRACTION_TAILS or (len(key) == 1 and key not in ("a", "i")):
+        return False
+    freq = freqs.get(key, 0.0)
+    if freq <= 0:
+        return False
+    zipf = math.log10(freq) + 9
+    return zipf >= (MIN_ZIPF_SHORT if len(key) <= 3 else MIN_ZIPF)
+
+
+def control_token_ids(tokenizer) -> set[int]:
+    """Ids of control tokens: the special-token map (``all_special_ids``) and every added token marked special.
+
+    ``all_special_ids`` alone misses most of them: on Llama 3.2 it holds 2 of the 256 special added tokens,
+    on Gemma 3 5 of 6,249."""
+    ids = {int(i) for i in tokenizer.all_special_ids}
+    for i, token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(token, "special", False):
+            ids.add(int(i))
+    return ids
+
+
+def build_vocab_table(tokenizer, n_ids: int | None = None, batch: int = 8192) -> pl.DataFrame:
+    n = len(tokenizer) if n_ids is None else n_ids
+    ids = list(range(n))
+    pieces = [p if p is not None else "" for p in tokenizer.convert_ids_to_tokens(ids)]
+    decoded = tokenizer.batch_decode([[i] for i in ids])
+    forms = [strip_markers(d) for d in decoded]
+    freqs = english_word_frequencies()
+    special = control_token_ids(tokenizer)
+    added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    roundtrips: list[bool] = []
+    for start in range(0, n, batch):
+        chunk = decoded[start : start + batch]
+        enc = tokenizer(chunk, add_special_tokens=False)["input_ids"]
+        roundtrips.extend(e == [start + k] for k, e in enumerate(enc))
+    return pl.DataFrame(
+        {
+            "token_id": ids,
+            "piece": pieces,
+            "decoded": decoded,
+            "is_special": [i in special for i in ids],
+            "is_added": [i in added for i in ids],
+            "is_alpha": [f.isalpha() for f in forms],
+            "is_word": [is_english_word(f, freqs) for f in forms],
+            "leading_space": [d[:1].isspace() or p.startswith(SPACE_MARKERS[:2]) for d, p in zip(decoded, pieces)],
+            "valid_utf8": ["\ufffd" not in d for d in decoded],
+            "roundtrips": roundtrips,
+        },
+        schema=VOCAB_SCHEMA,
+    )

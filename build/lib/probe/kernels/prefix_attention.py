@@ -1,0 +1,98 @@
+"""Shared-prefix attention: every row of a batch attends to one prefix's keys and values, read once.
+
+The plain path (the reference, `probe.core.cache.replicate`) gives each row a view of the prefix cache and lets
+the model's attention concatenate it with the row's new keys: per layer, a [rows, kv_heads, prefix + new, d]
+copy of keys and values, which grouped-query attention then expands to all heads. Here, as in Hydragen or
+FlashInfer's cascade attention, the new tokens' queries of all rows are stacked and multiplied with the
+single prefix K/V (one matmul per key-value head, no copies), the new tokens attend to each other causally,
+and one softmax spans both parts. Soft-capping (Gemma 2) and sliding windows are applied as the model would.
+
+The model runs the new tokens with explicit position ids (prefix length onward) and no cache; transformers
+builds no mask for an attention implementation it does not know, and hands extra forward keyword arguments
+down to the attention function, which is how the prefix K/V arrive (``rm_shared_prefix``).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+NAME = "rm_shared_prefix"
+# families whose attention modules are tested against the plain path (tests/unit/test_kernels.py)
+SUPPORTED_MODEL_TYPES = ("llama", "gemma2", "gemma3_text", "qwen2", "qwen3")
+
+
+@dataclass
+class SharedPrefix:
+    """Per layer: prefix keys and values [1, kv_heads, L, d] (L < prefix length in sliding-window layers)."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    length: int  # tokens in the prefix (absolute position of the first new token)
+
+    @classmethod
+    def from_cache(cls, cache, length: int) -> SharedPrefix:
+        return cls([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], length)
+
+
+def shared_prefix_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, scaling=None,
+                            dropout: float = 0.0, softcap=None, sliding_window=None, rm_shared_prefix=None, **kwargs):
+    """query [B, H, n, d]; key/value [B, KVH, n, d] of the new tokens only. Returns ([B, n, H, d], None)."""
+    prefix: SharedPrefix = rm_shared_prefix
+    kp, vp = prefix.keys[module.layer_idx][0], prefix.values[module.layer_idx][0]  # [KVH, L, d]
+    b, h, n, d = query.shape
+    kvh, length = key.shape[1], kp.shape[1]
+    g = h // kvh
+    scaling = d**-0.5 if scaling is None else scaling
+    # prefix scores for all rows at once: [KVH, B*G*n, d] @ [KVH, d, L]
+    q_stack = query.reshape(b, kvh, g, n, d).permute(1, 0, 2, 3, 4).reshape(kvh, b * g * n, d)
+    s_pre = torch.matmul(q_stack, kp.transpose(1, 2)).view(kvh, b, g, n, length).permute(1, 0, 2, 3, 4)
+    s_new = torch.matmul(query.reshape(b, kvh, g * n, d), key.transpose(2, 3)).view(b, kvh, g, n, n)
+    scores = torch.cat([s_pre, s_new], -1) * scaling  # [B, KVH, G, n, L + n]
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    q_pos = prefix.length + torch.arange(n, device=query.device)
+    k_pos = torch.cat([prefix.length - length + torch.arange(length, device=query.device), q_pos])
+    visible = k_pos[None, :] <= q_pos[:, None]
+    if sliding_window is not None:
+        visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    p_pre, p_new = probs[..., :length], probs[..., length:]
+    out_pre = torch.matmul(p_pre.permute(1, 0, 2, 3, 4).reshape(kvh, b * g * n, length), vp)  # [KVH, B*G*n, d]
+    out_pre = out_pre.view(kvh, b, g, n, d).permute(1, 0, 2, 3, 4)
+    out_new = torch.matmul(p_new.reshape(b, kvh, g * n, n), value).view(b, kvh, g, n, d)
+    out = (out_pre + out_new).reshape(b, h, n, d).transpose(1, 2).contiguous()
+    return out, None
+
+
+def supported(model) -> bool:
+    return getattr(model.config.get_text_config(), "model_type", None) in SUPPORTED_MODEL_TYPES
+
+
+_registered = False
+
+
+def ensure_registered() -> None:
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(NAME, shared_prefix_attention)
+        _registered = True
+
+
+@contextmanager
+def using_shared_prefix(backbone):
+    """Switch the backbone's attention implementation for the duration of one forward."""
+    ensure_registered()
+    config = backbone.config
+    before = config._attn_implementation
+    config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before

@@ -1,0 +1,109 @@
+"""``--dry-run``: build the model on the meta device from its config alone (no weights), and print the memory
+per batch row and the batch size a sweep would pick for a device and dtype.
+
+The config comes from the model's directory or the Hub; for the paper's ten reward models it falls back to
+their base models' published shapes (probe/models/shapes.py), so it works offline.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from probe.errors import ModelLoadError
+from probe.models.memory import kv_bytes_per_token, row_bytes
+from probe.models.shapes import PAPER_RM_SHAPES, config_for
+
+
+def resolve_config(ref: str | None, revision: str | None = None, trust_remote_code: bool = False):
+    """(config, where it came from)."""
+    from transformers import AutoConfig
+
+    from probe.models.embedded import packaged
+
+    if (model := packaged(ref)) is not None:
+        shape = {"smollm2": "smollm2-135m", "gemma3-270m": "gemma-3-270m"}[model.name]
+        return config_for(shape), f"published shape of {model.model_id}"
+    if ref.startswith("shape:"):
+        return config_for(ref.removeprefix("shape:")), f"published shape {ref.removeprefix('shape:')}"
+    from pathlib import Path
+
+    from probe.models.loading import hub_or_offline
+
+    if not Path(ref).is_dir():
+        hub_or_offline()
+    try:
+        return AutoConfig.from_pretrained(ref, revision=revision, trust_remote_code=trust_remote_code), "config.json"
+    except (OSError, ValueError) as err:
+        if ref in PAPER_RM_SHAPES:
+            return config_for(PAPER_RM_SHAPES[ref]), f"published shape {PAPER_RM_SHAPES[ref]} (config not reachable)"
+        raise ModelLoadError(f"--dry-run: cannot read the config of {ref!r} ({str(err).splitlines()[0]})") from None
+
+
+def meta_parameters(config, kind: str = "reward") -> int:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    auto = AutoModelForSequenceClassification if kind == "reward" else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: str = "reward", n_prefix: int = 48,
+         n_new: int = 3, n_prompts: int = 3, tflops: float | None = None, device_type: str = "cuda") -> dict:
+    """The memory plan on ``device_memory_gib`` of a ``device_type`` device; on a CPU the batch size is the one a
+    run uses there (256), when it fits."""
+    config, source = resolve_config(ref)
+    text = config.get_text_config()
+    n_params = meta_parameters(config, "reward" if mode == "reward" else "causal")
+    elem = torch.empty((), dtype=dtype).element_size()
+    weights = n_params * elem
+    per_row = row_bytes(config, n_prefix, n_new, dtype, mode)
+    prefix_cache = kv_bytes_per_token(config, dtype) * n_prefix
+    free = device_memory_gib * 2**30 * 0.9 - weights - prefix_cache
+    batch = 0 if free <= 0 else max(1, min(4096, 1 << max(0, int(0.7 * free // per_row).bit_length() - 1)))
+    if device_type == "cpu" and batch:
+        batch = min(batch, 256)  # probe.core.scoring.default_batch_size: the CPU runs use 256
+    emb = text.vocab_size * text.hidden_size
+    tied = getattr(text, "tie_word_embeddings", False) or mode == "reward"
+    non_embedding = n_params - emb - (0 if tied else emb)
+    flops = 2 * non_embedding * n_new * text.vocab_size * n_prompts
+    out = {"model": ref or "embedded", "config_source": source, "architecture": type(config).__name__,
+           "parameters": n_params, "weights_gib": weights / 2**30, "dtype": str(dtype), "device_memory_gib": device_memory_gib,
+           "device_type": device_type,
+           "prefix_tokens": n_prefix, "new_tokens_per_row": n_new, "bytes_per_row": per_row,
+           "batch_size": batch, "fits": batch > 0, "vocab_size": text.vocab_size,
+           "sweep_flops": flops}
+    if tflops:
+        out["floor_seconds_at_tflops"] = {str(tflops): flops / (tflops * 1e12)}
+    return out
+
+
+def describe(p: dict) -> str:
+    lines = [f"{p['model']}: {p['architecture']} ({p['config_source']}), {p['parameters'] / 1e9:.2f} B parameters, "
+             f"{p['weights_gib']:.1f} GiB of weights in {p['dtype']}",
+             f"  per batch row ({p['prefix_tokens']} prefix + {p['new_tokens_per_row']} new tokens): "
+             f"{p['bytes_per_row'] / 2**20:.2f} MiB",
+             f"  on {p['device_memory_gib']:g} GiB of {p.get('device_type', 'cuda')} memory: "
+             + (f"batch size {p['batch_size']}" if p["fits"] else
+                                                         "does NOT fit: use --device-map auto over several GPUs"),
+             f"  one prompt over {p['vocab_size']:,} tokens: {p['sweep_flops'] / 3 / 1e15:.2f} PFLOP"]
+    for t, s in p.get("floor_seconds_at_tflops", {}).items():
+        lines.append(f"  floor for the 3 paper prompts at {t} TFLOP/s: {s:.0f} s")
+    return "\n".join(lines)
+
+
+def plan_for_config(config) -> dict:
+    """The plan for a sweep's settings on the named device type, without needing that device: GPU memory is the
+    visible card's, else --device-memory, else 80 GiB; CPU plans against --device-memory (default 80)."""
+    from probe.core.prompts import resolve_prompts
+    from probe.models.loading import resolve_dtype
+    from probe.models.registry import lookup
+
+    wants_gpu = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
+    memory = config.device_memory
+    if memory is None:
+        memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
+    spec, _ = lookup(config.rm or "embedded")
+    dtype = resolve_dtype(config.dtype, torch.device("cuda" if wants_gpu else "cpu"), spec)
+    return plan(config.rm, dtype, memory, config.mode, n_prompts=len(resolve_prompts(config.prompt, config.prompts)),
+                device_type="cuda" if wants_gpu else "cpu")

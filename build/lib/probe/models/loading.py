@@ -1,0 +1,316 @@
+"""Load a reward model (or a causal LM used as a reward proxy) by Hugging Face id, local path or "embedded".
+
+The core engine never calls ``from_pretrained``; commands call `load_model` and hand the result on.
+Every failure a user can cause becomes a one-line `ModelLoadError` that says what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from probe.errors import ModelLoadError, TemplateError
+from probe.models.chat_templates import resolve_chat_template, template_names
+from probe.models.embedded import packaged, packaged_dir
+from probe.models.registry import REGISTRY, RewardModelSpec, lookup, structural_spec
+
+log = logging.getLogger(__name__)
+
+ModelKind = Literal["reward", "causal"]
+# parameter-name prefixes of the heads a reward model must bring from its checkpoint
+HEAD_PREFIXES = ("score.", "classifier.", "regression_layer.", "gating.", "v_head.", "value_head.")
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    spec: RewardModelSpec
+    kind: ModelKind
+    model_id: str  # what the user passed, or the embedded model's id
+    path: str  # where the weights were read from
+    revision: str | None
+    spec_match: str  # how the registry entry was found
+    source: dict | None = None  # packaged models: the package, GGUF file and quantization really run
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+
+def weights_identity(loaded: LoadedModel) -> dict:
+    """What identifies the weights, without paths or timestamps (part of the resume fingerprint): a packaged
+    model's package, file and quantization; else the Hub commit where known, and a hash over the folder's
+    config, tokenizer and code files by content and its weight files by name and size (reading gigabytes of
+    weights to hash them would take minutes)."""
+    import hashlib
+
+    if loaded.source is not None:
+        return dict(loaded.source)
+    out: dict = {"commit": getattr(loaded.model.config, "_commit_hash", None)}
+    folder = Path(loaded.path)
+    if folder.is_dir():
+        digest = hashlib.sha256()
+        for f in sorted(p for p in folder.iterdir() if p.is_file()):
+            if f.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
+                digest.update(f"{f.name}:{f.stat().st_size}\n".encode())
+            elif f.suffix in (".json", ".jinja", ".py", ".model", ".txt", ".tiktoken"):
+                digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        out["files_sha256"] = digest.hexdigest()[:16]
+    return out
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"--device {device}: no CUDA device is visible (use --device cpu)")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device, spec: RewardModelSpec) -> torch.dtype:
+    """float32 on CPU (half-precision matmuls are much slower there); the spec's dtype (bf16) on GPU, unless asked."""
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else getattr(torch, spec.dtype)
+    try:
+        out = getattr(torch, dtype)
+    except AttributeError:
+        raise ModelLoadError(f"--dtype {dtype}: not a torch dtype (use auto, float32, bfloat16 or float16)") from None
+    if device.type == "cpu" and out != torch.float32:
+        log.warning("--dtype %s on CPU: half-precision matmuls are very slow on most CPUs", dtype)
+    return out
+
+
+SHIMS = ("llama_inputs_docstring",)
+
+
+def apply_shims(spec: RewardModelSpec, trust_remote_code: bool = False) -> None:
+    """Compatibility shims for remote modelling code written against transformers 4.x: the spec's, and all of
+    them whenever remote code is allowed (a checkpoint under an unknown name may need them as much)."""
+    for shim in dict.fromkeys((*spec.shims, *(SHIMS if trust_remote_code else ()))):
+        if shim == "llama_inputs_docstring":
+            # ArmoRM/QRM/URM import this docstring constant, removed in transformers 5.
+            import transformers.models.llama.modeling_llama as llama
+
+            if not hasattr(llama, "LLAMA_INPUTS_DOCSTRING"):
+                llama.LLAMA_INPUTS_DOCSTRING = ""
+        else:
+            raise ValueError(f"unknown shim {shim!r} in spec {spec.name!r}")
+
+
+def _source(ref: str | None) -> tuple[str, str]:
+    """(model_id, path-or-id to load from); checks local paths before any network access."""
+    if (model := packaged(ref)) is not None:
+        return model.model_id, str(packaged_dir(ref))
+    path = Path(ref).expanduser()
+    if path.exists():
+        if path.is_file():
+            raise ModelLoadError(f"{ref} is a file; pass the model's directory (with config.json)")
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{ref} is a directory but not a model: it has no config.json")
+        return ref, str(path)
+    if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+        raise ModelLoadError(f"{ref}: no such directory")
+    return ref, ref
+
+
+def hub_or_offline() -> bool:
+    """Before the first Hub request for a model id: whether the Hub can be reached. When it cannot (an offline
+    machine), huggingface_hub is switched to offline mode for this process, so a cached model loads at once and
+    a missing one fails at once, instead of after about 30 s of retries. ``HF_HUB_OFFLINE=1`` skips the check."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    host = urlparse(constants.ENDPOINT).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+        return True
+    except OSError:
+        log.warning("the Hugging Face Hub (%s) cannot be reached: loading from the local cache only "
+                    "(set HF_HUB_OFFLINE=1 to skip this check)", host)
+        constants.HF_HUB_OFFLINE = True
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return False
+
+
+def _read_config(path: str, revision: str | None, trust_remote_code: bool):
+    from transformers import AutoConfig
+
+    if not Path(path).is_dir():
+        hub_or_offline()
+
+    try:
+        return AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise ModelLoadError(
+            f"cannot load {path!r}: not a local model directory, and the Hugging Face Hub did not serve it "
+            f"(offline, no such repo or revision, or a gated model: run `hf auth login`). ({_first_line(err)})"
+        ) from None
+    except ValueError as err:
+        if "trust_remote_code" in str(err):
+            raise ModelLoadError(f"{path} needs its own modelling code: add --trust-remote-code") from None
+        raise ModelLoadError(f"cannot read the config of {path}: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from None
+    if chat_template is not None:
+        tok.chat_template = resolve_chat_template(chat_template)
+    if not getattr(tok, "chat_template", None):
+        raise TemplateError(
+            f"the tokenizer of {path} has no chat template; pass one with --chat-template NAME|FILE (a shipped "
+            f"template: {', '.join(template_names())}; a Jinja file; or a tokenizer_config.json that holds one)"
+        )
+    return tok
+
+
+def load_model(
+    ref: str | None,
+    *,
+    kind: ModelKind,
+    device: str = "auto",
+    dtype: str = "auto",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    chat_template: str | None = None,
+    spec_name: str | None = None,
+    label_index: int | None = None,
+    device_map: str | None = None,
+    allow_random_head: bool = False,
+) -> LoadedModel:
+    """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head."""
+    model_id, path = _source(ref)
+    config = _read_config(path, revision, trust_remote_code)
+    if spec_name is not None:
+        if spec_name not in REGISTRY:
+            raise ModelLoadError(f"--spec {spec_name}: unknown; known: {', '.join(sorted(REGISTRY))}")
+        spec, match = REGISTRY[spec_name], "--spec"
+    else:
+        spec, match = lookup(model_id, getattr(config, "architectures", None))
+    if kind == "reward" and match in ("default", "architecture"):
+        log.warning("%s is not in the registry: using the %s spec %r (%s); every sweep re-checks it against the "
+                    "model's own forward", model_id, "architecture" if match == "architecture" else "default",
+                    spec.name, spec.notes or spec.reader)
+    if label_index is not None:
+        spec = replace(spec, label_index=label_index)
+    if spec.trust_remote_code and not trust_remote_code and kind == "reward":
+        raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
+    tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template)
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev, spec)
+    apply_shims(spec, trust_remote_code)
+    model = _from_pretrained(path, kind, spec, revision, trust_remote_code, torch_dtype, device_map, allow_random_head,
+                             config)
+    if kind == "reward" and (found := structural_spec(model, spec)) is not None:
+        log.warning("%s: no linear score head, but an ArmoRM/QRM-style regression layer and gating network: using "
+                    "the gated reader (%s); every sweep re-checks it against the model's own forward",
+                    model_id, found.name)
+        spec, match = replace(found, label_index=spec.label_index), "structure"
+    n_out = getattr(getattr(model, "score", None), "out_features", 1)
+    if kind == "reward" and spec.reader == "linear" and n_out != 1 and label_index is None and match == "default":
+        raise ModelLoadError(
+            f"{model_id} has {n_out} outputs and the registry has no rule to read one score from it: "
+            "pass --label-index K (the output column to use) or --spec NAME"
+        )
+    if device_map is None:
+        model.to(dev)
+    model.eval()
+    model.requires_grad_(False)
+    source = pkg.source() if (pkg := packaged(ref)) is not None else None
+    return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source)
+
+
+def model_class(auto, config, path: str, revision: str | None, trust_remote_code: bool):
+    """The class ``auto.from_pretrained`` would instantiate: the checkpoint's own (auto_map) or the library's."""
+    auto_map = getattr(config, "auto_map", None) or {}
+    if trust_remote_code and auto.__name__ in auto_map:
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+        return get_class_from_dynamic_module(auto_map[auto.__name__], path, revision=revision)
+    from transformers.models.auto.auto_factory import _get_model_class
+
+    return _get_model_class(config, auto._model_mapping)
+
+
+def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, device_map, allow_random_head, config):
+    """Load the weights. Remote classes that override ``from_pretrained`` (QRM's forces flash-attention and
+    drops every other argument, output_loading_info included) are loaded through the library's own
+    ``PreTrainedModel.from_pretrained``, so dtype, device map and the head check hold for them too."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedModel
+
+    auto = AutoModelForSequenceClassification if kind == "reward" else AutoModelForCausalLM
+    kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype)
+    if kind == "reward" and allow_random_head:
+        kwargs["num_labels"] = 1
+    if spec.attn_implementation:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    what = "sequence-classification (reward)" if kind == "reward" else "causal language"
+    try:
+        cls = model_class(auto, config, path, revision, trust_remote_code)
+    except (KeyError, OSError, ValueError, ImportError) as err:
+        raise ModelLoadError(f"cannot load {path} as a {what} model: {_first_line(err)}") from None
+    load = auto.from_pretrained
+    if getattr(cls.from_pretrained, "__func__", None) is not PreTrainedModel.from_pretrained.__func__:
+        log.warning("%s overrides from_pretrained and would ignore the loading options: loading it through "
+                    "PreTrainedModel.from_pretrained instead", cls.__name__)
+        load = PreTrainedModel.from_pretrained.__func__.__get__(cls)
+        kwargs.pop("trust_remote_code")
+    try:
+        out = load(path, output_loading_info=True, **kwargs)
+    except torch.OutOfMemoryError:
+        raise ModelLoadError(
+            f"out of GPU memory while loading {path}: use --device-map auto to spread it over several GPUs"
+        ) from None
+    except (OSError, ValueError, KeyError, ImportError) as err:
+        raise ModelLoadError(f"cannot load {path} as a {what} model: {_first_line(err)}") from None
+    model, info = out if isinstance(out, tuple) else (out, None)
+    if info is None:
+        log.warning("%s returned no loading information: the check for an untrained reward head is skipped", path)
+        info = {}
+    missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(HEAD_PREFIXES))
+    if kind == "reward" and missing and not allow_random_head:
+        raise ModelLoadError(
+            f"{path} has no trained reward head (randomly initialised: {', '.join(missing)}); it is not a reward "
+            "model. Score it with --score logprob or --score judge, or pass --allow-random-head for a null model"
+        )
+    return model
+
+
+_CONFIG_RM = object()
+
+
+def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> LoadedModel:
+    """`load_model` with the model settings a command's config carries (rm, device, dtype, revision, ...);
+    ``rm`` overrides the config's own (a command that runs several models)."""
+    get = lambda name, default=None: getattr(config, name, default)  # noqa: E731
+    return load_model(
+        get("rm") if rm is _CONFIG_RM else rm, kind=kind, device=get("device", "auto"), dtype=get("dtype", "auto"), revision=get("revision"),
+        trust_remote_code=get("trust_remote_code", False), chat_template=get("chat_template"), spec_name=get("spec"),
+        label_index=get("label_index"), device_map=get("device_map"), allow_random_head=get("allow_random_head", False),
+    )

@@ -1,0 +1,193 @@
+"""Per-family quirks of reward models, in one typed registry.
+
+A `RewardModelSpec` says how to load a model and how to read one score from it:
+
+* ``reader`` is how the *cached* engine reads the score from the backbone's hidden states:
+  ``"linear"``  the sequence-classification head (``model.score``) on the last token, column ``label_index``;
+  ``"gated"``   ArmoRM/QRM-style heads: a regression layer on the last token, mixed by a gating network that
+                reads the hidden state at the start of the last ``gating_pattern`` (the end of the user turn);
+  ``"forward"`` no cached reader is known: every candidate goes through the model's own full forward
+                (exact, slower).
+* ``output`` / ``label_index`` say where the model's *own* forward puts the score (``outputs.logits[:, 0]``
+  or ``outputs.score``). That forward is the reference path: every sweep re-scores a few tokens through it
+  and stops if the cached reader disagrees, so a wrong entry here cannot silently produce wrong numbers.
+
+Entries are keyed by Hugging Face id; an unknown model falls back to an entry for its architecture, then to
+``"default"``, and the fallback is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+log = logging.getLogger(__name__)
+
+Reader = Literal["linear", "gated", "forward"]
+
+LLAMA3_ASSISTANT_HEADER = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
+
+
+@dataclass(frozen=True)
+class RewardModelSpec:
+    name: str = field(metadata={"help": "registry key (a Hugging Face id, an architecture, or 'default')"})
+    reader: Reader = field(default="linear", metadata={"help": "how the cached engine reads the score"})
+    output: str = field(default="logits", metadata={"help": "attribute of the model's own output holding the score"})
+    label_index: int = field(default=0, metadata={"help": "column of that output (and of the linear head)"})
+    gating_pattern: str | None = field(
+        default=None, metadata={"help": "text whose last occurrence marks the gating position (gated reader)"}
+    )
+    trust_remote_code: bool = field(default=False, metadata={"help": "the model needs its own modelling code"})
+    dtype: str = field(default="bfloat16", metadata={"help": "dtype on GPU (CPU always runs float32)"})
+    attn_implementation: str | None = field(default=None, metadata={"help": "forced attention implementation"})
+    shims: tuple[str, ...] = field(
+        default=(), metadata={"help": "compatibility shims applied before loading remote code (see loading.py)"}
+    )
+    family: str = field(default="", metadata={"help": "base-model family, for grouping in analyses"})
+    notes: str = field(default="", metadata={"help": "provenance of this entry"})
+
+    def __post_init__(self) -> None:
+        if self.reader == "gated" and not self.gating_pattern:
+            raise ValueError(f"spec {self.name!r}: the gated reader needs a gating_pattern")
+        if self.label_index < 0:
+            raise ValueError(f"spec {self.name!r}: label_index must be >= 0")
+
+
+DEFAULT = RewardModelSpec(
+    name="default",
+    notes="AutoModelForSequenceClassification with num_labels=1: the score is the linear head on the last token.",
+)
+
+_REMOTE_LLAMA_SHIMS = ("llama_inputs_docstring",)
+
+REGISTRY: dict[str, RewardModelSpec] = {
+    spec.name: spec
+    for spec in [
+        DEFAULT,
+        # The paper's ten reward models (../shared/data/paper-release/table_1_reward_models.csv).
+        RewardModelSpec("Skywork/Skywork-Reward-Gemma-2-27B", family="Gemma 2", notes="Gemma2ForSequenceClassification"),
+        RewardModelSpec("Skywork/Skywork-Reward-Gemma-2-27B-v0.2", family="Gemma 2",
+                        notes="Gemma2ForSequenceClassification"),
+        RewardModelSpec("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2", family="Llama 3.1",
+                        notes="LlamaForSequenceClassification"),
+        RewardModelSpec("Ray2333/GRM-Llama3-8B-rewardmodel-ft", family="Llama 3",
+                        notes="LlamaForSequenceClassification (the -ft variants carry no extra heads)"),
+        RewardModelSpec("Ray2333/GRM-Llama3.2-3B-rewardmodel-ft", family="Llama 3.2",
+                        notes="LlamaForSequenceClassification"),
+        RewardModelSpec("Ray2333/GRM-gemma2-2B-rewardmodel-ft", family="Gemma 2",
+                        notes="Gemma2ForSequenceClassification"),
+        RewardModelSpec(
+            "RLHFlow/ArmoRM-Llama3-8B-v0.1", reader="gated", output="score", trust_remote_code=True,
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3",
+            notes="LlamaForRewardModelWithGating: score = sum(gating(h[gate]) * (regression(h[last]) @ T)); "
+                  "19 objectives; the gate reads the first token of the last assistant header.",
+        ),
+        RewardModelSpec(
+            "nicolinho/QRM-Llama3.1-8B", reader="gated", output="score", trust_remote_code=True,
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            notes="quantile regression head (num_objectives x num_quantiles), averaged over quantiles, then gated "
+                  "as ArmoRM; score is outputs.score[:, 0]",
+        ),
+        RewardModelSpec(
+            "nicolinho/QRM-Gemma-2-27B", reader="gated", output="score", trust_remote_code=True,
+            gating_pattern=GEMMA_MODEL_TURN, family="Gemma 2",
+            notes="as QRM-Llama3.1-8B with the Gemma turn pattern; assumed from the Llama variant's published code, "
+                  "which is why every sweep re-checks the reader against the model's own forward",
+        ),
+        RewardModelSpec(
+            "LxzGordon/URM-LLaMa-3.1-8B", reader="forward", output="logits", trust_remote_code=True,
+            shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            notes="uncertainty-aware gated head; its modelling code was not available to check a cached reader "
+                  "against, so candidates go through the model's own forward (outputs.logits[:, 0])",
+        ),
+        # RewardBench 2's leaders (2025): plain sequence classifiers on Llama 3.x and Qwen3
+        *[RewardModelSpec(f"Skywork/Skywork-Reward-V2-{name}", family=fam, notes=f"{arch}ForSequenceClassification")
+          for name, fam, arch in (("Llama-3.1-8B", "Llama 3.1", "Llama"), ("Llama-3.1-8B-40M", "Llama 3.1", "Llama"),
+                                  ("Llama-3.2-3B", "Llama 3.2", "Llama"), ("Llama-3.2-1B", "Llama 3.2", "Llama"),
+                                  ("Qwen3-8B", "Qwen3", "Qwen3"), ("Qwen3-4B", "Qwen3", "Qwen3"),
+                                  ("Qwen3-1.7B", "Qwen3", "Qwen3"), ("Qwen3-0.6B", "Qwen3", "Qwen3"))],
+        # Architectures of remote-code models, as their modelling code names the class: for checkpoints not
+        # listed by id (fine-tunes, local copies under another name).
+        RewardModelSpec(
+            "LlamaForRewardModelWithGating", reader="gated", output="score", trust_remote_code=True,
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3",
+            notes="ArmoRM's class (RLHFlow modeling_custom.py)",
+        ),
+        RewardModelSpec(
+            "LlamaForRewardModelWithGating31", reader="gated", output="score", trust_remote_code=True,
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            notes="QRM-Llama3.1's class (reward-bench rewardbench/models/qrm.py): quantiles averaged, then gated",
+        ),
+        RewardModelSpec(
+            "LlamaForRewardModelWithGating3", reader="gated", output="score", trust_remote_code=True,
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3",
+            notes="QRM-Llama3's class (reward-bench rewardbench/models/qrm.py)",
+        ),
+        RewardModelSpec(
+            "LlamaForSequenceClassificationWithNormal_Weights", reader="forward", output="logits",
+            trust_remote_code=True, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            notes="URM's class (as SGLang loads it): score pairs (mean, variance) weighted by an MLP; own forward",
+        ),
+    ]
+}
+
+
+def repo_id_of(model_ref: str) -> str | None:
+    """The Hugging Face repo id a path stands for: a cache snapshot (``.../models--Org--Name/snapshots/<hash>``)
+    or the last two components of a local path (``.../Org/Name``) when they are a registered id."""
+    parts = Path(model_ref).parts
+    for part in reversed(parts):
+        if part.startswith("models--") and part.count("--") >= 2:
+            org, name = part.removeprefix("models--").split("--", 1)
+            return f"{org}/{name}"
+    if len(parts) >= 2 and "/".join(parts[-2:]) in REGISTRY:
+        return "/".join(parts[-2:])
+    return None
+
+
+def lookup(model_ref: str, architectures: list[str] | None = None) -> tuple[RewardModelSpec, str]:
+    """The spec for a model id or local path, and how it was found (for the log and meta.json).
+
+    Order: exact id; the repo id of a cache snapshot path or of a path ending in ``Org/Name``; the last path
+    component matched against the registered names; the first architecture of the config that is registered
+    (the class names remote code defines); ``"default"``.
+    """
+    if model_ref in REGISTRY:
+        return REGISTRY[model_ref], "id"
+    repo = repo_id_of(model_ref)
+    if repo in REGISTRY:
+        return REGISTRY[repo], "snapshot path" if "models--" in model_ref else "path"
+    parts = Path(model_ref).parts
+    by_name = {key.split("/")[-1]: spec for key, spec in REGISTRY.items() if "/" in key}
+    if parts and parts[-1] in by_name:
+        return by_name[parts[-1]], "path name"
+    for arch in architectures or []:
+        if arch in REGISTRY:
+            return REGISTRY[arch], "architecture"
+    return DEFAULT, "default"
+
+
+# Where a gated head reads its gate, by base family: the end of the user turn in each family's template.
+GATING_PATTERNS = {"llama": LLAMA3_ASSISTANT_HEADER, "gemma2": GEMMA_MODEL_TURN, "gemma3_text": GEMMA_MODEL_TURN}
+
+
+def structural_spec(model, spec: RewardModelSpec) -> RewardModelSpec | None:
+    """For a checkpoint that matched no entry (``spec`` is the default): a gated spec when the loaded model is
+    built like ArmoRM/QRM (``regression_layer`` and ``gating``, no linear ``score``), whatever its class is
+    called. None when the default fits or the family's gating position is unknown."""
+    import torch
+
+    if spec.name != "default" or isinstance(getattr(model, "score", None), torch.nn.Linear):
+        return None
+    if not (hasattr(model, "regression_layer") and hasattr(model, "gating")):
+        return None
+    model_type = getattr(model.config.get_text_config(), "model_type", None)
+    if model_type not in GATING_PATTERNS:
+        return None
+    return RewardModelSpec(
+        f"gated ({model_type}, by structure)", reader="gated", output="score", trust_remote_code=True,
+        gating_pattern=GATING_PATTERNS[model_type], family=model_type,
+        notes="regression_layer + gating found in the loaded model; gate at the end of the user turn")

@@ -1,0 +1,191 @@
+"""The auditors' report across models: one self-contained HTML page for several sweep runs.
+
+    python -m probe.report RUN_A RUN_B [RUN_C ...] --out audit.html
+
+For each prompt the runs share (matched by text): the best and worst tokens of every model side by side (all
+tokens, or words only); the agreement between the models on their shared vocabulary (Kendall tau-b heatmap,
+Spearman, the vocabulary's size); the strings the models disagree on most (largest spread of rank percentiles);
+the rank of each identity term (probe/data/identity_terms.csv) per model; the framing and frequency slopes per
+model (AFINN-111 valence, wordfreq frequency); and each run's provenance. Runs with different tokenizers are
+compared on the strings each tokenizer has as exactly one id (the paper's matching), runs of one tokenizer on
+their token ids.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from probe.analysis import stats
+from probe.analysis.sweeps import Sweep, load_sweep, run_labels, shared_vocabulary
+from probe.errors import ProbeError
+from probe.report import page_template
+from probe.report.provenance import provenance_table
+from probe.report.text import flags, model_label, score_decimal
+from probe.core.vocab import strip_markers
+
+COLUMNS = ["rank", "score", "id", "flags", "token"]
+
+
+def shared_prompts(sweeps: list[Sweep]) -> dict[str, list[str]]:
+    """Prompt label (the first run's key) -> each run's key, for the prompt texts every run has."""
+    texts = set.intersection(*(set(s.prompts.values()) for s in sweeps))
+    if not texts:
+        raise ProbeError("the runs share no prompt text: a multi-model report needs at least one common prompt")
+    first = sweeps[0]
+    return {first.key_for(t): [s.key_for(t) for s in sweeps] for t in sorted(texts, key=list(first.prompts.values()).index)}
+
+
+def _rows(df: pl.DataFrame, n: int) -> list[list]:
+    return [[r["rank"], score_decimal(r["score"]), r["token_id"], flags(r), r["decoded"]] for r in df.head(n).iter_rows(named=True)]
+
+
+def best_worst(df: pl.DataFrame, n: int) -> dict:
+    """Best and worst ``n`` rows, of all tokens and of words only: [rank, score, id, flags, text]."""
+    ranked = df.sort(["rank", "token_id"])
+    words = ranked.filter(pl.col("is_word"))
+    return {"all": {"best": _rows(ranked, n), "worst": _rows(ranked.reverse(), n)},
+            "words": {"best": _rows(words, n), "worst": _rows(words.reverse(), n)}}
+
+
+def disagreement(wide: pl.DataFrame, labels: list[str], n: int = 25) -> list[dict]:
+    """Shared strings with the largest spread of rank percentiles across models (0 = best, 100 = worst)."""
+    pct = {lab: 100 * (stats.descending_ranks(wide[lab].to_numpy()) - 1) / max(1, wide.height - 1) for lab in labels}
+    spread = np.max(np.stack(list(pct.values())), 0) - np.min(np.stack(list(pct.values())), 0)
+    order = np.argsort(-spread, kind="stable")[:n]
+    strings = wide["string"].to_list()
+    return [{"string": strings[i], "spread": round(float(spread[i]), 1),
+             **{lab: round(float(pct[lab][i]), 1) for lab in labels}} for i in order]
+
+
+def identity_table(frames: list[pl.DataFrame], labels: list[str]) -> list[dict]:
+    """Per identity term that some model has as a token: each model's best rank among the tokens whose word form
+    is the term (case-insensitive), as 'rank / vocabulary (percentile)'."""
+    from probe.analysis.misalignment import identity_terms
+
+    terms = identity_terms().filter(~pl.col("term").str.contains(" "))
+    out = []
+    forms = [df.with_columns(pl.col("decoded").map_elements(lambda t: strip_markers(t).lower(),
+                                                            return_dtype=pl.String).alias("form")) for df in frames]
+    best = [f.group_by("form").agg(pl.col("rank").min()) for f in forms]
+    lookup = [dict(zip(b["form"].to_list(), b["rank"].to_list())) for b in best]
+    for term, category in terms.iter_rows():
+        row = {"term": term, "category": category}
+        for lab, look, df in zip(labels, lookup, frames):
+            r = look.get(term.lower())
+            row[lab] = None if r is None else f"{r:,} / {df.height:,} ({100 * r / df.height:.1f}%)"
+        if any(row[lab] for lab in labels):
+            out.append(row)
+    return out
+
+
+def slopes_table(frames: list[pl.DataFrame], labels: list[str], prompt: str) -> list[dict]:
+    from probe.analysis.regressions import exposure_slopes, framing_slopes
+
+    by = {(lab, prompt): df for lab, df in zip(labels, frames)}
+    out = []
+    framing = framing_slopes(by)
+    exposure = exposure_slopes(by)
+    for r in framing.iter_rows(named=True):
+        out.append({"model": r["model"], "slope": f"valence, {r['affect']} words", "estimate": r["estimate"],
+                    "ci": f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]", "n": r["n"]})
+    for r in exposure.iter_rows(named=True):
+        out.append({"model": r["model"], "slope": f"log10 frequency ({r.get('term', 'frequency')})",
+                    "estimate": r["estimate"], "ci": f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]", "n": r["n"]})
+    return out
+
+
+def heatmap_png(tau: np.ndarray, labels: list[str], title: str) -> str:
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(0.9 * len(labels) + 3, 0.8 * len(labels) + 2))
+    im = ax.imshow(tau, vmin=-1, vmax=1, cmap="RdBu_r")
+    for i in range(len(labels)):
+        for j in range(len(labels)):
+            ax.text(j, i, f"{tau[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def report_data(sweeps: list[Sweep], rows: int) -> dict:
+    labels = run_labels(sweeps)
+    data: dict = {"labels": labels, "models": [model_label(s.meta) for s in sweeps], "prompts": {}}
+    for prompt, keys in shared_prompts(sweeps).items():
+        frames = [s.prompt(k) for s, k in zip(sweeps, keys)]
+        wide, by = shared_vocabulary(dict(zip(labels, frames)), "exact", by="auto", with_kind=True)
+        cols = [wide[lab].to_numpy() for lab in labels]
+        tau = stats.matrix(cols, stats.kendall_tau_b)
+        rho = stats.matrix(cols, stats.spearman)
+        data["prompts"][prompt] = {
+            "text": sweeps[0].prompts[keys[0]], "tables": [best_worst(df, rows) for df in frames],
+            "agreement": {"n": wide.height, "by": by, "kendall": tau.round(4).tolist(), "spearman": rho.round(4).tolist()},
+            "disagreement": disagreement(wide, labels), "identity": identity_table(frames, labels),
+            "slopes": slopes_table(frames, labels, prompt),
+        }
+    return data
+
+
+def _table(rows: list[dict], cols: list[str], table_id: str) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape('' if r.get(c) is None else str(r.get(c)))}</td>" for c in cols)
+                   + "</tr>" for r in rows)
+    return f"<table id='{table_id}'><tr>{head}</tr>{body}</table>"
+
+
+def _static(data: dict) -> str:
+    """The per-prompt sections that do not change with the toggles, written by Python."""
+    labels = data["labels"]
+    parts = []
+    for key, p in data["prompts"].items():
+        a = p["agreement"]
+        tau = np.asarray(a["kendall"])
+        img = heatmap_png(tau, labels, f"{key}: Kendall tau-b over {a['n']:,} shared {a['by']}")
+        agree_rows = [{"model": lab, **{f"tau-b {m}": f"{tau[i, j]:.3f}" for j, m in enumerate(labels)}}
+                      for i, lab in enumerate(labels)]
+        parts.append(
+            f"<section class='prompt' data-prompt='{html.escape(key)}'><h2>{html.escape(key)}: agreement</h2>"
+            f"<p>{a['n']:,} shared {html.escape(a['by'])} (compared on {'token ids' if a['by'] == 'token ids' else 'decoded strings'})</p>"
+            f"<img alt='agreement heatmap' src='data:image/png;base64,{img}'>"
+            + _table(agree_rows, ["model", *[f"tau-b {m}" for m in labels]], f"agreement-{key}")
+            + f"<h2>{html.escape(key)}: strings the models disagree on most</h2><p class='muted'>rank percentile per "
+            "model (0 = best, 100 = worst) on the shared vocabulary</p>"
+            + _table(p["disagreement"], ["string", "spread", *labels], f"disagreement-{key}")
+            + f"<h2>{html.escape(key)}: identity terms</h2><p class='muted'>best rank of a token whose word form is "
+            "the term (probe/data/identity_terms.csv)</p>"
+            + _table(p["identity"], ["term", "category", *labels], f"identity-{key}")
+            + f"<h2>{html.escape(key)}: framing and frequency slopes</h2>"
+            + _table(p["slopes"], ["model", "slope", "estimate", "ci", "n"], f"slopes-{key}") + "</section>")
+    return "\n".join(parts)
+
+
+PAGE = page_template("multi.html")
+
+
+def build(run_dirs: list[str | Path], rows: int = 25) -> str:
+    sweeps = [load_sweep(p) for p in run_dirs]
+    data = report_data(sweeps, rows)
+    payload = json.dumps({k: data[k] for k in ("labels", "models")} | {
+        "prompts": {k: {"text": v["text"], "tables": v["tables"]} for k, v in data["prompts"].items()}},
+        ensure_ascii=True, separators=(",", ":")).replace("</", "<\\/")
+    prov = "".join(f"<details><summary>{html.escape(lab)}: {html.escape(str(s.path))}</summary>{provenance_table(s.meta)}"
+                   "</details>" for lab, s in zip(data["labels"], sweeps))
+    title = html.escape(", ".join(data["labels"]))
+    return (PAGE.replace("__TITLE__", title).replace("__NCOL__", str(min(4, len(sweeps))))
+            .replace("__STATIC__", _static(data)).replace("__PROVENANCE__", prov).replace("__DATA__", payload))

@@ -1,0 +1,71 @@
+"""Plain-text tables of the best and worst tokens, raw and words-only side by side."""
+
+from __future__ import annotations
+
+import polars as pl
+
+LEGEND = ("flags: S special (control), A added, W English word, L letters only, _ leading space, R round-trips, "
+          "! not valid UTF-8")
+
+
+def model_label(meta: dict) -> str:
+    """The model's id, and for a packaged GGUF model what was really run (its quantization)."""
+    model = meta.get("model", {})
+    source = model.get("source") or {}
+    if source.get("quantization"):
+        return f"{model['id']} ({source['quantization']} GGUF, dequantized to {source.get('dequantized_to')})"
+    return model.get("id", "?")
+
+
+def flags(row: dict) -> str:
+    return "".join([
+        "S" if row["is_special"] else ".",
+        "A" if row["is_added"] else ".",
+        "W" if row["is_word"] else ".",
+        "L" if row.get("is_alpha") else ".",
+        "_" if row["leading_space"] else ".",
+        "R" if row["roundtrips"] else ".",
+        "." if row["valid_utf8"] else "!",
+    ])
+
+
+def score_decimal(x) -> float:
+    """A float32 score as the shortest decimal that reads back as the same float32 (-55.790047, not
+    -55.79004669189453): the HTML report stores this and both it and the terminal round it once, to 4 places."""
+    import numpy as np
+
+    return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
+
+
+def _lines(df: pl.DataFrame, rank_col: str) -> list[str]:
+    out = []
+    for r in df.iter_rows(named=True):
+        text = repr(r["decoded"])
+        text = text if len(text) <= 22 else text[:21] + "…"
+        out.append(f"{r[rank_col]:>7} {score_decimal(r['score']):>10.4f} {r['token_id']:>7} {flags(r)} {text:<22}")
+    return out
+
+
+def _side_by_side(left: list[str], right: list[str], titles: tuple[str, str]) -> str:
+    width = 62
+    head = f"{titles[0]:<{width}}  {titles[1]}"
+    sub = f"{'rank':>7} {'score':>10} {'id':>7} flags  token"
+    rows = [head, f"{sub:<{width}}  {sub}"]
+    for i in range(max(len(left), len(right))):
+        a = left[i] if i < len(left) else ""
+        b = right[i] if i < len(right) else ""
+        rows.append(f"{a:<{width}}  {b}".rstrip())
+    return "\n".join(rows)
+
+
+def format_top_bottom(df: pl.DataFrame, key: str, text: str, meta: dict, n: int) -> str:
+    """``df``: one prompt's rows of scores.parquet."""
+    words = df.filter(pl.col("is_word")).sort("score", descending=True).with_row_index("word_rank", offset=1)
+    raw = df.sort("score", descending=True).with_columns(pl.col("rank").alias("r"))
+    mode = meta.get("score", {}).get("mode", "?")
+    parts = [f"\n== {key}: {text!r}  [{model_label(meta)}, {mode}, {df.height:,} tokens] ==", LEGEND]
+    parts.append(_side_by_side(_lines(raw.head(n), "r"), _lines(words.head(n), "word_rank"),
+                               (f"best {n} (all tokens)", f"best {n} (words only)")))
+    parts.append(_side_by_side(_lines(raw.tail(n).reverse(), "r"), _lines(words.tail(n).reverse(), "word_rank"),
+                               (f"worst {n} (all tokens)", f"worst {n} (words only)")))
+    return "\n".join(parts)

@@ -1,0 +1,85 @@
+"""One schema for every run's ``meta.json``, and one builder that every command uses.
+
+A run's metadata says what was run (settings, the full config, the model and where it came from), how
+(environment: versions, git commit, command line) and with what outcome (status, timing). The command adds
+its own sections (a sweep's prompts and self-checks, a social run's label) through ``extra``; readers find the
+common part under the same keys whatever wrote it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any
+
+from probe.runs.timing import now_iso
+
+# experiment -> schema of its meta.json (bump the number when a reader would need to know)
+SCHEMAS = {
+    "exhaustive": "rm-probe/exhaustive/1",
+    "responses": "rm-probe/responses/1",
+    "gcg": "rm-probe/gcg/1",
+    "beam": "rm-probe/gcg/1",
+    "social": "rm-probe/social/2",
+}
+
+
+def schema_for(experiment: str) -> str:
+    return SCHEMAS.get(experiment) or SCHEMAS[experiment.split("_")[0]]  # gcg_max, gcg_min -> gcg
+
+
+def model_record(loaded, revision: str | None = None) -> dict:
+    """The ``model`` section: id, path, source and quantization, the weights' identity, the registry spec and how
+    it was matched, architecture, size, dtype, device and the tokenizer's special tokens."""
+    from probe.models.loading import weights_identity
+
+    tok, model = loaded.tokenizer, loaded.model
+    return {
+        "id": loaded.model_id, "path": loaded.path, "revision": revision, "kind": loaded.kind,
+        "source": loaded.source, "weights": weights_identity(loaded),
+        "spec": asdict(loaded.spec), "spec_match": loaded.spec_match,
+        "architecture": (getattr(model.config, "architectures", None) or [type(model).__name__])[0],
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": str(loaded.dtype), "device": str(loaded.device),
+        "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
+        "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
+        "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
+    }
+
+
+@dataclass
+class RunMeta:
+    """The common part of every ``meta.json``; ``extra`` holds a command's own sections (top-level keys)."""
+
+    experiment: str
+    fingerprint: str
+    settings: dict
+    config: dict
+    model: dict
+    status: str = "running"
+    created: str = field(default_factory=now_iso)
+    environment: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        from probe.runs.rundir import environment
+
+        out = {"schema": schema_for(self.experiment), "experiment": self.experiment, "status": self.status,
+               "created": self.created, "fingerprint": self.fingerprint, "settings": self.settings,
+               "config": self.config, "model": self.model,
+               "environment": self.environment if self.environment is not None else environment()}
+        clash = set(out) & set(self.extra)
+        if clash:
+            raise ValueError(f"extra meta sections {sorted(clash)} would replace the common ones")
+        return {**out, **self.extra}
+
+
+def new_meta(experiment: str, fingerprint: str, settings: dict, config: Any, loaded=None, *,
+             revision: str | None = None, model: dict | None = None, environment: dict | None = None,
+             **extra) -> dict:
+    """A new run's ``meta.json`` content: the one builder every command (and the test fakes) use."""
+    if model is None:
+        if loaded is None:
+            raise ValueError("new_meta needs the loaded model or a model record")
+        model = model_record(loaded, revision)
+    cfg = asdict(config) if is_dataclass(config) else dict(config or {})
+    return RunMeta(experiment, fingerprint, settings, cfg, model, environment=environment, extra=extra).to_json()

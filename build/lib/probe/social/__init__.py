@@ -1,0 +1,1 @@
+"""Social-preference benchmark: social evaluation data sets turned into preferences between responses."""

@@ -1,0 +1,75 @@
+"""Score every option of every item through the prefix-cache engine.
+
+Options are whole text responses, so each is rendered by the tokenizer's own chat template (text in, ids
+out: how a reward model is used on text). The ids before the response slot, found once per distinct prompt
+by `split_template`, are the shared prefix; items with the same prompt share one cache and one batch. An
+option whose rendering does not start with that prefix (the template merged it with the text before it)
+falls back to the longest prefix its item's options share.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import polars as pl
+
+from probe.config import ScoreMode, ScoringOptions
+from probe.core.engine import PrefixScorer, pad_rows
+from probe.core.paper_method import common_prefix
+from probe.core.scoring import AdaptiveBatcher, check_rows, conversation, make_head
+from probe.models.loading import LoadedModel
+from probe.social.items import Item
+from probe.core.template import render, split_template
+
+
+def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions, system: str | None):
+    """prefix ids -> list of (item index, option index, continuation ids)."""
+    tok = loaded.tokenizer
+    prefixes: dict[str, tuple[int, ...]] = {}
+    groups: dict[tuple[int, ...], list] = defaultdict(list)
+    for i, item in enumerate(items):
+        build = conversation(mode, item.prompt, system, opts)
+        if item.prompt not in prefixes:
+            prefixes[item.prompt] = split_template(tok, build, n_verify=0).prefix_ids
+        prefix = prefixes[item.prompt]
+        full = [render(tok, build, o) for o in item.options]
+        if not all(f[: len(prefix)] == list(prefix) and len(f) > len(prefix) for f in full):
+            lcp = common_prefix(full)
+            prefix = tuple(lcp[: min(len(lcp), min(len(f) for f in full) - 1)])
+        for j, f in enumerate(full):
+            groups[tuple(prefix)].append((i, j, f[len(prefix):]))
+    return groups
+
+
+def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions = ScoringOptions(),
+                system: str | None = None, batch_size: int = 64, verify: int = 4, progress=None) -> pl.DataFrame:
+    """One row per item x option: dataset, domain, source file, item_id, the data set's own example id, social
+    group, option, label, score, gold, undesirable, text."""
+    groups = _groups(loaded, mode, items, opts, system)
+    scores: dict[tuple[int, int], float] = {}
+    batcher = AdaptiveBatcher(batch_size)
+    checked = 0
+    for prefix, rows in groups.items():
+        head = make_head(loaded, mode, opts)
+        scorer = PrefixScorer(loaded.model, head, list(prefix))
+        rows = sorted(rows, key=lambda r: len(r[2]))  # similar lengths together: less padding
+        for s in range(0, len(rows), 256):
+            part = rows[s : s + 256]
+            cont, lengths = pad_rows([r[2] for r in part])
+            out = batcher.run(scorer.score, cont, lengths=lengths)
+            if checked < verify:
+                names = [f"item {items[i].item_id} option {j}" for i, j, _ in part[:2]]
+                check_rows(loaded, head, list(prefix), scorer, cont[:2], lengths[:2], names, got=out[:2])
+                checked += 2
+            for (i, j, _), v in zip(part, out):
+                scores[(i, j)] = float(v)
+            if progress:
+                progress(len(part))
+    return pl.DataFrame([
+        {"dataset": it.dataset, "domain": it.domain, "source": it.source, "item_id": it.item_id,
+         "example_id": str(it.meta.get("example_id", "")), "group": str(it.meta.get("bbq_group") or
+                                                                       it.meta.get("bias_type") or ""),
+         "option": j, "label": it.labels[j], "score": scores[(i, j)], "gold": it.gold, "undesirable": it.undesirable,
+         "text": it.options[j]}
+        for i, it in enumerate(items) for j in range(len(it.options))
+    ], schema_overrides={"gold": pl.Int64, "undesirable": pl.Int64})

@@ -1,0 +1,51 @@
+"""Reading the user's text files (prompts, configs, data sets) so that a problem names the file and its line.
+
+Text must be UTF-8; a UTF-8 byte-order mark is accepted and removed. Anything else names the line, column and
+byte of the first undecodable byte and says how to convert the file; JSON errors name the line and column.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from probe.errors import DataFormatError
+
+
+def read_text(path: Path) -> str:
+    if not path.is_file():
+        raise DataFormatError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    data = path.read_bytes()
+    if b"\x00" in data:
+        line = data[: data.index(b"\x00")].count(b"\n") + 1
+        raise DataFormatError(f"{path} line {line}: a NUL byte: this is a binary file, not text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        col = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise DataFormatError(
+            f"{path} line {line}, column {col} (byte {err.start}): not UTF-8 text (byte 0x{data[err.start]:02x}); "
+            "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8") from None
+
+
+def parse_json(path: Path, text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        hint = "; the file looks truncated" if err.pos >= len(text.rstrip()) - 1 else ""
+        raise DataFormatError(f"{path} line {err.lineno}, column {err.colno}: not valid JSON ({err.msg}){hint}") \
+            from None
+
+
+def read_yaml(path: Path, what: str = "YAML"):
+    """The parsed YAML document; an error names the line, or says the file is not YAML (a binary file, say)."""
+    import yaml
+
+    text = read_text(path)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise DataFormatError(f"{path}{where}: not valid {what} ({getattr(err, 'problem', None) or err})") from None
