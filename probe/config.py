@@ -89,7 +89,14 @@ class ScoreVocabConfig(ModelOptions):
     batch_size: int | None = field(default=None, metadata={
         "help": "rows per forward (default: 256 on CPU, what fits on GPU); halved automatically on out-of-memory"})
     shard_size: int = field(default=4096, metadata={"help": "tokens per checkpoint file"})
-    limit: int | None = field(default=None, metadata={"help": "score only the first N token ids (quick looks)"})
+    limit: int | None = field(default=None, metadata={
+        "help": "score only the first N token ids (with --responses: the first N responses; quick looks)"})
+    responses: str | None = field(default=None, metadata={
+        "help": "score these whole responses instead of every token: a text file (one response per line, only the "
+                "newline removed), or a CSV/Parquet file with a --response-column; each is the whole assistant "
+                "turn, rendered by the tokenizer's own chat template", "metavar": "FILE"})
+    response_column: str = field(default="response", metadata={
+        "help": "the column of a CSV/Parquet --responses file that holds the responses"})
     input_method: Literal["ids", "paper"] = field(default="ids", metadata={
         "help": "ids: raw token ids in the verified template split; paper: the paper's decode-render-re-tokenize "
                 "inputs (for comparison only; see probe/paper_method.py)"})
@@ -112,6 +119,9 @@ class ScoreVocabConfig(ModelOptions):
         check_at_least(self, 1, "shard_size", "top", "batch_size", "limit")
         check_at_least(self, 0, "verify")
         resolve_date(self.date)  # a bad --date fails before any model loads
+        if self.responses and self.input_method != "ids":
+            raise ValueError("--responses renders each response with the chat template; --input-method paper is "
+                             "for single-token sweeps only")
 
     @property
     def mode(self) -> ScoreMode:

@@ -189,3 +189,11 @@ def ols(y, columns: dict[str, np.ndarray], level: float = 0.95) -> OLS:
     tss = np.sum((y - y.mean()) ** 2)
     r2 = float(1 - resid @ resid / tss) if tss > 0 else float("nan")
     return OLS(names, coef, se, coef - t * se, coef + t * se, pvals, r2, n)
+
+
+def welch_t(a, b) -> float:
+    """Welch's t statistic of two samples (unequal variances; the default of R's t.test and MKinfer's
+    perm.t.test)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    se = np.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
+    return float((a.mean() - b.mean()) / se) if se > 0 else 0.0

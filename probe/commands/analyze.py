@@ -7,6 +7,11 @@
   misalignment  human vs model ranks on an item table (--table, e.g. EloEverything) or a sweep's words
   contrast      a reward model's ranking against a language model's log-probabilities (two run dirs)
   input-method  raw-id scoring against the paper's re-tokenized inputs (two runs of one model)
+  values        median rank per value-dictionary category (Big Two nouns, MFD 2.0) per model and prompt, from
+                released score tables or response runs; per base model, permutation tests and the figure
+
+misalignment with --table and response runs (probe score --responses) joins each run's scores to the table's
+items by name: several runs are several models, beside the table's own columns named with --model.
 
 Each writes JSON/CSV tables under --out (default results/analysis/<analysis>_<time>/) and prints a summary.
 """
@@ -26,7 +31,9 @@ from probe.commands.args import config_from_args
 from probe.errors import DataFormatError, ProbeError
 from probe.runs.rundir import atomic_write_json, utc_stamp, writable_dir
 
-ANALYSES = ("top", "agreement", "framing", "exposure", "misalignment", "contrast", "input-method")
+ANALYSES = ("top", "agreement", "framing", "exposure", "misalignment", "contrast", "input-method", "values")
+# analyses whose positional arguments are response runs or score tables, not exhaustive sweeps
+NOT_SWEEPS = ("values",)
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,12 @@ class AnalysisConfig:
     identity_terms_file: str | None = field(default=None, metadata={
         "help": "CSV (term, category) of identity terms (default: the shipped list)", "flag": "--identity-terms"})
     permutations: int = field(default=10_000, metadata={"help": "permutations for group tests"})
+    dictionary: str | None = field(default=None, metadata={
+        "help": "values: the dictionary, the Big Two nouns CSV (Category, token_decoded) or MFD 2.0 (.dicx)",
+        "metavar": "FILE"})
+    published_pivot: bool = field(default=False, metadata={
+        "help": "values, MFD 2.0: the published script's pivot (Care_Virtue:Sanctity_Virtue, which leaves out "
+                "Sanctity_Vice) instead of all ten columns"})
     out: str | None = field(default=None, metadata={"help": "output folder"})
 
     def __post_init__(self) -> None:
@@ -177,8 +190,11 @@ def run_misalignment(config, sweeps, out) -> dict:
 
     if config.table:
         table = read_table_csv(config.table)
-        models = list(config.models) or table.columns[4:]
         human, name = config.human, config.name_column
+        models = list(config.models) or ([] if config.runs else table.columns[4:])
+        if config.runs:
+            table, run_models = join_response_runs(table, name, config.runs, config.prompt)
+            models += run_models
     else:
         if len(sweeps) != 1:
             raise ProbeError("misalignment without --table takes exactly one run directory")
@@ -224,6 +240,79 @@ def _pair_contrast(config, sweeps, out, labels) -> dict:
     return {k: {x: v[x] for x in ("n", "kendall_tau_b", "top_k_overlap", "bottom_k_overlap")} for k, v in summary.items()}
 
 
+def join_response_runs(table: pl.DataFrame, name: str, runs: tuple[str, ...],
+                       prompt: str | None) -> tuple[pl.DataFrame, list[str]]:
+    """The table with one score column per response run (joined on the item name = the response text), and
+    those columns' names; items some run did not score are dropped, and the count is printed."""
+    from probe.analysis.sweeps import short_name
+    from probe.analysis.values import read_response_run
+
+    if name not in table.columns:
+        raise DataFormatError(f"--table has no {name!r} column (--name-column)")
+    columns = []
+    for path in runs:
+        df = read_response_run(path)
+        keys = df["prompt"].unique(maintain_order=True).to_list()
+        if prompt is None and len(keys) > 1:
+            raise ProbeError(f"{path} scored {len(keys)} prompts ({', '.join(keys)}); pick one with --prompt")
+        key = keys[0] if prompt is None else prompt
+        if key not in keys:
+            raise ProbeError(f"{path}: no prompt {key!r}; it has {', '.join(keys)}")
+        label = short_name(df["model"][0])
+        while label in table.columns or label in columns:
+            label += "'"
+        part = df.filter(pl.col("prompt") == key).select(pl.col("response").alias(name), pl.col("score").alias(label))
+        before = table.height
+        table = table.join(part.unique(name, keep="first"), on=name, how="inner")
+        print(f"{label}: {table.height:,} of {before:,} items scored under {key!r}", file=sys.stderr)
+        columns.append(label)
+    if table.is_empty():
+        raise DataFormatError("no item of the table is a response of the runs (the match is on the exact text)")
+    return table, columns
+
+
+def run_values(config, sweeps, out) -> dict:
+    from probe.analysis import values as v
+
+    if not config.dictionary:
+        raise ProbeError("values needs --dictionary FILE (the Big Two nouns CSV or the MFD 2.0 .dicx)")
+    scores = v.read_scores(list(config.runs))
+    dictionary = v.read_dictionary(config.dictionary, config.published_pivot)
+    ranks = v.ranked(scores, dictionary)
+    medians = v.median_ranks(ranks)
+    medians.select("model", "prompt", "category", "median_rank").write_csv(out / "values_median_ranks.csv")
+    summary = v.base_model_summary(ranks)
+    summary.write_csv(out / "values_base_models.csv")
+    tests = v.permutation_tests(medians, n_perm=config.permutations)
+    v.values_figure(medians, tests, out / "values.png", title=Path(config.dictionary).name)
+    result = {"n_models": medians["model"].n_unique(), "n_prompts": medians["prompt"].n_unique(),
+              "n_terms": int(ranks.group_by("model", "prompt").len()["len"].max()),
+              "categories": sorted(medians["category"].unique().to_list()),
+              "base_models": summary.to_dicts(), "tests": [t.__dict__ for t in tests]}
+    if Path(config.dictionary).suffix == ".dicx":
+        other = v.median_ranks(v.ranked(scores, v.read_dictionary(config.dictionary, not config.published_pivot)))
+        joined = medians.join(other, on=["model", "prompt", "category"], how="full", suffix="_other", coalesce=True)
+        diff = (joined["median_rank"] - joined["median_rank_other"]).abs()
+        result["pivot_difference"] = {
+            "this": "published pivot (9 columns)" if config.published_pivot else "all ten columns",
+            "other": "all ten columns" if config.published_pivot else "published pivot (9 columns)",
+            "max_abs_median_rank_difference": float(diff.max()), "mean_abs": float(diff.mean()),
+            "terms": {"this": int(dictionary.height),
+                      "other": int(v.read_dictionary(config.dictionary, not config.published_pivot).height)}}
+    atomic_write_json(out / "values.json", result)
+    with pl.Config(tbl_rows=40, float_precision=2):
+        print(summary)
+    for t in tests:
+        print(f"{t.category} / {t.framing}: {t.groups[0]} {t.means[0]:.2f} vs {t.groups[1]} {t.means[1]:.2f}, "
+              f"t = {t.t:.2f}, permutation p = {t.p:.4f}, Bonferroni p = {t.p_bonferroni:.4f}")
+    if "pivot_difference" in result:
+        d = result["pivot_difference"]
+        print(f"MFD 2.0, {d['this']} ({d['terms']['this']} term-category rows) against {d['other']} "
+              f"({d['terms']['other']}): median ranks differ by up to {d['max_abs_median_rank_difference']:.1f} "
+              f"(mean {d['mean_abs']:.2f})")
+    return result
+
+
 def read_table_csv(path: str) -> pl.DataFrame:
     """A user's item table: a missing or unreadable file is one line naming it."""
     from probe.textfile import read_text
@@ -249,19 +338,21 @@ def describe_paper_statistics(stats: dict) -> str:
 def run(config: AnalysisConfig) -> Path:
     from probe.analysis.sweeps import load_sweep
 
-    sweeps = [load_sweep(p) for p in config.runs]
-    if not sweeps and not (config.analysis == "misalignment" and config.table):
-        raise ProbeError(f"{config.analysis} needs at least one run directory")
+    takes_runs = config.analysis in NOT_SWEEPS or (config.analysis == "misalignment" and config.table)
+    sweeps = [] if takes_runs else [load_sweep(p) for p in config.runs]
+    if not config.runs and not (config.analysis == "misalignment" and config.table):
+        raise ProbeError(f"{config.analysis} needs at least one run directory"
+                         + (" or score table" if config.analysis == "values" else ""))
     if config.table:
         read_table_csv(config.table)  # a bad table fails before the output folder is made
     out = _out_dir(config)
     fn = {"top": run_top, "agreement": run_agreement, "framing": run_framing, "exposure": run_exposure,
-          "misalignment": run_misalignment,
+          "misalignment": run_misalignment, "values": run_values,
           "contrast": lambda c, s, o: _pair_contrast(c, s, o, ("reward", "logprob")),
           "input-method": lambda c, s, o: _pair_contrast(c, s, o, ("raw_ids", "paper_method"))}[config.analysis]
     summary = fn(config, sweeps, out)
     atomic_write_json(out / "summary.json", {"config": asdict(config), "summary": summary,
-                                             "runs": [str(s.path) for s in sweeps]})
+                                             "runs": list(config.runs)})
     print(f"wrote {out}")
     return out
 
@@ -272,7 +363,8 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     return command_parser(subparsers, "analyze", "analyses of saved runs", "python -m probe.analyze", __doc__,
                           AnalysisConfig, main_from_args, verbose=False, positional=(
                               ("analysis", {"choices": ANALYSES, "help": "which analysis"}),
-                              ("runs", {"nargs": "*", "help": "run directories written by probe.commands.score"})))
+                              ("runs", {"nargs": "*", "help": "run directories written by probe score (values: also score tables or "
+                                               "folders of them)"})))
 
 
 def main_from_args(ns: argparse.Namespace) -> int:

@@ -3,9 +3,15 @@
     python -m probe.exhaustive                       # the embedded SmolLM2, log-probability proxy, 3 paper prompts
     python -m probe.exhaustive --rm Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 --device cuda
     python -m probe.exhaustive --resume              # continue the newest unfinished run with these settings
+    python -m probe.exhaustive --responses items.txt --prompts prompts.yaml    # whole responses, a prompt grid
 
 For each prompt the templated prefix runs once (KV cache); each batch row is ``[token_id, *suffix_ids]``.
 Results go to ``<output>/<model>/exhaustive_<time>/`` (see probe.runs.rundir).
+
+With ``--responses FILE`` each line (or the --response-column of a CSV/Parquet file) is a whole assistant turn,
+rendered by the tokenizer's own chat template; the shared prefix runs once per prompt, the rest of each rendering
+(response + closing ids) in batches of similar length, with the same self-check, shards and --resume. Results go
+to ``<output>/<model>/responses_<time>/`` (scores.parquet: prompt_key, response, n_tokens, score, rank).
 """
 
 from __future__ import annotations
@@ -167,6 +173,11 @@ def main_from_args(ns: argparse.Namespace) -> int:
     config = config_from_args(ScoreVocabConfig, ns)
     if config.dry_run:
         dry_run(config)
+        return 0
+    if config.responses:
+        from probe.commands.responses import print_response_summary, run_responses
+
+        print_response_summary(run_responses(config), config.top)
         return 0
     run_dir = run(config)
     print_summary(run_dir, config.top)

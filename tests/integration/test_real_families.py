@@ -375,3 +375,41 @@ def test_paper_method_run_records_and_reports_its_statistics(tiny_rm_dir, tmp_pa
     assert analyze(["input-method", str(ids_run), str(paper_run), "--out", str(tmp_path / "a")]) == 0
     out = capsys.readouterr().out
     assert f"response slot survives for {stats['slot_survives']:.1%}" in out and "doubled BOS in 600 rows" in out
+
+
+# --- whole responses on the real tokenizers -------------------------------------------------------------------------
+RESPONSES = ["Black people", "The Beatles", "self-sacrifice", "café au lait", "Ökologie und Frieden", "🎉🎉 joy",
+             "愛", "love", "Love is the answer."]
+
+
+@pytest.mark.parametrize("family", ["llama3.1", "llama3.2", "gemma3", "qwen3", "qwen2.5"])
+def test_response_run_equals_the_chat_template_and_the_models_own_forward(real, tiny_rm_dir, family, tmp_path):
+    from probe.commands.score import main
+
+    rm = tiny_rm_dir(family)
+    (tmp_path / "responses.txt").write_text("\n".join(RESPONSES) + "\n", encoding="utf-8")
+    assert main(["--rm", rm, "--device", "cpu", "--responses", str(tmp_path / "responses.txt"), "--prompt", PROMPT,
+                 "--output", str(tmp_path / "out"), "--no-progress", "--batch-size", "4", "--verify", "4"]) == 0
+    (run_dir,) = (tmp_path / "out").glob("*/responses_*")
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["experiment"] == "responses"
+    assert all(c["max_abs_diff"] <= c["tolerance"] for c in meta["self_check"]["greatest"])
+    df = pl.read_parquet(run_dir / "scores.parquet")
+    assert sorted(df["response"].to_list()) == sorted(RESPONSES)
+    lm = load_model(rm, kind="reward", device="cpu")
+    tok = lm.tokenizer
+    prefix = split_template(tok, response_conversation(PROMPT)).prefix_ids
+    for row in df.iter_rows(named=True):
+        # the conversation as a user writes it, through the tokenizer's own template and the model's own forward
+        ids = tok.apply_chat_template([{"role": "user", "content": PROMPT},
+                                       {"role": "assistant", "content": row["response"]}],
+                                      tokenize=True, return_dict=False, date_string="26 Jul 2024")
+        assert list(ids[: len(prefix)]) == list(prefix)
+        with torch.inference_mode():
+            ref = float(lm.model(torch.tensor([ids])).logits[0, 0])
+        assert row["score"] == pytest.approx(ref, abs=2e-5 * (1 + abs(ref))), row["response"]
+        slot = tok.decode(ids[len(prefix): len(prefix) + row["n_tokens"]])
+        assert slot == row["slot_text"]
+        assert row["change"] is None or row["change"] == "trimmed" and slot == row["response"].strip()
+    ranks = df.sort("score", descending=True)["rank"].to_list()
+    assert ranks == sorted(ranks) and ranks[0] == 1

@@ -116,3 +116,30 @@ def test_cli_kill_and_resume_is_identical(tmp_path):
     a = pl.read_parquet(ref_dir / "scores.parquet")
     b = pl.read_parquet(run_dir / "scores.parquet")
     assert a.equals(b)
+
+
+def test_response_run_on_smollm2_equals_its_own_forward(smol, tmp_path):
+    """Multi-word, non-ASCII and emoji responses through the real SmolLM2: the logprob of each whole response
+    (sum over its tokens and the closing ones) equals the model's own full forward of apply_chat_template's ids."""
+    import torch
+
+    from probe.commands.score import main
+    from probe.core.template import response_conversation, split_template
+
+    responses = ["Black people", "The Beatles", "self-sacrifice", "café au lait", "🎉 joy", "Love"]
+    (tmp_path / "r.csv").write_text("item,note\n" + "\n".join(f'"{r}",x' for r in responses) + "\n", encoding="utf-8")
+    assert main(["--responses", str(tmp_path / "r.csv"), "--response-column", "item", "--prompt", PROMPT,
+                 "--output", str(tmp_path / "out"), "--no-progress", "--verify", "3"]) == 0
+    (run_dir,) = (tmp_path / "out").glob("*/responses_*")
+    df = pl.read_parquet(run_dir / "scores.parquet")
+    tok, model = smol.tokenizer, smol.model
+    n_prefix = len(split_template(tok, response_conversation(PROMPT)).prefix_ids)
+    for row in df.iter_rows(named=True):
+        ids = tok.apply_chat_template([{"role": "user", "content": PROMPT},
+                                       {"role": "assistant", "content": row["response"]}],
+                                      tokenize=True, return_dict=False)
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        ref = float(sum(logp[i - 1, ids[i]] for i in range(n_prefix, len(ids))))
+        assert row["score"] == pytest.approx(ref, abs=1e-3 * (1 + abs(ref))), row["response"]
+    assert df.filter(pl.col("response") == "Love")["rank"][0] == 1

@@ -1,0 +1,152 @@
+"""``probe score --responses FILE``: whole responses (any length) scored under each prompt, as a run folder.
+
+The run layout of a sweep: ``<output>/<model>/responses_<time>/`` with ``scores.parquet`` (``prompt_key,
+response, n_tokens, score, rank``, rank 1 = best within the prompt, and what the chat template did to each
+response: ``slot_text``, ``change``), ``meta.json`` (settings, the template split per prompt, the self-check
+against the model's own forward, timing) and ``checkpoints/<prompt>/shard_*.npy`` for ``--resume``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sys
+import time
+
+from probe.config import ScoreVocabConfig
+from probe.runs.rundir import RunDir
+
+log = logging.getLogger(__name__)
+EXPERIMENT = "responses"
+
+
+def _settings(config: ScoreVocabConfig, loaded, responses: list[str], rows: dict, head) -> dict:
+    """Everything that changes a number (the batch size is stored beside, so a resume keeps it)."""
+    from probe.models.loading import weights_identity
+
+    digest = hashlib.sha256(json.dumps(responses, ensure_ascii=False).encode()).hexdigest()
+    return {
+        "model": loaded.model_id, "weights": weights_identity(loaded), "revision": config.revision,
+        "spec": loaded.spec.name, "label_index": loaded.spec.label_index, "dtype": str(loaded.dtype),
+        "device_type": loaded.device.type, "mode": config.mode, "head": head.describe(),
+        "n_responses": len(responses), "responses_sha256": digest, "shard_size": config.shard_size,
+        "prompts": {k: [list(r.prefix_ids), list(r.suffix_ids)] for k, r in rows.items()},
+        "date": config.scoring_options().date_string,
+    }
+
+
+def _prompt_meta(prompt, rows, tokenizer, system) -> dict:
+    changes: dict[str, int] = {}
+    for c in rows.change:
+        if c:
+            changes[c] = changes.get(c, 0) + 1
+    return {"text": prompt.text, "system": system, "prefix_ids": list(rows.prefix_ids),
+            "prefix_text": tokenizer.decode(list(rows.prefix_ids)), "suffix_ids": list(rows.suffix_ids),
+            "suffix_text": tokenizer.decode(list(rows.suffix_ids)),
+            "rows_with_another_prefix": sum(p != rows.prefix_ids for p in rows.prefixes),
+            "template_changes": changes,
+            "template_change_examples": [[r, s] for r, s, c in zip(rows.responses, rows.slot_text, rows.change)
+                                         if c][:10]}
+
+
+def run_responses(config: ScoreVocabConfig) -> RunDir:
+    """Load, render every response under every prompt, open (or resume) the run, score shard by shard, write."""
+    import numpy as np
+    import polars as pl
+    from tqdm.auto import tqdm
+
+    from probe.core.prompts import resolve_prompts
+    from probe.core.response_files import read_responses
+    from probe.core.responses import prepare, ranked_responses, score_rows
+    from probe.core.scoring import AdaptiveBatcher, default_batch_size, make_head
+    from probe.core.sweep import load_for
+    from probe.runs.meta import new_meta
+    from probe.runs.rundir import open_or_resume, writable_dir
+    from probe.runs.timing import now_iso
+
+    t_start, started = time.perf_counter(), now_iso()
+    prompts = resolve_prompts(config.prompt, config.prompts)  # every input before the model loads
+    responses = read_responses(config.responses, config.response_column)[: config.limit]
+    writable_dir(config.output, "--output")
+    loaded = load_for(config)
+    t_loaded = time.perf_counter()
+    opts = config.scoring_options()
+    mode = config.mode
+    rows = {p.key: prepare(loaded, mode, p.key, p.text, responses, opts, config.system) for p in prompts}
+    head = make_head(loaded, mode, opts)
+    longest = max(max(len(c) for c in r.continuations) for r in rows.values())
+    first = rows[prompts[0].key]
+    batch_size = config.batch_size or min(256, default_batch_size(loaded, len(first.prefix_ids), longest, mode))
+    settings = _settings(config, loaded, responses, rows, head)
+    run_dir, meta = open_or_resume(
+        config.output, loaded.model_id, EXPERIMENT, settings, config.resume,
+        lambda fp: new_meta(EXPERIMENT, fp, settings, config, loaded, revision=config.revision,
+                            score={"mode": mode, **head.describe()}, batch_size=batch_size,
+                            prompts={p.key: _prompt_meta(p, rows[p.key], loaded.tokenizer, config.system)
+                                     for p in prompts},
+                            self_check={}, timing={"sessions": []}))
+    if meta.get("status") == "complete":
+        log.warning("%s is already complete; nothing to resume", run_dir.path)
+        return run_dir
+    batch_size = meta.get("batch_size", batch_size)  # a resumed run keeps its batches
+    session = {"started": started, "load_s": round(t_loaded - t_start, 3), "responses_scored": 0, "score_s": 0.0}
+    meta["timing"].setdefault("sessions", []).append(session)
+    k = config.shard_size
+    n_shards = -(-len(responses) // k)
+    todo = {p.key: [s for s in range(n_shards) if run_dir.read_shard(p.key, s, len(responses[s * k:(s + 1) * k]))
+                    is None] for p in prompts}
+    total = sum(len(responses[s * k:(s + 1) * k]) for key in todo for s in todo[key])
+    print(f"rm-probe: {loaded.model_id} [{mode}, {loaded.dtype}, {loaded.device}]: {len(responses):,} responses x "
+          f"{len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
+    batcher = AdaptiveBatcher(batch_size)
+    tables = []
+    with tqdm(total=total, desc="responses", unit="resp", disable=not config.progress, file=sys.stderr,
+              dynamic_ncols=True, smoothing=0.1) as bar:
+        for p in prompts:
+            r = rows[p.key]
+            out = np.empty(len(responses), dtype=np.float32)
+            for s in range(n_shards):
+                idx = list(range(s * k, min((s + 1) * k, len(responses))))
+                if s not in todo[p.key]:
+                    out[idx] = run_dir.read_shard(p.key, s, len(idx))
+                    continue
+                t0 = time.perf_counter()
+                verify = config.verify if p.key not in meta["self_check"] else 0
+                out[idx] = score_rows(loaded, mode, r, idx, opts, verify=verify, progress=bar.update, batcher=batcher)
+                if verify:
+                    meta["self_check"][p.key] = r.checks
+                run_dir.write_shard(p.key, s, out[idx])
+                session["responses_scored"] += len(idx)
+                session["score_s"] = round(session["score_s"] + time.perf_counter() - t0, 3)
+                session["wall_s"] = round(time.perf_counter() - t_start, 3)
+                run_dir.write_meta(meta)
+            tables.append(ranked_responses(r, out))
+    run_dir.write_table("scores.parquet", pl.concat(tables))
+    sessions = meta["timing"]["sessions"]
+    scored, score_s = sum(x["responses_scored"] for x in sessions), sum(x["score_s"] for x in sessions)
+    meta["timing"].update(score_s=round(score_s, 3), responses_per_s=round(scored / score_s, 2) if score_s else None,
+                          wall_s=round(sum(x.get("wall_s") or 0 for x in sessions), 3))
+    meta["status"], meta["finished"] = "complete", now_iso()
+    run_dir.write_meta(meta)
+    return run_dir
+
+
+def print_response_summary(run_dir: RunDir, top: int) -> None:
+    import polars as pl
+
+    df = run_dir.read_table("scores.parquet")
+    meta = run_dir.read_meta()
+    for key, info in meta["prompts"].items():
+        part = df.filter(pl.col("prompt_key") == key).sort("rank")
+        print(f"\n== {key}: {info['text']!r}  [{meta['model']['id']}, {meta['score']['mode']}, {part.height:,} "
+              "responses] ==")
+        changes = info.get("template_changes") or {}
+        if changes:
+            print("the chat template changed some responses: " + ", ".join(f"{c} {n}" for c, n in changes.items()))
+        for title, rows in (("best", part.head(top)), ("worst", part.tail(top).reverse())):
+            print(f"{title} {min(top, part.height)}")
+            for row in rows.iter_rows(named=True):
+                print(f"  {row['rank']:>7} {row['score']:>11.4f} {row['n_tokens']:>3} tok  {row['response']!r}")
+    t = meta["timing"]
+    print(f"wrote {run_dir.path}  ({t.get('score_s')} s scoring, {t.get('responses_per_s')} responses/s)")
