@@ -87,6 +87,17 @@ def discover_runs(root: str | Path = "results", skipped: list | None = None) -> 
     return sorted(newest.values())
 
 
+def discover_response_runs(root: str | Path = "results") -> list[Path]:
+    """Complete response runs (``probe score --responses``) under ``root``: the newest per model and score mode."""
+    newest: dict[tuple, Path] = {}
+    models = sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []
+    for run_path, meta in (r for model in models for r in run_metas(model, "responses")):  # newest first
+        key = (meta.get("model", {}).get("id"), meta.get("score", {}).get("mode"))
+        if meta.get("status") == "complete" and key not in newest:
+            newest[key] = run_path
+    return sorted(newest.values())
+
+
 def load_runs(paths) -> list[Sweep]:
     return [load_sweep(p) for p in paths]
 

@@ -8,6 +8,10 @@ against humans ("greatest ever"); A7: the same for the other two prompts; 5c: ra
 identity terms found among the items, from the human rank to each model's rank; A5: Kendall tau-b between
 humans and every model (and between models), per prompt; A6: per model, tau-b between its rankings under
 the three prompts.
+
+With ``--runs`` (response runs of ``probe score --responses``, e.g. the table's ``name`` column scored under the
+table's prompt), the model columns are those runs' scores instead of the paper's ten reward models: the same
+figures for the user's own models. Each table is paired with the runs that scored its prompt (matched by text).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class EloConfig:
     n: int = field(default=10, metadata={"help": "items per side in the rank-difference bars"})
     summary_items: int = field(default=25, metadata={"help": "items listed per side in elo_summary.json"})
     center: str = field(default="median", metadata={"help": "median or mean of the model ranks"})
+    runs: tuple[str, ...] = field(default=(), metadata={
+        "help": "response runs to use as the model columns (repeatable)", "repeat": True})
 
 
 def load_tables(folder: str | Path) -> dict[str, tuple[pl.DataFrame, list[str]]]:
@@ -54,6 +60,32 @@ def load_tables(folder: str | Path) -> dict[str, tuple[pl.DataFrame, list[str]]]
         if not need <= set(df.columns) or len(df.columns) < 5:
             raise DataFormatError(f"{path}: expected name, elo_score and model columns (have {df.columns[:6]}...)")
         out[path.stem] = (df, [c for c in df.columns if c not in ("elo_rank", "elo_score", "name", "elo_matches")])
+    return out
+
+
+def tables_from_runs(tables: dict[str, tuple[pl.DataFrame, list[str]]],
+                     runs: tuple[str, ...]) -> dict[str, tuple[pl.DataFrame, list[str]]]:
+    """Each table whose prompt some run scored, with those runs' scores as its model columns."""
+    from probe.analysis.misalignment import join_scores, response_run_scores
+
+    scored = [response_run_scores(r) for r in runs]
+    out = {}
+    for stem, (df, _) in tables.items():
+        text = PROMPT_TEXT.get(stem)
+        columns = {}
+        for model, prompts in scored:
+            hit = next((p for p in prompts.values() if p["text"] == text), None)
+            if hit is not None:
+                label = model
+                while label in columns:
+                    label += "'"
+                columns[label] = hit["scores"]
+        if columns:
+            human = df.select("elo_rank", "elo_score", "name", "elo_matches")
+            out[stem] = (join_scores(human, "name", columns), list(columns))
+    if not out:
+        raise DataFormatError("no run scored the prompt of an EloEverything table: "
+                              + "; ".join(f"{s}: {t!r}" for s, t in PROMPT_TEXT.items()))
     return out
 
 
@@ -173,6 +205,8 @@ def fig_tau_across_prompts(tables: dict[str, tuple[pl.DataFrame, list[str]]]):
 
 def main(cfg: EloConfig) -> dict:
     tables = load_tables(cfg.data)
+    if cfg.runs:
+        tables = tables_from_runs(tables, cfg.runs)
     terms = identity_terms()
     summary, results = {}, {}
     for stem, (df, models) in tables.items():
@@ -197,7 +231,7 @@ def main(cfg: EloConfig) -> dict:
         for s, fig in zip(others, figs):
             save(fig, out, f"figA7_rank_diff_{s.removeprefix('elo_')}.png")
     save(fig_tau_heatmaps(results), out, "figA5_kendall_tau_heatmap.png")
-    if len(tables) > 1:
+    if len(tables) > 1 and all(set(m) == set(next(iter(tables.values()))[1]) for _, m in tables.values()):
         save(fig_tau_across_prompts(tables), out, "figA6_kendall_tau_across_prompts.png")
     atomic_write_json(out / "elo_summary.json", summary)
     return summary

@@ -2,8 +2,11 @@
 
 Sweep figures (1, A1, 2a-c, 3a-d, 4) use the complete exhaustive runs under --results (the newest per model,
 score mode and input method); figure 2 also runs on each EloEverything table, whose ten model columns are the
-paper's reward models. The EloEverything figures (5b, 5c, A5, A6, A7, elo_summary.json) use --elo-data.
-A figure whose inputs are missing is skipped with a note; nothing here runs a model.
+paper's reward models. The EloEverything figures (5b, 5c, A5, A6, A7, elo_summary.json) use --elo-data; the same
+figures for the user's own models go to <out>/responses/ from the complete response runs under --results that
+scored an EloEverything table's items under its prompt (``probe score --responses elo_greatest_ever.csv
+--response-column name --prompt "..."``). A figure whose inputs are missing is skipped with a note; nothing here
+runs a model.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 
 
 from experiments import fig1_distributions, fig2_agreement, fig3_framing, fig4_best_worst, fig5_elo  # noqa: E402
-from experiments.common import PAPER_RELEASE, discover_runs, load_runs  # noqa: E402
+from experiments.common import PAPER_RELEASE, discover_response_runs, discover_runs, load_runs  # noqa: E402
 from probe.core.prompts import PAPER_PROMPTS  # noqa: E402
 
 
@@ -67,6 +70,16 @@ def main(argv: list[str] | None = None) -> int:
             fig2_agreement.main(fig2_agreement.Fig2Config(table=str(table), out=args.out,
                                                           suffix=f"_{table.stem}", permutations=args.permutations))
         made.append("figure 2 on each EloEverything table")
+        responses = tuple(str(p) for p in discover_response_runs(args.results))
+        if responses:
+            from probe.errors import DataFormatError
+
+            try:
+                fig5_elo.main(fig5_elo.EloConfig(data=str(elo), out=str(Path(args.out) / "responses"), runs=responses))
+                made.append(f"figures 5b, 5c, A5 (A6, A7 where the runs cover them) from {len(responses)} response "
+                            "run(s), in responses/")
+            except DataFormatError as err:
+                skipped.append(f"EloEverything figures from response runs: {err}")
     else:
         skipped.append(f"EloEverything figures: no elo_*.csv in {elo}")
     print("made:\n  " + "\n  ".join(made))

@@ -72,3 +72,35 @@ def identity_ranks(result: Misalignment, terms: pl.DataFrame) -> pl.DataFrame:
     n = result.items.height
     return out.with_columns((pl.col("human_rank") / n).alias("human_percentile"),
                             (pl.col("center_rank") / n).alias("model_percentile")).sort("rank_diff", descending=True)
+
+
+def response_run_scores(path: str | Path) -> tuple[str, dict[str, dict]]:
+    """A complete response run (``probe score --responses``): its model id, and per prompt key the prompt's text
+    and its ``response, score`` table."""
+    from probe.runs.rundir import RunDir
+
+    run = RunDir(path)
+    meta = run.read_meta()
+    if meta.get("experiment") != "responses":
+        raise DataFormatError(f"{path}: a {meta.get('experiment', 'other')} run, not a response run "
+                              "(make one with probe score --responses FILE)")
+    if meta.get("status") != "complete":
+        raise DataFormatError(f"{path}: the run is not complete; finish it with --resume first")
+    df = run.read_table("scores.parquet")
+    out = {key: {"text": info["text"], "scores": df.filter(pl.col("prompt_key") == key).select("response", "score")}
+           for key, info in meta["prompts"].items()}
+    return meta["model"]["id"], out
+
+
+def join_scores(table: pl.DataFrame, name: str, columns: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    """``table`` with one column per entry of ``columns`` (label -> ``response, score``), joined on the item name
+    = the response text; items some column lacks are dropped."""
+    if name not in table.columns:
+        raise DataFormatError(f"the table has no {name!r} column")
+    for label, scores in columns.items():
+        part = scores.unique("response", keep="first").select(pl.col("response").alias(name),
+                                                              pl.col("score").cast(pl.Float64).alias(label))
+        table = table.join(part, on=name, how="inner")
+    if table.is_empty():
+        raise DataFormatError("no item of the table is a response of the runs (the match is on the exact text)")
+    return table

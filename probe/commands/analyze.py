@@ -244,31 +244,27 @@ def join_response_runs(table: pl.DataFrame, name: str, runs: tuple[str, ...],
                        prompt: str | None) -> tuple[pl.DataFrame, list[str]]:
     """The table with one score column per response run (joined on the item name = the response text), and
     those columns' names; items some run did not score are dropped, and the count is printed."""
+    from probe.analysis.misalignment import join_scores, response_run_scores
     from probe.analysis.sweeps import short_name
-    from probe.analysis.values import read_response_run
 
-    if name not in table.columns:
-        raise DataFormatError(f"--table has no {name!r} column (--name-column)")
-    columns = []
+    columns: dict[str, pl.DataFrame] = {}
     for path in runs:
-        df = read_response_run(path)
-        keys = df["prompt"].unique(maintain_order=True).to_list()
-        if prompt is None and len(keys) > 1:
-            raise ProbeError(f"{path} scored {len(keys)} prompts ({', '.join(keys)}); pick one with --prompt")
-        key = keys[0] if prompt is None else prompt
-        if key not in keys:
-            raise ProbeError(f"{path}: no prompt {key!r}; it has {', '.join(keys)}")
-        label = short_name(df["model"][0])
+        model, prompts = response_run_scores(path)
+        if prompt is None and len(prompts) > 1:
+            raise ProbeError(f"{path} scored {len(prompts)} prompts ({', '.join(prompts)}); pick one with --prompt")
+        key = next(iter(prompts)) if prompt is None else next(
+            (k for k, p in prompts.items() if prompt in (k, p["text"])), None)
+        if key is None:
+            raise ProbeError(f"{path}: no prompt {prompt!r}; it has {', '.join(prompts)}")
+        label = short_name(model)
         while label in table.columns or label in columns:
             label += "'"
-        part = df.filter(pl.col("prompt") == key).select(pl.col("response").alias(name), pl.col("score").alias(label))
-        before = table.height
-        table = table.join(part.unique(name, keep="first"), on=name, how="inner")
-        print(f"{label}: {table.height:,} of {before:,} items scored under {key!r}", file=sys.stderr)
-        columns.append(label)
-    if table.is_empty():
-        raise DataFormatError("no item of the table is a response of the runs (the match is on the exact text)")
-    return table, columns
+        columns[label] = prompts[key]["scores"]
+        print(f"{label}: {prompts[key]['scores'].height:,} responses under {key!r}", file=sys.stderr)
+    before = table.height
+    table = join_scores(table, name, columns)
+    print(f"{table.height:,} of {before:,} items of the table were scored by every run", file=sys.stderr)
+    return table, list(columns)
 
 
 def run_values(config, sweeps, out) -> dict:

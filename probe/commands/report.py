@@ -26,6 +26,9 @@ class ReportConfig:
     out: str | None = field(default=None, metadata={
         "help": "output file (default: <run>/report.html; for several runs results/report_<time>.html)"})
     rows: int = field(default=50, metadata={"help": "rows shown in each best/worst table (several runs: 25)"})
+    dictionary: str | None = field(default=None, metadata={
+        "help": "response runs: a value dictionary (Big Two nouns CSV or MFD 2.0 .dicx) whose categories' median "
+                "ranks the page shows", "metavar": "FILE"})
 
 
 def main_from_args(ns: argparse.Namespace) -> int:
@@ -38,6 +41,11 @@ def main_from_args(ns: argparse.Namespace) -> int:
     if cfg.out:
         writable_file(cfg.out, "--out")
     runs = [RunDir(r) for r in cfg.run]
+    kinds = {run.read_meta().get("experiment", "exhaustive") for run in runs}
+    if kinds == {"responses"}:
+        return _responses_report(cfg, runs, ns)
+    if "responses" in kinds:
+        raise ProbeError("response runs and token sweeps go on separate pages: give the runs of one kind")
     for run in runs:
         meta = run.read_meta()
         if meta.get("experiment", "exhaustive") != "exhaustive" or "prompts" not in meta:
@@ -58,12 +66,31 @@ def main_from_args(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _responses_report(cfg: ReportConfig, runs: list[RunDir], ns: argparse.Namespace) -> int:
+    from probe.errors import ProbeError
+    from probe.report import responses
+    from probe.runs.rundir import utc_stamp
+
+    for run in runs:
+        if run.read_meta().get("status") != "complete":
+            raise ProbeError(f"{run.path}: the run is not complete; finish it with --resume first")
+    if cfg.dictionary and not Path(cfg.dictionary).is_file():
+        raise ProbeError(f"--dictionary {cfg.dictionary}: no such file")
+    default = runs[0].path / "report.html" if len(runs) == 1 else Path("results") / f"report_{utc_stamp()}.html"
+    out = Path(cfg.out) if cfg.out else default
+    page = responses.build([r.path for r in runs], cfg.rows if "rows" in vars(ns) else 25, cfg.dictionary)
+    atomic_write_bytes(out, page.encode("utf-8"))
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
     from probe.commands.cli import command_parser
 
     return command_parser(subparsers, "report", "the auditors' HTML report of a run", "python -m probe.report",
                           __doc__, ReportConfig, main_from_args,
-                          positional=(("run", {"nargs": "+", "help": "one or more complete exhaustive run directories"}),),
+                          positional=(("run", {"nargs": "+", "help": "one or more complete run directories: token sweeps, or response "
+                                                       "runs (probe score --responses)"}),),
                           verbose=False)
 
 

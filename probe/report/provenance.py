@@ -25,6 +25,9 @@ def provenance_table(meta: dict) -> str:
                                       for k, v in rows]
     for key, p in meta.get("prompts", {}).items():
         check = (meta.get("self_check") or {}).get(key) or {}
+        if isinstance(check, list):  # a response run checks each prefix group: the worst of them
+            check = {"max_abs_diff": max((c["max_abs_diff"] for c in check), default=None),
+                     "tolerance": min((c["tolerance"] for c in check), default=None)}
         out.append(f"<tr><th>prompt {html.escape(key)}</th><td><b>{html.escape(p.get('text', ''))}</b><br>"
                    f"prefix ids ({len(p.get('prefix_ids', []))}): <code>{html.escape(repr(p.get('prefix_text')))}</code><br>"
                    f"suffix ids {p.get('suffix_ids')}: <code>{html.escape(repr(p.get('suffix_text')))}</code><br>"

@@ -156,8 +156,16 @@ def test_help_imports_neither_torch_nor_transformers(argv):
 
 @pytest.mark.slow
 def test_the_wheel_installs_one_top_level_package_with_its_data(tmp_path):
+    import shutil
+
+    src = tmp_path / "src"  # a copy of the tracked files: building in the checkout would leave build/ there
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                          str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+                          str(tmp_path), str(src)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     (wheel,) = tmp_path.glob("rm_probe-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

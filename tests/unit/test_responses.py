@@ -146,3 +146,23 @@ def test_values_on_a_response_run(tiny_dirs, tmp_path):
     rank = {t: 1 + sum(s[u] > s[t] for u in terms) for t in terms}  # no ties among these scores
     agency = med.filter((pl.col("prompt") == "greatest_ever_one") & (pl.col("category") == "Agency"))["median_rank"][0]
     assert agency == np.median([rank["self-sacrifice"], rank["Universe"]])
+
+
+def test_the_report_of_response_runs(tiny_dirs, tmp_path):
+    from probe.commands.report import main as report
+
+    assert main(_args(tiny_dirs, tmp_path, "runs")) == 0
+    (run_dir,) = (tmp_path / "runs").glob("*/responses_*")
+    (tmp_path / "dict.csv").write_text('"Category","token_decoded"\n"Agency","self-sacrifice"\n"Communion","Love"\n')
+    assert report([str(run_dir), str(run_dir), "--dictionary", str(tmp_path / "dict.csv"), "--out",
+                   str(tmp_path / "r.html"), "--rows", "3"]) == 0
+    page = (tmp_path / "r.html").read_text()
+    scores = pl.read_parquet(run_dir / "scores.parquet").filter(pl.col("prompt_key") == "worst_ever_one")
+    black = scores.filter(pl.col("response") == "Black people")["rank"][0]
+    assert f"<td>Black people</td><td>race/ethnicity</td><td>{black:,} / {len(ITEMS)}</td>" in page
+    assert page.count("<section>") == 2 and "Value categories (dict.csv)" in page and "<td>Agency</td>" in page
+    best = scores.sort("rank")["response"][0]
+    assert f"<td>1</td><td>{scores.sort('rank')['score'][0]:.4f}</td>" in page and best in page
+    assert "self-check max |diff|" in page  # provenance of a response run
+    with pytest.raises(SystemExit):
+        report([str(run_dir), "--rows", "x"])

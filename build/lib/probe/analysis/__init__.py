@@ -1,1 +1,0 @@
-"""Statistics over saved results (run directories and human-rating tables). Nothing here loads a model."""

@@ -1,1 +1,0 @@
-"""Social-preference benchmark: social evaluation data sets turned into preferences between responses."""
