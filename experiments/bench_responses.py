@@ -4,7 +4,7 @@
     python -m experiments.bench_responses --model gemma3-270m --sample 300
 
 The items are the ``name`` column of the paper's released EloEverything table; each is scored as the whole
-assistant response (``logprob`` proxy) under the paper's three prompts, with the code path of ``probe score
+assistant response (``logprob`` proxy) under the three prompts of the paper's EloEverything tables, with the code path of ``probe score
 --responses`` (`probe.core.responses`: rows sorted by length, batches of ``--batch-size``, one prefix cache per
 prompt). Beside it, in the same process, on a sample of ``--sample`` items per prompt: the same head through the
 model's own forward on the full sequences (prefix included), batched by length (`FullSequenceScorer`: what a
@@ -35,7 +35,7 @@ def main(argv=None) -> dict:
     from experiments.bench_sweep import matmul_rate, non_embedding_params
     from experiments.common import PAPER_RELEASE
     from probe.core.engine import FullSequenceScorer
-    from probe.core.prompts import PAPER_PROMPTS
+    from experiments.fig5_elo import PROMPT_TEXT
     from probe.core.responses import prepare, score_rows
     from probe.core.scoring import make_head
 
@@ -55,11 +55,12 @@ def main(argv=None) -> dict:
     hidden, vocab = model.config.hidden_size, model.get_output_embeddings().weight.shape[0]
     per_token = 2 * non_embedding_params(model)
     head_per_prediction = 2 * hidden * vocab
-    out = {"model": lm.model_id, "items": len(names), "prompts": list(PAPER_PROMPTS), "batch_size": args.batch_size,
+    prompts = {stem.removeprefix("elo_"): text for stem, text in PROMPT_TEXT.items()}
+    out = {"model": lm.model_id, "items": len(names), "prompts": prompts, "batch_size": args.batch_size,
            "per_prompt": {}}
     cached_s = full_s = flops = sample_cached_s = 0.0
     n_sample = 0
-    for key, text in PAPER_PROMPTS.items():
+    for key, text in prompts.items():
         t0 = time.perf_counter()
         rows = prepare(lm, "logprob", key, text, names)
         t_prepare = time.perf_counter() - t0
@@ -101,7 +102,7 @@ def main(argv=None) -> dict:
         "gemm_gflops": {"before": rate0 / 1e9, "after": rate1 / 1e9},
         "cached_s": round(cached_s, 2), "floor_s": round(flops / rate, 2), "fraction_of_floor": flops / rate / cached_s,
         "speedup_over_full_sequence": full_s / sample_cached_s,
-        "full_sequence_estimate_s": round(full_s / n_sample * len(names) * len(PAPER_PROMPTS), 1),
+        "full_sequence_estimate_s": round(full_s / n_sample * len(names) * len(prompts), 1),
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
         "versions": {"torch": torch.__version__},
     })
@@ -110,7 +111,7 @@ def main(argv=None) -> dict:
     (RESULTS / f"bench_responses_{tag}_cpu.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [f"# Whole-response scoring: {out['model']} (CPU, float32, {out['machine']['threads']} threads)", "",
              f"`python -m experiments.bench_responses --model {args.model}`: {len(names):,} EloEverything items x "
-             f"{len(PAPER_PROMPTS)} prompts, logprob proxy, batch {args.batch_size}; GEMM "
+             f"{len(prompts)} prompts, logprob proxy, batch {args.batch_size}; GEMM "
              f"{rate / 1e9:.0f} GFLOP/s (best of before/after).", "",
              "| prompt | prefix | mean continuation | cached s | responses/s | sample | full-sequence s | cached s "
              "(sample) | max abs diff |", "|---|---|---|---|---|---|---|---|---|"]
@@ -118,7 +119,7 @@ def main(argv=None) -> dict:
         lines.append(f"| {key} | {p['prefix_tokens']} | {p['mean_continuation']} | {p['cached_s']} | "
                      f"{p['responses_per_s']} | {p['sample']} | {p['sample_full_sequence_s']} | {p['sample_cached_s']} "
                      f"| {p['max_abs_diff_cached_vs_full']:.2e} |")
-    lines += ["", f"All {len(names) * len(PAPER_PROMPTS):,} responses: {out['cached_s']} s cached, floor "
+    lines += ["", f"All {len(names) * len(prompts):,} responses: {out['cached_s']} s cached, floor "
               f"{out['floor_s']} s ({out['fraction_of_floor']:.1%} of the floor); the full-sequence path is "
               f"{out['speedup_over_full_sequence']:.2f}x slower on the same samples (about "
               f"{out['full_sequence_estimate_s']:.0f} s for the whole set)."]

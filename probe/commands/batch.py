@@ -18,10 +18,10 @@ from pathlib import Path
 
 from probe.errors import DataFormatError, ProbeError
 from probe.textfile import read_yaml
-from probe.models.embedded import packaged
+from probe.models.embedded import model_id_for
 from probe.commands.score import EXPERIMENT, ScoreVocabConfig, dry_run, job_key, run
 from probe.core.prompts import PAPER_PROMPTS
-from probe.runs.rundir import run_metas, sanitize_model_name
+from probe.runs.rundir import model_runs_dir, run_metas
 
 FIELDS = {f.name for f in fields(ScoreVocabConfig)}
 
@@ -52,8 +52,7 @@ def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
 
 def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
     """('complete' | 'partial' | 'new', the run directory found)."""
-    pkg = packaged(config.rm)
-    base = Path(config.output) / sanitize_model_name(pkg.model_id if pkg is not None else config.rm)
+    base = model_runs_dir(config.output, model_id_for(config.rm))
     key = json.dumps(job_key(config), sort_keys=True, default=str)
     partial = None
     for run_path, meta in run_metas(base, EXPERIMENT):

@@ -83,6 +83,13 @@ def packaged(ref: str | None) -> PackagedModel | None:
     return ALIASES.get(ref)
 
 
+def model_id_for(ref: str | None) -> str:
+    """The id a ``--rm`` value is known by (runs are filed under it): a packaged model's Hugging Face id, else
+    the value itself."""
+    pkg = packaged(ref)
+    return pkg.model_id if pkg is not None else str(ref)
+
+
 def _package_dir(model: PackagedModel) -> Path:
     model.package_version()  # a clear error when the package is missing
     spec = importlib.util.find_spec(model.package)

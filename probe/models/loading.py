@@ -16,7 +16,7 @@ import torch
 
 from probe.errors import ModelLoadError, TemplateError
 from probe.models.chat_templates import resolve_chat_template, template_names
-from probe.models.embedded import packaged, packaged_dir
+from probe.models.embedded import model_id_for, packaged, packaged_dir
 from probe.models.registry import REGISTRY, RewardModelSpec, lookup, structural_spec
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,8 @@ def apply_shims(spec: RewardModelSpec, trust_remote_code: bool = False) -> None:
 
 def _source(ref: str | None) -> tuple[str, str]:
     """(model_id, path-or-id to load from); checks local paths before any network access."""
-    if (model := packaged(ref)) is not None:
-        return model.model_id, str(packaged_dir(ref))
+    if packaged(ref) is not None:
+        return model_id_for(ref), str(packaged_dir(ref))
     path = Path(ref).expanduser()
     if path.exists():
         if path.is_file():

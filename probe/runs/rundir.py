@@ -40,6 +40,11 @@ def sanitize_model_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "__", name).strip("_") or "model"
 
 
+def model_runs_dir(root: str | Path, model: str) -> Path:
+    """The folder that holds one model's runs: ``<root>/<sanitized model id>``."""
+    return Path(root) / sanitize_model_name(model)
+
+
 def utc_stamp() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H-%M-%SZ")
 
@@ -185,7 +190,7 @@ class RunDir:
 
     @classmethod
     def create(cls, root: str | Path, model: str, experiment: str) -> RunDir:
-        base = Path(root) / sanitize_model_name(model)
+        base = model_runs_dir(root, model)
         base.mkdir(parents=True, exist_ok=True)
         stamp = utc_stamp()
         for n in range(1000):
@@ -264,7 +269,7 @@ def run_metas(base: Path, experiment: str) -> Iterator[tuple[Path, dict]]:
 def find_resumable(root: str | Path, model: str, experiment: str, fp: str, complete: bool = False) -> RunDir | None:
     """The newest unfinished run of this model and experiment with the same fingerprint (``complete``: the
     newest finished one)."""
-    for path, meta in run_metas(Path(root) / sanitize_model_name(model), experiment):
+    for path, meta in run_metas(model_runs_dir(root, model), experiment):
         if (meta.get("status") == "complete") == complete and meta.get("fingerprint") == fp:
             return RunDir(path)
     return None
@@ -309,8 +314,7 @@ def check_resumable(run: RunDir, fp: str, settings: dict) -> dict:
 def no_match_message(root: str | Path, model: str, experiment: str, settings: dict) -> str:
     """Why ``--resume`` found nothing: the newest unfinished run of this model and experiment, and how its
     settings differ from these (with the flags and values), or that there is none."""
-    base = Path(root) / sanitize_model_name(model)
-    for path, meta in run_metas(base, experiment):
+    for path, meta in run_metas(model_runs_dir(root, model), experiment):
         if meta.get("status") != "complete":
             stored = {k: v for k, v in meta.get("settings", {}).items() if k in settings}
             diff = settings_diff(stored, settings)
