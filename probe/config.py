@@ -162,7 +162,7 @@ class GCGConfig(ModelOptions):
     allow_special: bool = field(default=False, metadata={"help": "let special and added tokens into the response"})
     filter_ids: bool = field(default=False, metadata={
         "help": "drop candidates whose decoded text does not re-encode to the same ids"})
-    beam: int = field(default=0, metadata={
+    beam: int | None = field(default=None, metadata={
         "help": "instead of GCG: exact beam search keeping the K best prefixes, extending each by every allowed "
                 "token, up to --length tokens (2 or 3 is practical)"})
     batch_size: int | None = field(default=None, metadata={"help": "rows per forward (default: 256 CPU; GPU by memory)"})
@@ -174,7 +174,7 @@ class GCGConfig(ModelOptions):
 
     def __post_init__(self) -> None:
         check_at_least(self, 1, "length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs")
-        check_at_least(self, 0, "beam")
+        check_at_least(self, 1, "beam")
         if self.n_replace > self.length:
             raise ValueError("--n-replace cannot exceed --length")
         resolve_date(self.date)
@@ -229,6 +229,7 @@ class SocialConfig(ModelOptions):
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
 
     def __post_init__(self) -> None:
+        check_at_least(self, 1, "limit", "batch_size")
         if self.data and len(self.data) != len(self.dataset):
             raise ValueError("give one --data per --dataset (or none, for the offline copies)")
         if not self.dataset and not self.suite:

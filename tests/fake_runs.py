@@ -46,7 +46,8 @@ def fake_vocab(tokens: Sequence[str], special: Sequence[str] = ()) -> pl.DataFra
 
 
 def write_fake_run(root: str | Path, model_id: str, tokens: Sequence[str], prompts: dict[str, str],
-                   score_fn: ScoreFn = hashed_score, family: str = "", special: Sequence[str] = ()) -> RunDir:
+                   score_fn: ScoreFn = hashed_score, family: str = "", special: Sequence[str] = (),
+                   mode: str = "reward", input_method: str = "ids") -> RunDir:
     from probe.core.sweep import ranked_table
 
     vocab = fake_vocab(tokens, special)
@@ -57,8 +58,9 @@ def write_fake_run(root: str | Path, model_id: str, tokens: Sequence[str], promp
         scores = np.array([score_fn(key, t) for t in tokens], dtype=np.float32)
         tables.append(ranked_table(Prompt(key, text), np.arange(len(tokens)), scores, vocab))
     run.write_table("scores.parquet", pl.concat(tables))
-    meta = new_meta("exhaustive", "fake", {"n_tokens": len(tokens)}, {}, environment={},
-                    model={"id": model_id, "spec": {"family": family}, "kind": "reward"}, fake=True,
-                    score={"mode": "reward"}, prompts={k: {"text": t} for k, t in prompts.items()}, timing={})
+    meta = new_meta("exhaustive", "fake", {"n_tokens": len(tokens), "input_method": input_method}, {},
+                    environment={}, model={"id": model_id, "spec": {"family": family},
+                                           "kind": "reward" if mode == "reward" else "causal"}, fake=True,
+                    score={"mode": mode}, prompts={k: {"text": t} for k, t in prompts.items()}, timing={})
     run.write_meta({**meta, "status": "complete"})
     return run

@@ -214,12 +214,36 @@ def run_misalignment(config, sweeps, out) -> dict:
     return summary
 
 
-def _pair_contrast(config, sweeps, out, labels) -> dict:
+def _ordered_pair(analysis: str, sweeps: list) -> tuple[list, tuple[str, str]]:
+    """The two runs a pair analysis compares, in its order, with their labels; one line where they are not
+    what it compares (contrast: a reward or judge run and a logprob run; input-method: two runs of one model,
+    raw ids and --input-method paper)."""
+    if len(sweeps) != 2:
+        raise ProbeError(f"{analysis} takes exactly two run directories")
+    if analysis == "contrast":
+        modes = [s.meta.get("score", {}).get("mode", "reward") for s in sweeps]
+        if sorted(modes) not in (["logprob", "reward"], ["judge", "logprob"]):
+            raise ProbeError(f"contrast compares a reward-model (or judge) run with a language model's logprob run; "
+                             f"these are {modes[0]} and {modes[1]} runs")
+        pair = sorted(sweeps, key=lambda s: s.meta.get("score", {}).get("mode") == "logprob")
+        return pair, (pair[0].meta["score"]["mode"], "logprob")
+    methods = [s.meta.get("settings", {}).get("input_method") or "ids" for s in sweeps]
+    if sorted(methods) != ["ids", "paper"]:
+        raise ProbeError(f"input-method compares a raw-id run with a --input-method paper run of the same model; "
+                         f"these are {methods[0]} and {methods[1]} runs")
+    ident = [s.meta["model"].get("weights") or s.meta["model"]["id"] for s in sweeps]
+    if ident[0] != ident[1] or sweeps[0].meta["model"]["id"] != sweeps[1].meta["model"]["id"]:
+        raise ProbeError(f"input-method compares two runs of one model; these are runs of "
+                         f"{sweeps[0].meta['model']['id']} and {sweeps[1].meta['model']['id']}")
+    pair = sorted(sweeps, key=lambda s: (s.meta.get("settings", {}).get("input_method") or "ids") == "paper")
+    return pair, ("raw_ids", "paper_method")
+
+
+def _pair_contrast(config, sweeps, out) -> dict:
     from probe.analysis.contrast import contrast
     from probe.analysis.contrast import contrast_strings
 
-    if len(sweeps) != 2:
-        raise ProbeError(f"{config.analysis} takes exactly two run directories")
+    sweeps, labels = _ordered_pair(config.analysis, sweeps)
     summary = {}
     for label, keys in _prompt_keys(sweeps, config.prompt).items():
         a, b = sweeps[0].prompt(keys[0]), sweeps[1].prompt(keys[1])
@@ -341,11 +365,12 @@ def run(config: AnalysisConfig) -> Path:
                          + (" or score table" if config.analysis == "values" else ""))
     if config.table:
         read_table_csv(config.table)  # a bad table fails before the output folder is made
+    if config.analysis in ("contrast", "input-method"):
+        _ordered_pair(config.analysis, sweeps)  # so do runs the pair analysis cannot compare
     out = _out_dir(config)
     fn = {"top": run_top, "agreement": run_agreement, "framing": run_framing, "exposure": run_exposure,
           "misalignment": run_misalignment, "values": run_values,
-          "contrast": lambda c, s, o: _pair_contrast(c, s, o, ("reward", "logprob")),
-          "input-method": lambda c, s, o: _pair_contrast(c, s, o, ("raw_ids", "paper_method"))}[config.analysis]
+          "contrast": _pair_contrast, "input-method": _pair_contrast}[config.analysis]
     summary = fn(config, sweeps, out)
     atomic_write_json(out / "summary.json", {"config": asdict(config), "summary": summary,
                                              "runs": list(config.runs)})

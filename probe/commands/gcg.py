@@ -30,7 +30,9 @@ def _settings(config: GCGConfig, loaded) -> dict:
     from probe.models.loading import weights_identity
 
     skip = {"output", "progress", "resume", "batch_size"}
-    return {**{k: v for k, v in asdict(config).items() if k not in skip}, "date": resolve_date(config.date),
+    # "beam": 0 when off, as runs made before --beam took None recorded it (their fingerprints stay valid)
+    return {**{k: v for k, v in asdict(config).items() if k not in skip}, "beam": config.beam or 0,
+            "date": resolve_date(config.date),
             "model": loaded.model_id, "weights": weights_identity(loaded)}
 
 
@@ -42,12 +44,13 @@ def main_from_args(ns: argparse.Namespace) -> int:
     from probe.core.scoring import make_head, n_scorable, prompt_split
     from probe.core.vocab import build_vocab_table
     from probe.runs.meta import new_meta as build_meta
-    from probe.runs.rundir import atomic_write_json, open_or_resume, writable_dir
+    from probe.runs.rundir import atomic_write_json, check_resume_target, open_or_resume, writable_dir
 
     config = config_from_args(GCGConfig, ns)
     writable_dir(config.output, "--output")
-    loaded = load_for(config)
     experiment = "beam" if config.beam else f"gcg_{config.direction}"
+    check_resume_target(config.resume, experiment)
+    loaded = load_for(config)
     settings = _settings(config, loaded)
 
     run_dir, meta = open_or_resume(config.output, loaded.model_id, experiment, settings, config.resume,

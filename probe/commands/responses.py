@@ -62,13 +62,14 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     from probe.core.scoring import AdaptiveBatcher, default_batch_size, make_head
     from probe.core.sweep import load_for
     from probe.runs.meta import new_meta
-    from probe.runs.rundir import open_or_resume, writable_dir
+    from probe.runs.rundir import check_resume_target, open_or_resume, writable_dir
     from probe.runs.timing import now_iso
 
     t_start, started = time.perf_counter(), now_iso()
     prompts = resolve_prompts(config.prompt, config.prompts)  # every input before the model loads
     responses = read_responses(config.responses, config.response_column)[: config.limit]
     writable_dir(config.output, "--output")
+    check_resume_target(config.resume, EXPERIMENT)
     loaded = load_for(config)
     t_loaded = time.perf_counter()
     opts = config.scoring_options()

@@ -41,7 +41,7 @@ def run(config: ScoreVocabConfig) -> RunDir:
     from probe.core.sweep import VocabSweep, load_for, ranked_table
     from probe.core.vocab import build_vocab_table
     from probe.runs.distributed import barrier, broadcast, device_for, init
-    from probe.runs.rundir import writable_dir
+    from probe.runs.rundir import check_resume_target, writable_dir
     from probe.runs.timing import SessionTiming, now_iso
 
     t_start, started = time.perf_counter(), now_iso()
@@ -51,6 +51,7 @@ def run(config: ScoreVocabConfig) -> RunDir:
     prompts = resolve_prompts(config.prompt, config.prompts)  # inputs and the output folder before the model
     if dist.main:
         writable_dir(config.output, "--output")
+        check_resume_target(config.resume, EXPERIMENT)
     loaded = load_for(config)
     t_loaded = time.perf_counter()
     sweep = VocabSweep(loaded, config, prompts)

@@ -37,6 +37,7 @@ from probe.errors import DataFormatError
 from probe.runs.rundir import (
     RunDir,
     atomic_write_json,
+    check_resume_target,
     find_resumable,
     fingerprint,
     open_or_resume,
@@ -271,6 +272,7 @@ def main_from_args(ns: argparse.Namespace) -> int:
     models = suite_models(cfg)
     datasets = load_datasets(cfg)  # fail early on bad data and a bad output folder, before any model loads
     writable_dir(cfg.output, "--output")
+    check_resume_target(cfg.resume, EXPERIMENT)
     summaries = {}
     for m in models:
         run, summary = run_model(cfg, m, datasets)

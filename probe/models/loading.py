@@ -121,6 +121,15 @@ def _source(ref: str | None) -> tuple[str, str]:
         return ref, str(path)
     if ref.startswith((".", "/", "~")) or ref.count("/") > 1:
         raise ModelLoadError(f"{ref}: no such directory")
+    if "/" not in ref:  # not org/name: a misspelt packaged model is told so before any download is tried
+        import difflib
+
+        from probe.models.embedded import PACKAGED
+
+        close = difflib.get_close_matches(ref.lower(), list(PACKAGED), n=1, cutoff=0.75)
+        if close:
+            raise ModelLoadError(f"--rm {ref}: not a packaged model nor a folder; did you mean {close[0]}? "
+                                 f"(packaged: {', '.join(PACKAGED)}; a Hugging Face id is org/name)")
     return ref, ref
 
 

@@ -301,6 +301,31 @@ def settings_diff(stored: dict, now: dict) -> list[str]:
     return out
 
 
+COMMAND_OF = {"exhaustive": "probe score", "responses": "probe score --responses", "gcg_max": "probe gcg",
+              "gcg_min": "probe gcg --direction min", "beam": "probe gcg --beam K", "social": "probe social"}
+
+
+def check_resume_target(resume: str | None, experiment: str) -> None:
+    """``--resume DIR``, checked before any model loads: the folder exists, is a run, and is a run of this kind
+    (a social run is not a sweep). ``--resume`` with no value (``latest``) is looked up later, by settings."""
+    if not resume or resume == "latest":
+        return
+    path = Path(resume).expanduser()
+    if not path.is_dir():
+        raise ResumeError(f"--resume {resume}: no such folder" if not path.exists() else
+                          f"--resume {resume}: a file, not a run folder")
+    if not (path / META).is_file():
+        raise ResumeError(f"--resume {resume}: not a run folder (it has no {META})")
+    found = RunDir(path).read_meta().get("experiment", "exhaustive")
+    if found != experiment:
+        how = COMMAND_OF.get(found, found)
+        def a(word: str) -> str:
+            return ("an " if word[:1] in "aeiou" else "a ") + word
+
+        raise ResumeError(f"--resume {resume}: {a(found)} run, not {a(experiment)} run; continue it with {how} "
+                          f"--resume {resume}")
+
+
 def check_resumable(run: RunDir, fp: str, settings: dict) -> dict:
     meta = run.read_meta()
     if meta.get("fingerprint") != fp:

@@ -28,9 +28,24 @@ def json_rows(path: Path) -> Iterator[Row]:
     if path.suffix == ".json":
         data = parse_json(path, text)
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-            raise DataFormatError(f"{path}: expected a JSON list of objects")
+            raise DataFormatError(f"{path}: expected a JSON list of records (objects), found {_shape(data)}"
+                                  + _other_format(data))
         return iter(_with_lines(text, data))
     return _jsonl(path, text)
+
+
+def _shape(data) -> str:
+    if isinstance(data, dict):
+        return f"one JSON object with the keys {', '.join(list(data)[:8])}"
+    return f"a JSON {type(data).__name__}" if not isinstance(data, list) else "a list with other things than objects"
+
+
+def _other_format(data) -> str:
+    """Which data set's file a JSON document is, where it is not a list of records (StereoSet's dev.json)."""
+    inner = data.get("data") if isinstance(data, dict) else None
+    if isinstance(inner, dict) and {"intrasentence", "intersentence"} & set(inner):
+        return "; this is StereoSet's dev.json: give it as --dataset stereoset"
+    return ""
 
 
 def _with_lines(text: str, data: list[dict]) -> list[Row]:

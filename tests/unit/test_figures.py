@@ -67,3 +67,36 @@ def test_discover_runs_keeps_the_run_with_most_prompts(tmp_path):
     assert discover_runs(tmp_path) == sorted([full.path, other.path])
     newer_full = write_fake_run(tmp_path, "org/m", words, PAPER_PROMPTS)
     assert discover_runs(tmp_path) == sorted([newer_full.path, other.path])
+
+
+def test_make_figures_is_one_consistent_set(tmp_path, paper_release):
+    """Figures from four sweeps, then from one named run: the sweep figures are replaced, the ones the single run
+    cannot make are removed (not left from the old set), the manifest names the inputs; with no runs at all the
+    sweep figures are kept as the manifest describes them."""
+    words = ["love", "hate", "good", "bad", "happy", "sad", "peace", "war", "joy", "pain", " love", "zzq"]
+    runs = [write_fake_run(tmp_path / "results", f"org{i}/model{i}", words, PAPER_PROMPTS,
+                           lambda k, t, i=i: hashed_score(f"{k}/{i}", t)) for i in range(4)]
+    elo = tmp_path / "elo"
+    elo.mkdir()
+    src = (paper_release / "elo_greatest_ever.csv").read_text().splitlines()
+    (elo / "elo_greatest_ever.csv").write_text("\n".join(src[:200]) + "\n")
+    out = tmp_path / "figures"
+    common = ["--elo-data", str(elo), "--out", str(out), "--permutations", "50"]
+    assert make_figures.main(["--results", str(tmp_path / "results"), *common]) == 0
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert len(manifest["groups"]["sweeps"]["inputs"]) == 4 and "fig2a_kendall_heatmap.png" in manifest["groups"][
+        "sweeps"]["files"]
+    assert len((out / "table3_moments_greatest.csv").read_text().splitlines()) == 5  # header + 4 models
+    one = write_fake_run(tmp_path / "other", "org9/model9", words, {"greatest": PAPER_PROMPTS["greatest"]})
+    assert make_figures.main(["--runs", str(one.path), *common]) == 0
+    assert len((out / "table3_moments_greatest.csv").read_text().splitlines()) == 2  # header + the one model
+    for gone in ("fig2a_kendall_heatmap.png", "figA1_distributions_worst.png", "fig4_best_vs_worst.png",
+                 "table3_moments_worst.csv"):
+        assert not (out / gone).exists(), gone  # made from the four-run set: removed, not left beside the new one
+    assert (out / "fig5b_rank_diff.png").exists() and (out / "fig2a_kendall_heatmap_elo_greatest_ever.png").exists()
+    manifest = json.loads((out / "MANIFEST.json").read_text())
+    assert [r["model"] for r in manifest["groups"]["sweeps"]["inputs"]] == ["org9/model9"]
+    assert make_figures.main(["--results", str(tmp_path / "nothing"), *common]) == 0
+    assert (out / "fig1_distributions_greatest.png").exists()  # no inputs: the group is kept as it was
+    assert json.loads((out / "MANIFEST.json").read_text())["groups"]["sweeps"] == manifest["groups"]["sweeps"]
+    assert runs  # the four runs were really made

@@ -166,3 +166,55 @@ def test_the_report_of_response_runs(tiny_dirs, tmp_path):
     assert "self-check max |diff|" in page  # provenance of a response run
     with pytest.raises(SystemExit):
         report([str(run_dir), "--rows", "x"])
+
+
+def test_judge_and_logprob_responses_equal_the_models_own_forward(tiny_dirs):
+    """The two proxies on a causal LM: logprob sums log p over the response and closing tokens; judge reads
+    logit(Yes) - logit(No) after the question that shows prompt and response (probe.core.template)."""
+    import torch
+
+    from probe.core.template import JUDGE_QUESTION
+
+    lm = probe.load(tiny_dirs["lm"], device="cpu", score="logprob")
+    tok, model = lm.tokenizer, lm.model
+    items = ["Love", "Black people", "café au lait"]
+    lp = probe.score_responses(lm, None, PROMPT, items, score="logprob")
+    jd = probe.score_responses(lm, None, PROMPT, items, score="judge")
+    yes, no = tok.encode("Yes", add_special_tokens=False)[0], tok.encode("No", add_special_tokens=False)[0]
+    for item in items:
+        ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}, {"role": "assistant", "content": item}],
+                                      tokenize=True, return_dict=False, date_string="26 Jul 2024")
+        q = JUDGE_QUESTION.format(prompt=PROMPT, response=item)
+        jids = tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True, return_dict=False,
+                                       add_generation_prompt=True, date_string="26 Jul 2024")
+        bare = tok.apply_chat_template([{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "x"}],
+                                       tokenize=True, return_dict=False, date_string="26 Jul 2024")
+        n_prefix = next(i for i, (a, b) in enumerate(zip(ids, bare)) if a != b)
+        with torch.inference_mode():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+            last = model(torch.tensor([jids])).logits[0, -1].float()
+        ref_lp = float(sum(logp[i - 1, ids[i]] for i in range(n_prefix, len(ids))))
+        ref_jd = float(last[yes] - last[no])
+        got_lp = lp.filter(pl.col("response") == item)["score"][0]
+        got_jd = jd.filter(pl.col("response") == item)["score"][0]
+        assert got_lp == pytest.approx(ref_lp, abs=1e-3 * (1 + abs(ref_lp))), item
+        assert got_jd == pytest.approx(ref_jd, abs=1e-3 * (1 + abs(ref_jd))), item
+
+
+def test_elo_figures_from_response_runs(tiny_dirs, tmp_path, paper_release):
+    from experiments import fig5_elo
+
+    names = pl.read_csv(paper_release / "elo_greatest_ever.csv")["name"].head(60).to_list() + ["Black people"]
+    (tmp_path / "names.txt").write_text("\n".join(dict.fromkeys(names)) + "\n", encoding="utf-8")
+    text = fig5_elo.PROMPT_TEXT["elo_greatest_ever"]
+    for rm, score in (("rm", "reward"), ("lm", "logprob")):
+        assert main(["--rm", tiny_dirs[rm], "--score", score, "--device", "cpu", "--responses", str(tmp_path / "names.txt"),
+                     "--prompt", text, "--output", str(tmp_path / "runs"), "--no-progress", "--verify", "2"]) == 0
+    runs = tuple(str(p) for p in sorted((tmp_path / "runs").glob("*/responses_*")))
+    summary = fig5_elo.main(fig5_elo.EloConfig(data=str(paper_release), out=str(tmp_path / "fig"), runs=runs))
+    assert list(summary) == ["elo_greatest_ever"]  # the one table whose prompt the runs scored
+    s = summary["elo_greatest_ever"]
+    assert s["n_items"] == len(set(names)) and len(s["kendall_tau_human"]) == 2
+    assert "Black people" in [t["name"] for t in s["identity_terms"]]
+    for name in ("fig5b_rank_diff.png", "fig5c_rank_trajectories.png", "figA5_kendall_tau_heatmap.png"):
+        assert (tmp_path / "fig" / name).stat().st_size > 5_000
