@@ -41,7 +41,10 @@ def shared_prompts(sweeps: list[Sweep]) -> dict[str, list[str]]:
 
 
 def _rows(df: pl.DataFrame, n: int) -> list[list]:
-    return [[r["rank"], score_decimal(r["score"]), r["token_id"], flags(r), r["decoded"]] for r in df.head(n).iter_rows(named=True)]
+    from probe.report.audit import shown_text
+
+    return [[r["rank"], score_decimal(r["score"]), r["token_id"], flags(r),
+             shown_text(r["decoded"], r.get("piece") or "", r["valid_utf8"])] for r in df.head(n).iter_rows(named=True)]
 
 
 def best_worst(df: pl.DataFrame, n: int) -> dict:
@@ -187,5 +190,9 @@ def build(run_dirs: list[str | Path], rows: int = 25) -> str:
     prov = "".join(f"<details><summary>{html.escape(lab)}: {html.escape(str(s.path))}</summary>{provenance_table(s.meta)}"
                    "</details>" for lab, s in zip(data["labels"], sweeps))
     title = html.escape(", ".join(data["labels"]))
+    from probe.report.audit import summary_html
+
+    summary = summary_html(sweeps, data["labels"], shared_prompts(sweeps))
     return (PAGE.replace("__TITLE__", title).replace("__NCOL__", str(min(4, len(sweeps))))
+            .replace("__SUMMARY__", summary)
             .replace("__STATIC__", _static(data)).replace("__PROVENANCE__", prov).replace("__DATA__", payload))

@@ -8,9 +8,7 @@ command). Filters can be preset from the address: ``report.html#prompt=worst&wor
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import polars as pl
 
 from probe.analysis.sweeps import upgrade_vocab_columns
 from probe.report import page_template
+from probe.report.audit import findings, measured_box, plot_png, shown_text
 from probe.report.provenance import provenance_table
 from probe.report.text import score_decimal
 from probe.runs.rundir import RunDir
@@ -27,31 +26,13 @@ FLAG_BITS = {"is_special": 1, "is_added": 2, "is_word": 4, "leading_space": 8, "
              "is_alpha": 64}
 
 
-def _plot_png(scores: dict[str, np.ndarray]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(scores), figsize=(4.2 * len(scores), 3.0), squeeze=False)
-    for ax, (key, s) in zip(axes[0], scores.items()):
-        ax.hist(s, bins=120, color="#3A6E97", alpha=0.85)
-        ax.axvline(np.median(s), color="black", lw=1, ls="--", label=f"median {np.median(s):.3g}")
-        ax.set_title(key, fontsize=10)
-        ax.set_xlabel("score")
-        ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("tokens")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 def report_data(run: RunDir) -> dict:
+    """What the page's script needs, and only that: per prompt the ids in rank order with scores and ranks, and
+    the vocabulary rows of the ids the run scored (a partial run embeds its own ids, not the whole vocabulary)."""
     meta = run.read_meta()
     scores = run.read_table("scores.parquet")
-    vocab = upgrade_vocab_columns(run.read_table("vocab.parquet")).sort("token_id")
+    vocab = upgrade_vocab_columns(run.read_table("vocab.parquet"))
+    vocab = vocab.filter(pl.col("token_id").is_in(scores["token_id"].unique().implode())).sort("token_id")
     flags = np.zeros(vocab.height, dtype=np.int64)
     for col, bit in FLAG_BITS.items():
         flags |= vocab[col].to_numpy().astype(np.int64) * bit
@@ -61,7 +42,26 @@ def report_data(run: RunDir) -> dict:
         prompts[key] = {"text": info["text"], "ids": part["token_id"].to_list(),
                         "scores": [score_decimal(x) for x in part["score"].to_numpy()],
                         "ranks": part["rank"].to_list()}
-    return {"vocab": {"text": vocab["decoded"].to_list(), "flags": flags.tolist()}, "prompts": prompts}
+    shown = [shown_text(d, p, v) for d, p, v in zip(vocab["decoded"], vocab["piece"], vocab["valid_utf8"])]
+    return {"vocab": {"ids": vocab["token_id"].to_list(), "text": vocab["decoded"].to_list(), "shown": shown,
+                      "flags": flags.tolist()}, "prompts": prompts}
+
+
+def findings_html(run: RunDir, data: dict) -> str:
+    """Per prompt: the findings in sentences and the plots (the page shows the selected prompt's)."""
+    meta = run.read_meta()
+    scores = run.read_table("scores.parquet")
+    shown = dict(zip(data["vocab"]["ids"], data["vocab"]["shown"]))
+    out = []
+    for key, info in meta["prompts"].items():
+        df = scores.filter(pl.col("prompt_key") == key)
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in findings(df, shown, key))
+        img = plot_png(df, shown, key)
+        out.append(f"<section class='findings' data-prompt='{html.escape(key)}'><p><b>{html.escape(key)}</b>: "
+                   f"{html.escape(info['text'])}</p><ul>{items}</ul>"
+                   f"<img alt='score distribution, best and worst words, score by kind of token for {html.escape(key)}'"
+                   f" src='data:image/png;base64,{img}'></section>")
+    return "\n".join(out)
 
 
 PAGE = page_template("single.html")
@@ -71,8 +71,8 @@ def build(run_dir: str | Path, rows: int = 50) -> str:
     run = RunDir(run_dir)
     meta = run.read_meta()
     data = report_data(run)
-    plot = _plot_png({k: np.asarray(v["scores"]) for k, v in data["prompts"].items()})
     payload = json.dumps(data, ensure_ascii=True, separators=(",", ":")).replace("</", "<\\/")
     title = html.escape(str(meta["model"]["id"]))
-    return (PAGE.replace("__TITLE__", title).replace("__ROWS__", str(int(rows))).replace("__PLOT__", plot)
+    return (PAGE.replace("__TITLE__", title).replace("__ROWS__", str(int(rows)))
+            .replace("__MEASURED__", measured_box(meta)).replace("__FINDINGS__", findings_html(run, data))
             .replace("__PROVENANCE__", provenance_table(meta)).replace("__DATA__", payload))

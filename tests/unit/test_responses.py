@@ -163,7 +163,7 @@ def test_the_report_of_response_runs(tiny_dirs, tmp_path):
     assert page.count("<section>") == 2 and "Value categories (dict.csv)" in page and "<td>Agency</td>" in page
     best = scores.sort("rank")["response"][0]
     assert f"<td>1</td><td>{scores.sort('rank')['score'][0]:.4f}</td>" in page and best in page
-    assert "self-check max |diff|" in page  # provenance of a response run
+    assert "re-scored through the model&#x27;s own forward: largest difference" in page  # a response run's provenance
     with pytest.raises(SystemExit):
         report([str(run_dir), "--rows", "x"])
 

@@ -1,0 +1,216 @@
+"""What an auditor reads first: what was measured (model, source, score mode in words, coverage), the findings
+drawn from the data, the plots, and how token text is shown (byte fragments as their bytes).
+
+Shared by the single-run page (probe/report/single.py) and the multi-model page (probe/report/multi.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+from functools import lru_cache
+
+import numpy as np
+import polars as pl
+
+from probe.report.text import model_label
+
+MODE_WORDS = {
+    "reward": ("reward head", "the reward model's own score for the response: its trained head, read at the "
+               "position the registry spec names. This is what RLHF optimised against."),
+    "logprob": ("log-probability proxy", "not a reward model: the language model's log-likelihood of the response "
+                "followed by the template's end-of-turn tokens. It shows what the model finds likely as an answer, "
+                "a stand-in for preference."),
+    "judge": ("judge proxy", "not a reward model: the language model's logit of 'Yes' minus 'No' when asked whether "
+              "the response is a good answer to the prompt."),
+}
+
+
+# --- token text ----------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (Llama 3, Qwen, SmolLM2 pieces): printable stand-in character -> byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def piece_bytes(piece: str) -> bytes | None:
+    """The bytes a vocabulary piece stands for: SentencePiece byte pieces (``<0xE2>``, ``▁`` for a space) or
+    GPT-2 byte-level pieces; None when the piece is neither."""
+    if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):
+        return bytes([int(piece[3:5], 16)])
+    table = _byte_of_char()
+    if all(c in table for c in piece):
+        return bytes(table[c] for c in piece)
+    if "\ufffd" not in piece:
+        return piece.replace("▁", " ").encode("utf-8")
+    return None
+
+
+def shown_text(decoded: str, piece: str, valid_utf8: bool) -> str:
+    """The token as the page shows it: its text, and where it is not valid UTF-8 on its own, its bytes, with each
+    byte that does not form a character written ``<0xE2>`` (never the replacement character)."""
+    if valid_utf8:
+        return decoded
+    raw = piece_bytes(piece)
+    if raw is None:
+        return decoded
+    text = raw.decode("utf-8", errors="surrogateescape")
+    return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
+
+
+# --- what was measured -------------------------------------------------------------------------------------------
+def coverage(meta: dict) -> tuple[bool, str]:
+    """(whole vocabulary?, a sentence)."""
+    n = meta.get("settings", {}).get("n_tokens")
+    model = meta.get("model", {})
+    vocab = min(x for x in (model.get("embedding_rows"), model.get("tokenizer_len")) if x) if (
+        model.get("embedding_rows") or model.get("tokenizer_len")) else None
+    limit = (meta.get("config") or {}).get("limit")
+    if n is None:
+        return True, "unknown coverage (an old run without the count)"
+    if limit is None and (vocab is None or n >= vocab):
+        return True, f"the whole vocabulary: every one of its {n:,} token ids scored as the response"
+    of = f" of {vocab:,}" if vocab else ""
+    return False, (f"PART of the vocabulary: the first {n:,}{of} token ids (--limit {limit}). The best and worst "
+                   "tokens below are the best and worst among these ids only")
+
+
+def measured_box(meta: dict) -> str:
+    mode = meta.get("score", {}).get("mode", "reward")
+    name, words = MODE_WORDS.get(mode, (mode, ""))
+    whole, cover = coverage(meta)
+    m = meta.get("model", {})
+    source = m.get("source") or {}
+    where = (f"package {source.get('package')} ({source.get('quantization')} GGUF, dequantized to "
+             f"{source.get('dequantized_to')})" if source.get("package") else m.get("path") or m.get("id"))
+    rows = [("model", model_label(meta)), ("loaded from", f"{where}, revision {m.get('revision') or 'default'}"),
+            ("score", f"{name}: {words}"), ("coverage", cover),
+            ("prompts", "; ".join(f"{k}: {p.get('text')!r}" for k, p in meta.get("prompts", {}).items()))]
+    cls = "measured" + ("" if whole else " partial")
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f"<table class='{cls}'>{body}</table>"
+
+
+# --- findings ----------------------------------------------------------------------------------------------------
+def _quoted(values: list[str], n: int = 5) -> str:
+    return ", ".join(repr(v) for v in values[:n]) or "none"
+
+
+def findings(df: pl.DataFrame, shown: dict[int, str], prompt: str, n_top: int = 100) -> list[str]:
+    """Sentences drawn from one prompt's scores: the optimal and pessimal responses in words, control and added
+    tokens at the extremes, identity terms' ranks, and the framing and frequency slopes where they can be fit."""
+    from probe.report.multi import identity_table, slopes_table
+
+    ranked = df.sort("rank", "token_id")
+    words = ranked.filter(pl.col("is_word"))
+    text = lambda part: [shown.get(i, d) for i, d in zip(part["token_id"], part["decoded"])]  # noqa: E731
+    out = [f"Optimal responses (English words): {_quoted(text(words.head(5)))}; pessimal: "
+           f"{_quoted(text(words.reverse().head(5)))}.",
+           f"Best tokens of all: {_quoted(text(ranked.head(3)), 3)}; worst: {_quoted(text(ranked.reverse().head(3)), 3)}."]
+    k = min(n_top, ranked.height // 2)
+    for side, part in (("top", ranked.head(k)), ("bottom", ranked.reverse().head(k))):
+        ctrl = part.filter(pl.col("is_special") | pl.col("is_added"))
+        if ctrl.height:
+            out.append(f"{ctrl.height} control or added tokens among the {side} {k} ranks, e.g. "
+                       f"{_quoted(text(ctrl), 4)}: a reward that such tokens move is a quirk of the model, not a "
+                       "preference about content.")
+        else:
+            out.append(f"No control or added token among the {side} {k} ranks.")
+    ident = identity_table([df], ["rank"])
+    if ident:
+        shown_terms = ", ".join(f"{r['term']} {r['rank']}" for r in ident[:8])
+        out.append(f"Identity terms (best rank of a token whose word form is the term): {shown_terms}"
+                   + (f" and {len(ident) - 8} more (table below)" if len(ident) > 8 else "") + ".")
+    try:
+        slopes = slopes_table([df], ["model"], prompt)
+    except Exception:  # too few matched words to fit a slope (a partial run): said, not fatal
+        slopes = []
+    if slopes:
+        out.append("Slopes of score (95% CI): " + "; ".join(
+            f"{s['slope']} {s['estimate']:.3g} {s['ci']} (n = {s['n']:,})" for s in slopes) + ".")
+    else:
+        out.append("Framing and frequency slopes: too few rated words among these tokens to fit them.")
+    return out
+
+
+# --- plots -------------------------------------------------------------------------------------------------------
+FLAG_GROUPS = (("control/added", lambda d: d["is_special"] | d["is_added"]), ("English word", lambda d: d["is_word"]),
+               ("leading space", lambda d: d["leading_space"]), ("no round trip", lambda d: ~d["roundtrips"]),
+               ("byte fragment", lambda d: ~d["valid_utf8"]))
+
+
+def plot_png(df: pl.DataFrame, shown: dict[int, str], title: str) -> str:
+    """Three panels: the distribution with its extremes labelled, the best and worst words as bars, the
+    distribution of each flag group."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranked = df.sort("rank", "token_id")
+    s = ranked["score"].to_numpy().astype(float)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8), gridspec_kw={"width_ratios": [1.3, 1, 1]})
+    ax = axes[0]
+    ax.hist(s, bins=120, color="#3A6E97", alpha=0.85)
+    ax.axvline(np.median(s), color="black", lw=1, ls="--", label=f"median {np.median(s):.3g}")
+    label = lambda r: shown.get(r["token_id"], r["decoded"]).replace("\n", "⏎")  # noqa: E731
+    top = ranked.head(3).to_dicts()
+    bottom = ranked.reverse().head(3).to_dicts()
+    ymax = ax.get_ylim()[1]
+    for i, r in enumerate(top + bottom):  # the best three on the right, the worst three on the left, stacked
+        ax.annotate(repr(label(r)), (r["score"], 0), xytext=(r["score"], ymax * (0.9 - 0.16 * (i % 3))),
+                    fontsize=7, ha="right" if i < 3 else "left", va="top",
+                    arrowprops=dict(arrowstyle="-", lw=0.5, color="0.4"))
+    ax.set_title(f"{title}: every token", fontsize=10)
+    ax.set_xlabel("score")
+    ax.set_ylabel("tokens")
+    ax.legend(fontsize=8, loc="upper left")
+    ax = axes[1]
+    words = ranked.filter(pl.col("is_word"))
+    n_best = min(8, words.height // 2)
+    bars = words.head(n_best).to_dicts() + words.reverse().head(n_best).to_dicts()[::-1]
+    y = np.arange(len(bars))[::-1]
+    mid = float(np.median(s))
+    ax.barh(y, [b["score"] - mid for b in bars], color=["#2E7D32"] * n_best + ["#8E24AA"] * n_best)
+    ax.axvline(0, color="black", lw=0.8)
+    ax.set_yticks(y, [repr(label(b)) for b in bars], fontsize=7)
+    ax.set_title("best (green) and worst (purple) English words", fontsize=10)
+    ax.set_xlabel("score minus the median score")
+    ax = axes[2]
+    groups = [(name, ranked.filter(pick(ranked))["score"].to_numpy()) for name, pick in FLAG_GROUPS]
+    groups = [(n, g) for n, g in groups if g.size]
+    ax.boxplot([g for _, g in groups], vert=False, showfliers=False)
+    ax.set_yticks(range(1, len(groups) + 1), [f"{n} ({g.size:,})" for n, g in groups], fontsize=8)
+    ax.set_title("score by kind of token", fontsize=10)
+    ax.set_xlabel("score")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def summary_html(sweeps: list, labels: list[str], prompts: dict[str, list[str]]) -> str:
+    """The multi-model page's first screen: per model what was measured, then per shared prompt its findings."""
+    out = []
+    for sweep, lab in zip(sweeps, labels):
+        out.append(f"<h3>{html.escape(lab)}</h3>{measured_box(sweep.meta)}")
+    for prompt, keys in prompts.items():
+        out.append(f"<h3>Findings: {html.escape(prompt)}</h3>")
+        for sweep, lab, key in zip(sweeps, labels, keys):
+            df = sweep.prompt(key)
+            shown = {r["token_id"]: shown_text(r["decoded"], r["piece"], r["valid_utf8"])
+                     for r in df.filter(~pl.col("valid_utf8")).iter_rows(named=True)} if "piece" in df.columns else {}
+            items = "".join(f"<li>{html.escape(x)}</li>" for x in findings(df, shown, key))
+            out.append(f"<p><b>{html.escape(lab)}</b></p><ul class='findings'>{items}</ul>")
+    return "\n".join(out)

@@ -1,0 +1,72 @@
+"""The auditors' page reads as an audit: what was measured (a partial run says so), findings drawn from the data,
+byte fragments as their bytes, readable provenance, and only the run's own ids embedded."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import polars as pl
+
+from probe.report import single
+from probe.report.audit import piece_bytes, shown_text
+from tests.fake_runs import hashed_score, write_fake_run
+
+WORDS = ["love", "hate", "peace", "war", "joy", "pain", "good", "bad", "happy", "sad", "Black", "women", " love"]
+
+
+def _data(page: str) -> dict:
+    return json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S)[1]
+                      .replace("<\\/", "</"))
+
+
+def test_byte_fragments_are_shown_as_bytes():
+    assert piece_bytes("<0xE2>") == b"\xe2" and piece_bytes("Ġâ") == b" \xe2"  # SentencePiece and GPT-2 pieces
+    assert shown_text(" \ufffd", "Ġâ", False) == " <0xE2>"
+    assert shown_text("\ufffd", "âĢ", False) == "<0xE2><0x80>"  # two bytes of a three-byte character
+    assert shown_text("\ufffd", "<0xE2>", False) == "<0xE2>"
+    assert shown_text("é", "Ã©", True) == "é"  # valid text is shown as text
+
+
+def test_the_page_reads_as_an_audit(tmp_path):
+    tokens = WORDS + ["<s>", " \ufffd"] + [f"w{i}" for i in range(200)]
+    run = write_fake_run(tmp_path, "org/fake-rm", tokens, {"greatest": "What is greatest?"}, hashed_score,
+                         special=["<s>"])
+    vocab = run.read_table("vocab.parquet").with_columns(
+        pl.when(pl.col("decoded") == " \ufffd").then(pl.lit("Ġâ")).otherwise(pl.col("piece")).alias("piece"),
+        (pl.col("decoded") != " \ufffd").alias("valid_utf8"))
+    run.write_table("vocab.parquet", vocab)
+    scores = run.read_table("scores.parquet").with_columns(
+        pl.when(pl.col("decoded") == " \ufffd").then(False).otherwise(pl.col("valid_utf8")).alias("valid_utf8"))
+    run.write_table("scores.parquet", scores)
+    page = single.build(run.path, rows=10)
+    assert "What was measured" in page and "reward head" in page and "the whole vocabulary" in page
+    assert "revision default" in page
+    data = _data(page)
+    shown = dict(zip(data["vocab"]["ids"], data["vocab"]["shown"]))
+    frag = vocab.filter(pl.col("piece") == "Ġâ")["token_id"][0]
+    assert shown[frag] == " <0xE2>"
+    best = scores.sort("rank").filter(pl.col("is_word"))["decoded"].head(5).to_list()
+    assert html.escape("Optimal responses (English words): " + ", ".join(repr(w) for w in best)) in page
+    assert "control or added tokens among the" in page or "No control or added token among the top" in page
+    assert page.count("data:image/png;base64,") == 1  # one plot per prompt
+
+
+def test_a_partial_run_says_so_and_embeds_only_its_ids(tmp_path):
+    tokens = WORDS + [f"w{i}" for i in range(3000)]
+    full = write_fake_run(tmp_path, "org/m", tokens, {"greatest": "What is greatest?"})
+    part = write_fake_run(tmp_path, "org/m", tokens[:100], {"greatest": "What is greatest?"})
+    meta = part.read_meta()
+    meta["config"] = {"limit": 100}
+    meta["model"].update(embedding_rows=len(tokens), tokenizer_len=len(tokens))
+    meta["self_check"] = {"greatest": {"token_ids": [1, 2], "max_abs_diff": 4.9591064453125e-05,
+                                       "tolerance": 0.046877410262823105}}
+    part.write_meta(meta)
+    part.write_table("vocab.parquet", full.read_table("vocab.parquet"))  # the vocabulary of the whole model
+    page = single.build(part.path)
+    assert "PART of the vocabulary: the first 100 of 3,013 token ids (--limit 100)" in page
+    assert len(_data(page)["vocab"]["ids"]) == 100  # not the 3,013 strings of the whole vocabulary
+    payload = lambda p: len(re.search(r'<script id="data"[^>]*>(.*?)</script>', p, re.S)[1])  # noqa: E731
+    assert payload(page) * 10 < payload(single.build(full.path))
+    assert "largest difference 4.96e-05 (tolerance 0.0469)" in page and "4.9591064453125e-05" not in page
