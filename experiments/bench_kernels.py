@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 
-from probe.kernels.fused_logprob import fused_token_logprobs, reference_token_logprobs  # noqa: E402
+from probe.kernels.fused_logprob import fused_token_logprobs, reference_token_logprobs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CASES = {"smollm2": dict(d=576, vocab=49152, rows=512), "gemma-2-2b": dict(d=2304, vocab=256000, rows=256)}

@@ -33,14 +33,14 @@ import numpy as np
 import torch
 
 
-from probe.core.engine import PrefixScorer  # noqa: E402
-from probe.core.heads import LinearRewardHead  # noqa: E402
-from probe.models.loading import LoadedModel  # noqa: E402
-from probe.models.registry import DEFAULT  # noqa: E402
-from probe.core.paper_method import naive_scores, paper_texts  # noqa: E402
-from probe.core.prompts import PAPER_PROMPTS  # noqa: E402
-from probe.core.scoring import sweep_rows  # noqa: E402
-from probe.core.template import response_conversation, split_template  # noqa: E402
+from probe.core.engine import PrefixScorer
+from probe.core.heads import LinearRewardHead
+from probe.models.loading import LoadedModel
+from probe.models.registry import DEFAULT
+from probe.core.paper_method import naive_scores, paper_texts
+from probe.core.prompts import PAPER_PROMPTS
+from probe.core.scoring import sweep_rows
+from probe.core.template import response_conversation, split_template
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FAMILY_TEMPLATE = {"gemma-2-2b": "gemma", "gemma-2-27b": "gemma", "llama-3.2-3b": "llama3", "llama-3.1-8b": "llama3",

@@ -9,10 +9,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from probe.analysis.sweeps import Sweep, load_sweep, short_name  # noqa: E402
-from probe.runs.rundir import run_metas  # noqa: E402
+from probe.analysis.sweeps import Sweep, load_sweep, short_name
+from probe.runs.rundir import run_metas
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
 # The paper's data release: $RM_PROBE_PAPER_RELEASE, else ../shared/data/paper-release beside this checkout.

@@ -6,7 +6,6 @@ of the paper's Table 3 (mean, variance, skewness) in a CSV beside it.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import polars as pl
 from scipy import stats as sps
 
 
-from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv  # noqa: E402
-from experiments.common import script_config, sweep_label  # noqa: E402
+from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv
+from experiments.common import script_config, sweep_label
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ e.g. an EloEverything CSV of the paper's release: one score column per model).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 import polars as pl
 
 
-from experiments.common import (  # noqa: E402
+from experiments.common import (
     SweepFigureConfig,
     colors,
     discover_runs,
@@ -31,10 +30,10 @@ from experiments.common import (  # noqa: E402
     script_config,
     sweep_label,
 )
-from probe.analysis import stats  # noqa: E402
-from probe.analysis.agreement import base_architecture_of, developer_of, family_of  # noqa: E402
-from probe.analysis.sweeps import shared_vocabulary  # noqa: E402
-from probe.runs.rundir import atomic_write_json  # noqa: E402
+from probe.analysis import stats
+from probe.analysis.agreement import base_architecture_of, developer_of, family_of
+from probe.analysis.sweeps import shared_vocabulary
+from probe.runs.rundir import atomic_write_json
 
 
 @dataclass(frozen=True)

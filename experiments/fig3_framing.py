@@ -7,19 +7,17 @@ prompt x affect; (d) the slope of score on log word frequency (controlling for v
 
 from __future__ import annotations
 
-import sys
 import textwrap
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 
-from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv  # noqa: E402
-from experiments.common import script_config, sweep_label  # noqa: E402
-from probe.analysis.lexicons import valence  # noqa: E402
-from probe.analysis.regressions import exposure_slopes, framing_slopes, lexicon_matches  # noqa: E402
+from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv
+from experiments.common import script_config, sweep_label
+from probe.analysis.lexicons import valence
+from probe.analysis.regressions import exposure_slopes, framing_slopes, lexicon_matches
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,14 @@ Tokens above the diagonal score higher when asked for the worst thing.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 
-from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save  # noqa: E402
-from experiments.common import script_config, sweep_label  # noqa: E402
-from probe.analysis import stats  # noqa: E402
+from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save
+from experiments.common import script_config, sweep_label
+from probe.analysis import stats
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ import sys
 from pathlib import Path
 
 
-from experiments import fig1_distributions, fig2_agreement, fig3_framing, fig4_best_worst, fig5_elo  # noqa: E402
-from experiments.common import PAPER_RELEASE, discover_response_runs, discover_runs, load_runs  # noqa: E402
-from probe.core.prompts import PAPER_PROMPTS  # noqa: E402
+from experiments import fig1_distributions, fig2_agreement, fig3_framing, fig4_best_worst, fig5_elo
+from experiments.common import PAPER_RELEASE, discover_response_runs, discover_runs, load_runs
+from probe.core.prompts import PAPER_PROMPTS
 
 
 def main(argv: list[str] | None = None) -> int:

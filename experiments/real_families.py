@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 
-from probe.core.paper_method import PaperRows  # noqa: E402
-from probe.core.prompts import PAPER_PROMPTS  # noqa: E402
-from probe.core.template import response_conversation, split_template  # noqa: E402
-from probe.core.vocab import control_token_ids  # noqa: E402
-from tests import real_tokenizers  # noqa: E402
+from probe.core.paper_method import PaperRows
+from probe.core.prompts import PAPER_PROMPTS
+from probe.core.template import response_conversation, split_template
+from probe.core.vocab import control_token_ids
+from tests import real_tokenizers
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

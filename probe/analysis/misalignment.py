@@ -77,16 +77,9 @@ def identity_ranks(result: Misalignment, terms: pl.DataFrame) -> pl.DataFrame:
 def response_run_scores(path: str | Path) -> tuple[str, dict[str, dict]]:
     """A complete response run (``probe score --responses``): its model id, and per prompt key the prompt's text
     and its ``response, score`` table."""
-    from probe.runs.rundir import RunDir
+    from probe.analysis.values import load_response_run
 
-    run = RunDir(path)
-    meta = run.read_meta()
-    if meta.get("experiment") != "responses":
-        raise DataFormatError(f"{path}: a {meta.get('experiment', 'other')} run, not a response run "
-                              "(make one with probe score --responses FILE)")
-    if meta.get("status") != "complete":
-        raise DataFormatError(f"{path}: the run is not complete; finish it with --resume first")
-    df = run.read_table("scores.parquet")
+    meta, df = load_response_run(path)
     out = {key: {"text": info["text"], "scores": df.filter(pl.col("prompt_key") == key).select("response", "score")}
            for key, info in meta["prompts"].items()}
     return meta["model"]["id"], out

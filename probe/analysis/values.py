@@ -98,8 +98,9 @@ def read_scores(sources: list[str | Path]) -> pl.DataFrame:
     return pl.concat(frames)
 
 
-def read_response_run(path: str | Path) -> pl.DataFrame:
-    """A response run of rm-probe (``probe score --responses``) as ``model, prompt, response, score``."""
+def load_response_run(path: str | Path) -> tuple[dict, pl.DataFrame]:
+    """A complete response run of rm-probe (``probe score --responses``): its meta and its scores table; one line
+    where the folder is another kind of run or unfinished."""
     from probe.runs.rundir import RunDir
 
     run = RunDir(path)
@@ -109,7 +110,12 @@ def read_response_run(path: str | Path) -> pl.DataFrame:
                               "(make one with probe score --responses FILE)")
     if meta.get("status") != "complete":
         raise DataFormatError(f"{path}: the run is not complete; finish it with --resume first")
-    df = run.read_table("scores.parquet")
+    return meta, run.read_table("scores.parquet")
+
+
+def read_response_run(path: str | Path) -> pl.DataFrame:
+    """A response run of rm-probe (``probe score --responses``) as ``model, prompt, response, score``."""
+    meta, df = load_response_run(path)
     return df.select(pl.lit(meta["model"]["id"]).alias("model"), pl.col("prompt_key").alias("prompt"), "response",
                      pl.col("score").cast(pl.Float64))
 

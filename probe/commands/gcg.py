@@ -4,13 +4,8 @@
     python -m probe.gcg --rm RLHFlow/ArmoRM-Llama3-8B-v0.1 --trust-remote-code --length 5 --direction min
     python -m probe.gcg --beam 8 --length 3         # exact beam: every vocabulary token after the 8 best
 
-The response slot holds n optimised ids between the shared prompt prefix and the template suffix. Each step
-takes the gradient of the objective (``+score`` for max, ``-score`` for min: one code path, opposite signs)
-with respect to a one-hot encoding of the response, keeps the top-k tokens per position, samples
-``search_width`` single-token swaps, scores them all through the prefix-cache engine and keeps the best.
-The gradient goes through `PrefixScorer.score_embeds`, the differentiable twin of the scoring forward, and
-candidates through `PrefixScorer.score`: no second copy of any model code. Gated heads find their gate in the
-prefix ids, so they work with ``inputs_embeds`` too.
+The search itself (GCG and the exact beam) is probe/core/gcg.py; this module is the command: options, the run
+folder with its checkpoints (``--resume`` keeps finished restarts or beam depths), and the printed result.
 """
 
 from __future__ import annotations
