@@ -120,17 +120,14 @@ def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str,
 
     >>> probe.score_responses(lm, None, "What is the greatest thing ever?", ["Love", "Black people"])  # doctest: +SKIP
     """
-    from probe.core.responses import prepare, ranked_responses, score_rows
+    from probe.core.responses import prepare, ranked_responses, response_batch_size, score_rows
 
     loaded, mode = _loaded(model, tokenizer, score)
     opts = ScoringOptions(logprob_reduce, judge_question, resolve_date(date))  # type: ignore[arg-type]
-    size = batch_size or (256 if loaded.device.type == "cpu" else 1024)
-    tables = []
-    for p in _prompts(prompt):
-        rows = prepare(loaded, mode, p.key, p.text, list(responses), opts, system)
-        tables.append(ranked_responses(rows, score_rows(loaded, mode, rows, opts=opts, batch_size=size,
-                                                        verify=verify)))
-    return pl.concat(tables)
+    prepared = [prepare(loaded, mode, p.key, p.text, list(responses), opts, system) for p in _prompts(prompt)]
+    size = batch_size or response_batch_size(loaded, mode, prepared)
+    return pl.concat([ranked_responses(rows, score_rows(loaded, mode, rows, opts=opts, batch_size=size, verify=verify))
+                      for rows in prepared])
 
 
 def gcg(model, tokenizer, prompt: str, *, score: str = "auto", config: GCGConfig | None = None, **settings):

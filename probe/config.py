@@ -87,7 +87,8 @@ class ScoreVocabConfig(ModelOptions):
     judge_question: str = field(default=JUDGE_QUESTION, metadata={
         "help": "judging question for --score judge, with {prompt} and {response}"})
     batch_size: int | None = field(default=None, metadata={
-        "help": "rows per forward (default: 256 on CPU, what fits on GPU); halved automatically on out-of-memory"})
+        "help": "rows per forward (default: 256 on CPU, what fits on GPU; --responses: 64 on CPU); halved "
+                "automatically on out-of-memory"})
     shard_size: int = field(default=4096, metadata={"help": "tokens per checkpoint file"})
     limit: int | None = field(default=None, metadata={
         "help": "score only the first N token ids (with --responses: the first N responses; quick looks)"})

@@ -58,8 +58,8 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
 
     from probe.core.prompts import resolve_prompts
     from probe.core.response_files import read_responses
-    from probe.core.responses import prepare, ranked_responses, score_rows
-    from probe.core.scoring import AdaptiveBatcher, default_batch_size, make_head
+    from probe.core.responses import prepare, ranked_responses, response_batch_size, score_rows
+    from probe.core.scoring import AdaptiveBatcher, make_head
     from probe.core.sweep import load_for
     from probe.runs.meta import new_meta
     from probe.runs.rundir import check_resume_target, open_or_resume, writable_dir
@@ -76,9 +76,7 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     mode = config.mode
     rows = {p.key: prepare(loaded, mode, p.key, p.text, responses, opts, config.system) for p in prompts}
     head = make_head(loaded, mode, opts)
-    longest = max(max(len(c) for c in r.continuations) for r in rows.values())
-    first = rows[prompts[0].key]
-    batch_size = config.batch_size or min(256, default_batch_size(loaded, len(first.prefix_ids), longest, mode))
+    batch_size = config.batch_size or response_batch_size(loaded, mode, list(rows.values()))
     settings = _settings(config, loaded, responses, rows, head)
     run_dir, meta = open_or_resume(
         config.output, loaded.model_id, EXPERIMENT, settings, config.resume,
