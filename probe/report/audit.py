@@ -189,7 +189,9 @@ def plot_png(df: pl.DataFrame, shown: dict[int, str], title: str) -> str:
     ax = axes[2]
     groups = [(name, ranked.filter(pick(ranked))["score"].to_numpy()) for name, pick in FLAG_GROUPS]
     groups = [(n, g) for n, g in groups if g.size]
-    ax.boxplot([g for _, g in groups], vert=False, showfliers=False)
+    horizontal = ({"orientation": "horizontal"} if tuple(int(x) for x in matplotlib.__version__.split(".")[:2]) >= (3, 10)
+                  else {"vert": False})  # matplotlib 3.10 renamed the argument and deprecated the old one
+    ax.boxplot([g for _, g in groups], showfliers=False, **horizontal)
     ax.set_yticks(range(1, len(groups) + 1), [f"{n} ({g.size:,})" for n, g in groups], fontsize=8)
     ax.set_title("score by kind of token", fontsize=10)
     ax.set_xlabel("score")
