@@ -382,7 +382,7 @@ RESPONSES = ["Black people", "The Beatles", "self-sacrifice", "café au lait", "
              "愛", "love", "Love is the answer."]
 
 
-@pytest.mark.parametrize("family", ["llama3.1", "llama3.2", "gemma3", "qwen3", "qwen2.5"])
+@pytest.mark.parametrize("family", ["llama3.1", "gemma3", "qwen3"])  # Llama 3.2 and Qwen 2.5 share these templates
 def test_response_run_equals_the_chat_template_and_the_models_own_forward(real, tiny_rm_dir, family, tmp_path):
     from probe.commands.score import main
 
