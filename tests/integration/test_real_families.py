@@ -382,7 +382,8 @@ RESPONSES = ["Black people", "The Beatles", "self-sacrifice", "café au lait", "
              "愛", "love", "Love is the answer."]
 
 
-@pytest.mark.parametrize("family", ["llama3.1", "gemma3", "qwen3"])  # Llama 3.2 and Qwen 2.5 share these templates
+# Llama 3.2 and Qwen 2.5 use the same turn markers as Llama 3.1 and Qwen 3; their template splits are tested above
+@pytest.mark.parametrize("family", ["llama3.1", "gemma3", "qwen3"])
 def test_response_run_equals_the_chat_template_and_the_models_own_forward(real, tiny_rm_dir, family, tmp_path):
     from probe.commands.score import main
 
