@@ -1,4 +1,5 @@
 """Run many sweeps from one file: models x prompts, in sequence; skip what is complete, resume what is not.
+A job with ``responses: FILE`` (and ``response_column``) scores those whole responses instead of every token.
 
     python -m probe.batch experiments/paper_ten_rms.yaml [--dry-run]
 
@@ -19,6 +20,8 @@ from pathlib import Path
 from probe.errors import DataFormatError, ProbeError
 from probe.textfile import read_yaml
 from probe.models.embedded import model_id_for
+from probe.commands.responses import EXPERIMENT as RESPONSES
+from probe.commands.responses import run_responses
 from probe.commands.score import EXPERIMENT, ScoreVocabConfig, dry_run, job_key, run
 from probe.core.prompts import PAPER_PROMPTS
 from probe.runs.rundir import model_runs_dir, run_metas
@@ -55,7 +58,7 @@ def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
     base = model_runs_dir(config.output, model_id_for(config.rm))
     key = json.dumps(job_key(config), sort_keys=True, default=str)
     partial = None
-    for run_path, meta in run_metas(base, EXPERIMENT):
+    for run_path, meta in run_metas(base, RESPONSES if config.responses else EXPERIMENT):
         if json.dumps(meta.get("job"), sort_keys=True, default=str) != key:
             continue
         if meta.get("status") == "complete":
@@ -103,7 +106,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         else:
             print(f"[run] {name}")
         try:
-            rd = run(config)
+            rd = run_responses(config) if config.responses else run(config)
             print(f"  done: {rd.path}")
         except ProbeError as err:
             failed += 1

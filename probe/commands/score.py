@@ -124,8 +124,12 @@ JOB_FIELDS = ("rm", "prompt", "prompts", "system", "score", "logprob_reduce", "j
 
 
 def job_key(config: ScoreVocabConfig) -> dict:
-    """The settings that define a job for the batch runner (what to compute, not how fast)."""
-    return {f: getattr(config, f) for f in JOB_FIELDS} | {"prompt": list(config.prompt)}
+    """The settings that define a job for the batch runner (what to compute, not how fast). A response job adds
+    its file and column (only then, so that sweeps made before response runs existed keep their keys)."""
+    key = {f: getattr(config, f) for f in JOB_FIELDS} | {"prompt": list(config.prompt)}
+    if config.responses:
+        key |= {"responses": config.responses, "response_column": config.response_column}
+    return key
 
 
 def _new_meta(config: ScoreVocabConfig, sweep, settings: dict, fp: str) -> dict:

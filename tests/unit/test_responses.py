@@ -218,3 +218,18 @@ def test_elo_figures_from_response_runs(tiny_dirs, tmp_path, paper_release):
     assert "Black people" in [t["name"] for t in s["identity_terms"]]
     for name in ("fig5b_rank_diff.png", "fig5c_rank_trajectories.png", "figA5_kendall_tau_heatmap.png"):
         assert (tmp_path / "fig" / name).stat().st_size > 5_000
+
+
+def test_batch_runs_response_jobs_and_skips_them_once_complete(tiny_dirs, tmp_path, capsys):
+    from probe.commands.batch import main as batch
+
+    (tmp_path / "items.txt").write_text("\n".join(ITEMS[:5]) + "\n", encoding="utf-8")
+    jobs = tmp_path / "jobs.yaml"
+    jobs.write_text(f"defaults: {{device: cpu, progress: false, output: {str(tmp_path / 'out')!r}, verify: 2}}\n"
+                    f"prompts: [{PROMPT!r}]\nmodels:\n  - {{rm: {tiny_dirs['rm']!r}, responses: "
+                    f"{str(tmp_path / 'items.txt')!r}}}\n")
+    assert batch([str(jobs)]) == 0
+    (run_dir,) = (tmp_path / "out").glob("*/responses_*")
+    assert pl.read_parquet(run_dir / "scores.parquet").height == 5 and not list((tmp_path / "out").glob("*/exh*"))
+    assert batch([str(jobs)]) == 0
+    assert "[skip]" in capsys.readouterr().out and len(list((tmp_path / "out").glob("*/responses_*"))) == 1
