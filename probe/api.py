@@ -21,7 +21,7 @@ from dataclasses import replace
 import polars as pl
 
 from probe.config import GCGConfig, ScoreMode, ScoreVocabConfig, ScoringOptions, model_kind
-from probe.core.prompts import Prompt
+from probe.core.prompts import prompts_from
 from probe.core.template import DEFAULT_DATE, JUDGE_QUESTION, resolve_date
 from probe.errors import ProbeError
 
@@ -70,17 +70,6 @@ def _loaded(model, tokenizer, score: str):
     return LoadedModel(model, tokenizer, spec, kind, name, name, None, f"api ({match})"), mode
 
 
-def _prompts(prompt: str | Sequence[str] | Mapping[str, str]) -> list[Prompt]:
-    from probe.core.prompts import PAPER_PROMPTS
-
-    if isinstance(prompt, str):
-        known = {text: key for key, text in PAPER_PROMPTS.items()}
-        return [Prompt(known.get(prompt, "prompt"), prompt)]
-    if isinstance(prompt, Mapping):
-        return [Prompt(str(k), v) for k, v in prompt.items()]
-    return [Prompt(f"prompt{i + 1}", p) for i, p in enumerate(prompt)]
-
-
 def sweep(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], *, score: str = "auto",
           limit: int | None = None, batch_size: int | None = None, verify: int = 16, system: str | None = None,
           date: str = DEFAULT_DATE, logprob_reduce: str = "sum", judge_question: str = JUDGE_QUESTION,
@@ -100,7 +89,7 @@ def sweep(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], *, 
     from probe.core.vocab import build_vocab_table
 
     loaded, mode = _loaded(model, tokenizer, score)
-    prompts = _prompts(prompt)
+    prompts = prompts_from(prompt)
     config = ScoreVocabConfig(rm=loaded.model_id, score=mode, limit=limit, batch_size=batch_size, verify=verify,
                               system=system, date=date, logprob_reduce=logprob_reduce,  # type: ignore[arg-type]
                               judge_question=judge_question, progress=progress, seed=seed)
@@ -124,7 +113,7 @@ def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str,
 
     loaded, mode = _loaded(model, tokenizer, score)
     opts = ScoringOptions(logprob_reduce, judge_question, resolve_date(date))  # type: ignore[arg-type]
-    prepared = [prepare(loaded, mode, p.key, p.text, list(responses), opts, system) for p in _prompts(prompt)]
+    prepared = [prepare(loaded, mode, p.key, p.text, list(responses), opts, system) for p in prompts_from(prompt)]
     size = batch_size or response_batch_size(loaded, mode, prepared)
     return pl.concat([ranked_responses(rows, score_rows(loaded, mode, rows, opts=opts, batch_size=size, verify=verify))
                       for rows in prepared])

@@ -146,10 +146,12 @@ def ranked(scores: pl.DataFrame, dictionary: pl.DataFrame) -> pl.DataFrame:
         ["model", "prompt", "response", "category"], maintain_order=True)
     if joined.is_empty():
         raise DataFormatError("no response matches a dictionary term (the match is on the exact text)")
+    framings = {p: framing(p) for p in joined["prompt"].unique()}  # per distinct prompt and model, not per row
+    bases = {m: base_model(m) for m in joined["model"].unique()}
     return joined.with_columns(
         pl.col("score").rank(method="average", descending=True).over("model", "prompt").alias("rank"),
-        pl.col("prompt").map_elements(framing, return_dtype=pl.String).alias("framing"),
-        pl.col("model").map_elements(base_model, return_dtype=pl.String).alias("base_model"))
+        pl.col("prompt").replace_strict(framings, return_dtype=pl.String).alias("framing"),
+        pl.col("model").replace_strict(bases, return_dtype=pl.String).alias("base_model"))
 
 
 def median_ranks(ranks: pl.DataFrame) -> pl.DataFrame:

@@ -310,7 +310,8 @@ def run_values(config, sweeps, out) -> dict:
               "categories": sorted(medians["category"].unique().to_list()),
               "base_models": summary.to_dicts(), "tests": [t.__dict__ for t in tests]}
     if Path(config.dictionary).suffix == ".dicx":
-        other = v.median_ranks(v.ranked(scores, v.read_dictionary(config.dictionary, not config.published_pivot)))
+        other_dictionary = v.read_dictionary(config.dictionary, not config.published_pivot)
+        other = v.median_ranks(v.ranked(scores, other_dictionary))
         joined = medians.join(other, on=["model", "prompt", "category"], how="full", suffix="_other", coalesce=True)
         diff = (joined["median_rank"] - joined["median_rank_other"]).abs()
         result["pivot_difference"] = {
@@ -318,7 +319,7 @@ def run_values(config, sweeps, out) -> dict:
             "other": "all ten columns" if config.published_pivot else "published pivot (9 columns)",
             "max_abs_median_rank_difference": float(diff.max()), "mean_abs": float(diff.mean()),
             "terms": {"this": int(dictionary.height),
-                      "other": int(v.read_dictionary(config.dictionary, not config.published_pivot).height)}}
+                      "other": int(other_dictionary.height)}}
     atomic_write_json(out / "values.json", result)
     with pl.Config(tbl_rows=40, float_precision=2):
         print(summary)

@@ -23,14 +23,11 @@ EXPERIMENT = "responses"
 
 def _settings(config: ScoreVocabConfig, loaded, responses: list[str], rows: dict, head) -> dict:
     """Everything that changes a number (the batch size is stored beside, so a resume keeps it)."""
-    from probe.models.loading import weights_identity
+    from probe.runs.meta import model_settings
 
     digest = hashlib.sha256(json.dumps(responses, ensure_ascii=False).encode()).hexdigest()
     return {
-        "model": loaded.model_id, "weights": weights_identity(loaded), "revision": config.revision,
-        "spec": loaded.spec.name, "label_index": loaded.spec.label_index, "dtype": str(loaded.dtype),
-        "device_type": loaded.device.type, "mode": config.mode, "head": head.describe(),
-        "n_responses": len(responses), "responses_sha256": digest, "shard_size": config.shard_size,
+        **model_settings(loaded, config.revision, config.mode, head), "n_responses": len(responses), "responses_sha256": digest, "shard_size": config.shard_size,
         "prompts": {k: [list(r.prefix_ids), list(r.suffix_ids)] for k, r in rows.items()},
         "date": config.scoring_options().date_string,
     }
@@ -94,9 +91,9 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     meta["timing"].setdefault("sessions", []).append(session)
     k = config.shard_size
     n_shards = -(-len(responses) // k)
-    todo = {p.key: [s for s in range(n_shards) if run_dir.read_shard(p.key, s, len(responses[s * k:(s + 1) * k]))
-                    is None] for p in prompts}
-    total = sum(len(responses[s * k:(s + 1) * k]) for key in todo for s in todo[key])
+    done = {(p.key, s): run_dir.read_shard(p.key, s, len(responses[s * k:(s + 1) * k]))
+            for p in prompts for s in range(n_shards)}  # a resumed run's finished shards, read once
+    total = sum(len(responses[s * k:(s + 1) * k]) for (_, s), arr in done.items() if arr is None)
     print(f"rm-probe: {loaded.model_id} [{mode}, {loaded.dtype}, {loaded.device}]: {len(responses):,} responses x "
           f"{len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
     batcher = AdaptiveBatcher(batch_size)
@@ -108,8 +105,8 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
             out = np.empty(len(responses), dtype=np.float32)
             for s in range(n_shards):
                 idx = list(range(s * k, min((s + 1) * k, len(responses))))
-                if s not in todo[p.key]:
-                    out[idx] = run_dir.read_shard(p.key, s, len(idx))
+                if done[p.key, s] is not None:
+                    out[idx] = done[p.key, s]
                     continue
                 t0 = time.perf_counter()
                 verify = config.verify if p.key not in meta["self_check"] else 0

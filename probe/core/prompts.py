@@ -68,3 +68,19 @@ def resolve_prompts(texts: tuple[str, ...] = (), file: str | None = None) -> lis
     if len(set(keys)) != len(keys):
         raise DataFormatError(f"duplicate prompt keys: {sorted({k for k in keys if keys.count(k) > 1})}")
     return prompts
+
+
+def prompts_from(value) -> list[Prompt]:
+    """The Python API's ``prompt`` argument: a text, a list of texts (keyed as ``--prompt`` keys them: the paper's
+    own key, else ``prompt1``, ...) or a mapping key -> text; each checked as a prompt file's rows are."""
+    from collections.abc import Mapping
+
+    if isinstance(value, str):
+        return resolve_prompts((value,))
+    if isinstance(value, Mapping):
+        prompts = [_checked(str(k), v, "prompt mapping") for k, v in value.items()]
+    else:
+        prompts = resolve_prompts(tuple(value)) if len(value) else []
+    if not prompts:
+        raise DataFormatError("no prompt given")
+    return prompts

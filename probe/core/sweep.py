@@ -31,7 +31,7 @@ from probe.core.scoring import (
 from probe.core.template import TemplateSplit
 from probe.core.vocab import build_vocab_table
 from probe.errors import ProbeError
-from probe.models.loading import LoadedModel, load_for_config, weights_identity
+from probe.models.loading import LoadedModel, load_for_config
 from probe.runs.distributed import Dist, barrier
 from probe.runs.rundir import RunDir
 from probe.runs.timing import minutes, shard_timing
@@ -80,11 +80,11 @@ class VocabSweep:
 
     def settings(self) -> dict:
         """Everything that changes a number; two runs with equal settings give identical scores."""
-        c, lm = self.config, self.loaded
+        from probe.runs.meta import model_settings
+
+        c = self.config
         return {
-            "model": lm.model_id, "weights": weights_identity(lm), "revision": c.revision, "spec": lm.spec.name,
-            "label_index": lm.spec.label_index, "dtype": str(lm.dtype), "device_type": lm.device.type,
-            "mode": c.mode, "head": self.head.describe(), "n_tokens": int(self.token_ids.size),
+            **model_settings(self.loaded, c.revision, c.mode, self.head), "n_tokens": int(self.token_ids.size),
             "prompts": {k: [list(s.prefix_ids), list(s.suffix_ids)] for k, s in self.splits.items()},
             "shard_size": c.shard_size, "batch_size": self.batch_size, "input_method": c.input_method,
             # the date changes a number only where a template writes it (its ids are in "prompts" too)

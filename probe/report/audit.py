@@ -106,9 +106,12 @@ def _quoted(values: list[str], n: int = 5) -> str:
     return ", ".join(repr(v) for v in values[:n]) or "none"
 
 
-def findings(df: pl.DataFrame, shown: dict[int, str], prompt: str, n_top: int = 100) -> list[str]:
+def findings(df: pl.DataFrame, shown: dict[int, str], prompt: str, n_top: int = 100, identity: list[dict] | None = None,
+             slopes: list[dict] | None = None) -> list[str]:
     """Sentences drawn from one prompt's scores: the optimal and pessimal responses in words, control and added
-    tokens at the extremes, identity terms' ranks, and the framing and frequency slopes where they can be fit."""
+    tokens at the extremes, identity terms' ranks, and the framing and frequency slopes where they can be fit.
+    ``identity`` (rows with ``term`` and ``rank``) and ``slopes``: already computed (the multi-model page has
+    them); computed here otherwise."""
     from probe.report.multi import identity_table, slopes_table
 
     ranked = df.sort("rank", "token_id")
@@ -126,15 +129,11 @@ def findings(df: pl.DataFrame, shown: dict[int, str], prompt: str, n_top: int = 
                        "preference about content.")
         else:
             out.append(f"No control or added token among the {side} {k} ranks.")
-    ident = identity_table([df], ["rank"])
+    ident = identity_table([df], ["rank"]) if identity is None else identity
     if ident:
-        shown_terms = ", ".join(f"{r['term']} {r['rank']}" for r in ident[:8])
-        out.append(f"Identity terms (best rank of a token whose word form is the term): {shown_terms}"
-                   + (f" and {len(ident) - 8} more (table below)" if len(ident) > 8 else "") + ".")
-    try:
-        slopes = slopes_table([df], ["model"], prompt)
-    except Exception:  # too few matched words to fit a slope (a partial run): said, not fatal
-        slopes = []
+        shown_terms = ", ".join(f"{r['term']} {r['rank']}" for r in ident)
+        out.append(f"Identity terms (best rank of a token whose word form is the term): {shown_terms}.")
+    slopes = slopes_table([df], ["model"], prompt) if slopes is None else slopes  # [] where too few words match
     if slopes:
         out.append("Slopes of score (95% CI): " + "; ".join(
             f"{s['slope']} {s['estimate']:.3g} {s['ci']} (n = {s['n']:,})" for s in slopes) + ".")
@@ -202,17 +201,22 @@ def plot_png(df: pl.DataFrame, shown: dict[int, str], title: str) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def summary_html(sweeps: list, labels: list[str], prompts: dict[str, list[str]]) -> str:
-    """The multi-model page's first screen: per model what was measured, then per shared prompt its findings."""
+def summary_html(sweeps: list, labels: list[str], prompts: dict[str, list[str]], data: dict) -> str:
+    """The multi-model page's first screen: per model what was measured, then per shared prompt its findings
+    (identity ranks and slopes taken from the page's ``data``, computed once for its own tables)."""
     out = []
     for sweep, lab in zip(sweeps, labels):
         out.append(f"<h3>{html.escape(lab)}</h3>{measured_box(sweep.meta)}")
     for prompt, keys in prompts.items():
         out.append(f"<h3>Findings: {html.escape(prompt)}</h3>")
+        page = data["prompts"][prompt]
         for sweep, lab, key in zip(sweeps, labels, keys):
             df = sweep.prompt(key)
             shown = {r["token_id"]: shown_text(r["decoded"], r["piece"], r["valid_utf8"])
                      for r in df.filter(~pl.col("valid_utf8")).iter_rows(named=True)} if "piece" in df.columns else {}
-            items = "".join(f"<li>{html.escape(x)}</li>" for x in findings(df, shown, key))
+            ident = [{"term": r["term"], "rank": r[lab]} for r in page["identity"] if r.get(lab)]
+            slopes = [r for r in page["slopes"] if r["model"] == lab]
+            items = "".join(f"<li>{html.escape(x)}</li>" for x in findings(df, shown, key, identity=ident,
+                                                                            slopes=slopes))
             out.append(f"<p><b>{html.escape(lab)}</b></p><ul class='findings'>{items}</ul>")
     return "\n".join(out)

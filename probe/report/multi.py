@@ -192,7 +192,7 @@ def build(run_dirs: list[str | Path], rows: int = 25) -> str:
     title = html.escape(", ".join(data["labels"]))
     from probe.report.audit import summary_html
 
-    summary = summary_html(sweeps, data["labels"], shared_prompts(sweeps))
+    summary = summary_html(sweeps, data["labels"], shared_prompts(sweeps), data)
     return (PAGE.replace("__TITLE__", title).replace("__NCOL__", str(min(4, len(sweeps))))
             .replace("__SUMMARY__", summary)
             .replace("__STATIC__", _static(data)).replace("__PROVENANCE__", prov).replace("__DATA__", payload))

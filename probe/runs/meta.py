@@ -46,6 +46,17 @@ def model_record(loaded, revision: str | None = None) -> dict:
     }
 
 
+def model_settings(loaded, revision: str | None, mode: str, head) -> dict:
+    """The part of a run's settings (its fingerprint) that says which model computed it, and how: the weights by
+    content, the registry spec and output column, dtype, device type, score mode and the head's description.
+    Sweeps and response runs add what they scored."""
+    from probe.models.loading import weights_identity
+
+    return {"model": loaded.model_id, "weights": weights_identity(loaded), "revision": revision,
+            "spec": loaded.spec.name, "label_index": loaded.spec.label_index, "dtype": str(loaded.dtype),
+            "device_type": loaded.device.type, "mode": mode, "head": head.describe()}
+
+
 @dataclass
 class RunMeta:
     """The common part of every ``meta.json``; ``extra`` holds a command's own sections (top-level keys)."""
