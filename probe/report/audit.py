@@ -9,13 +9,11 @@ from __future__ import annotations
 import base64
 import html
 import io
-import re
-from functools import lru_cache
 
 import numpy as np
 import polars as pl
 
-from probe.report.text import model_label
+from probe.report.text import model_label, shown_text
 
 MODE_WORDS = {
     "reward": ("reward head", "the reward model's own score for the response: its trained head, read at the "
@@ -26,46 +24,6 @@ MODE_WORDS = {
     "judge": ("judge proxy", "not a reward model: the language model's logit of 'Yes' minus 'No' when asked whether "
               "the response is a good answer to the prompt."),
 }
-
-
-# --- token text ----------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=1)
-def _byte_of_char() -> dict[str, int]:
-    """GPT-2's byte-level alphabet (Llama 3, Qwen, SmolLM2 pieces): printable stand-in character -> byte."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[chr(b)] = b
-        else:
-            chars[chr(256 + extra)] = b
-            extra += 1
-    return chars
-
-
-def piece_bytes(piece: str) -> bytes | None:
-    """The bytes a vocabulary piece stands for: SentencePiece byte pieces (``<0xE2>``, ``▁`` for a space) or
-    GPT-2 byte-level pieces; None when the piece is neither."""
-    if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):
-        return bytes([int(piece[3:5], 16)])
-    table = _byte_of_char()
-    if all(c in table for c in piece):
-        return bytes(table[c] for c in piece)
-    if "\ufffd" not in piece:
-        return piece.replace("▁", " ").encode("utf-8")
-    return None
-
-
-def shown_text(decoded: str, piece: str, valid_utf8: bool) -> str:
-    """The token as the page shows it: its text, and where it is not valid UTF-8 on its own, its bytes, with each
-    byte that does not form a character written ``<0xE2>`` (never the replacement character)."""
-    if valid_utf8:
-        return decoded
-    raw = piece_bytes(piece)
-    if raw is None:
-        return decoded
-    text = raw.decode("utf-8", errors="surrogateescape")
-    return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
 
 
 # --- what was measured -------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from probe.analysis.sweeps import Sweep, load_sweep, run_labels, shared_vocabula
 from probe.errors import ProbeError
 from probe.report import page_template
 from probe.report.provenance import provenance_table
-from probe.report.text import flags, model_label, score_decimal
+from probe.report.text import flags, model_label, score_decimal, shown_text
 from probe.core.vocab import strip_markers
 
 COLUMNS = ["rank", "score", "id", "flags", "token"]
@@ -41,8 +41,6 @@ def shared_prompts(sweeps: list[Sweep]) -> dict[str, list[str]]:
 
 
 def _rows(df: pl.DataFrame, n: int) -> list[list]:
-    from probe.report.audit import shown_text
-
     return [[r["rank"], score_decimal(r["score"]), r["token_id"], flags(r),
              shown_text(r["decoded"], r.get("piece") or "", r["valid_utf8"])] for r in df.head(n).iter_rows(named=True)]
 

@@ -17,9 +17,9 @@ import polars as pl
 
 from probe.analysis.sweeps import upgrade_vocab_columns
 from probe.report import page_template
-from probe.report.audit import findings, measured_box, plot_png, shown_text
+from probe.report.audit import findings, measured_box, plot_png
 from probe.report.provenance import provenance_table
-from probe.report.text import score_decimal
+from probe.report.text import score_decimal, shown_text
 from probe.runs.rundir import RunDir
 
 FLAG_BITS = {"is_special": 1, "is_added": 2, "is_word": 4, "leading_space": 8, "roundtrips": 16, "valid_utf8": 32,

@@ -1,6 +1,10 @@
-"""Plain-text tables of the best and worst tokens, raw and words-only side by side."""
+"""Plain-text tables of the best and worst tokens, raw and words-only side by side, and how every page and table
+shows a token's text (byte fragments as their bytes)."""
 
 from __future__ import annotations
+
+import re
+from functools import lru_cache
 
 import polars as pl
 
@@ -37,10 +41,50 @@ def score_decimal(x) -> float:
     return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
 
 
+# --- token text ----------------------------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet (Llama 3, Qwen, SmolLM2 pieces): printable stand-in character -> byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def piece_bytes(piece: str) -> bytes | None:
+    """The bytes a vocabulary piece stands for: SentencePiece byte pieces (``<0xE2>``, ``▁`` for a space) or
+    GPT-2 byte-level pieces; None when the piece is neither."""
+    if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece):
+        return bytes([int(piece[3:5], 16)])
+    table = _byte_of_char()
+    if all(c in table for c in piece):
+        return bytes(table[c] for c in piece)
+    if "\ufffd" not in piece:
+        return piece.replace("▁", " ").encode("utf-8")
+    return None
+
+
+def shown_text(decoded: str, piece: str, valid_utf8: bool) -> str:
+    """The token as the page shows it: its text, and where it is not valid UTF-8 on its own, its bytes, with each
+    byte that does not form a character written ``<0xE2>`` (never the replacement character)."""
+    if valid_utf8:
+        return decoded
+    raw = piece_bytes(piece)
+    if raw is None:
+        return decoded
+    text = raw.decode("utf-8", errors="surrogateescape")
+    return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
+
+
 def _lines(df: pl.DataFrame, rank_col: str) -> list[str]:
     out = []
     for r in df.iter_rows(named=True):
-        text = repr(r["decoded"])
+        text = repr(shown_text(r["decoded"], r.get("piece") or "", r.get("valid_utf8", True)))
         text = text if len(text) <= 22 else text[:21] + "…"
         out.append(f"{r[rank_col]:>7} {score_decimal(r['score']):>10.4f} {r['token_id']:>7} {flags(r)} {text:<22}")
     return out

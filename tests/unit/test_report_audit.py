@@ -10,7 +10,7 @@ import re
 import polars as pl
 
 from probe.report import single
-from probe.report.audit import piece_bytes, shown_text
+from probe.report.text import piece_bytes, shown_text
 from tests.fake_runs import hashed_score, write_fake_run
 
 WORDS = ["love", "hate", "peace", "war", "joy", "pain", "good", "bad", "happy", "sad", "Black", "women", " love"]
@@ -37,8 +37,9 @@ def test_the_page_reads_as_an_audit(tmp_path):
         pl.when(pl.col("decoded") == " \ufffd").then(pl.lit("Ġâ")).otherwise(pl.col("piece")).alias("piece"),
         (pl.col("decoded") != " \ufffd").alias("valid_utf8"))
     run.write_table("vocab.parquet", vocab)
-    scores = run.read_table("scores.parquet").with_columns(
-        pl.when(pl.col("decoded") == " \ufffd").then(False).otherwise(pl.col("valid_utf8")).alias("valid_utf8"))
+    scores = run.read_table("scores.parquet").with_columns(  # scores.parquet carries the vocabulary's columns too
+        pl.when(pl.col("decoded") == " \ufffd").then(False).otherwise(pl.col("valid_utf8")).alias("valid_utf8"),
+        pl.when(pl.col("decoded") == " \ufffd").then(pl.lit("Ġâ")).otherwise(pl.col("piece")).alias("piece"))
     run.write_table("scores.parquet", scores)
     page = single.build(run.path, rows=10)
     assert "What was measured" in page and "reward head" in page and "the whole vocabulary" in page
@@ -47,6 +48,11 @@ def test_the_page_reads_as_an_audit(tmp_path):
     shown = dict(zip(data["vocab"]["ids"], data["vocab"]["shown"]))
     frag = vocab.filter(pl.col("piece") == "Ġâ")["token_id"][0]
     assert shown[frag] == " <0xE2>"
+    from probe.report.text import format_top_bottom
+
+    terminal = format_top_bottom(scores.filter(pl.col("prompt_key") == "greatest"), "greatest", "What is greatest?",
+                                 run.read_meta(), len(tokens))
+    assert "' <0xE2>'" in terminal and "\ufffd" not in terminal  # the terminal table shows the bytes too
     best = scores.sort("rank").filter(pl.col("is_word"))["decoded"].head(5).to_list()
     assert html.escape("Optimal responses (English words): " + ", ".join(repr(w) for w in best)) in page
     assert "control or added tokens among the" in page or "No control or added token among the top" in page
