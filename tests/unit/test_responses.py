@@ -233,3 +233,10 @@ def test_batch_runs_response_jobs_and_skips_them_once_complete(tiny_dirs, tmp_pa
     assert pl.read_parquet(run_dir / "scores.parquet").height == 5 and not list((tmp_path / "out").glob("*/exh*"))
     assert batch([str(jobs)]) == 0
     assert "[skip]" in capsys.readouterr().out and len(list((tmp_path / "out").glob("*/responses_*"))) == 1
+
+
+def test_the_released_elo_table_reads_as_responses(paper_release):
+    """The paper's own EloEverything table as --responses with --response-column name: every item, in order."""
+    names = pl.read_csv(paper_release / "elo_greatest_ever.csv")["name"].to_list()
+    got = read_responses(paper_release / "elo_greatest_ever.csv", "name")
+    assert len(got) == 7530 and got == list(dict.fromkeys(names)) and "Black people" in got
