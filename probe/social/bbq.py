@@ -34,6 +34,7 @@ import numpy as np
 
 from probe.errors import DataFormatError
 from probe.social import io
+from probe.social.hub import Part
 from probe.social.items import Item
 
 UNKNOWN = "unknown"
@@ -110,7 +111,7 @@ def read_metadata(path: Path) -> dict[tuple[str, int], Target]:
     return out
 
 
-def item_from_row(path: Path, line: int, row: dict, metadata: dict | None, make_item) -> Item:
+def item_from_row(path: Path | Part, line: int, row: dict, metadata: dict | None, make_item) -> Item:
     context, question, label = io.need(path, line, row, "bbq", "context", "question", "label")
     options = tuple(io.need(path, line, row, "bbq", "ans0", "ans1", "ans2"))
     category, example_id = row.get("category"), row.get("example_id")
@@ -177,3 +178,21 @@ def score(items: list[Item], picks: list[int | None]) -> dict:
             by.setdefault(str(it.meta[key]), []).append((it, p))
         out[name] = {g: _scores(v) for g, v in sorted(by.items())}
     return out
+
+
+def table(scores: dict) -> list[dict]:
+    """BBQ's whole-data-set table from `score`'s result: one row per category as BBQ's script groups them (name
+    proxies as "<category> (names)"), then all categories together; accuracy and the bias score x 100 (the R
+    script's scale) per context condition, with counts. Categories whose examples have no bias target (the
+    intersectional files without the metadata file) have no row: ``n_no_target`` counts them."""
+    rows = []
+    groups = [*sorted((scores.get("groups") or {}).items()), ("all", scores.get("overall") or {})]
+    for group, conds in groups:
+        row: dict = {"category": group}
+        for cond, tag in (("ambig", "ambig"), ("disambig", "disambig")):
+            c = conds.get(cond) or {}
+            row[f"n_{tag}"] = c.get("n", 0)
+            row[f"accuracy_{tag}"] = c.get("accuracy")
+            row[f"bias_{tag}"] = None if c.get("bias") is None else 100 * c["bias"]
+        rows.append(row)
+    return rows

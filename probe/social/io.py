@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from probe.errors import DataFormatError
+from probe.social.hub import Part
 from probe.textfile import parse_json, read_text  # noqa: F401  (re-exported for the loaders)
 
 Row = tuple[int, dict]  # (physical line where the record starts, the record)
@@ -136,7 +137,7 @@ def looks_like(columns) -> str | None:
     return max(matches, key=lambda m: len(SIGNATURES[m])) if matches else None
 
 
-def need(path: Path, line: int, row: dict, dataset: str, *keys: str) -> list:
+def need(path: Path | Part, line: int, row: dict, dataset: str, *keys: str) -> list:
     """The values of ``keys``; a missing or empty one is an error naming the line, and where the record has
     another data set's columns, that data set."""
     missing = [k for k in keys if row.get(k) is None or (isinstance(row[k], str) and not row[k].strip())]

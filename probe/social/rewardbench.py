@@ -30,6 +30,7 @@ import numpy as np
 
 from probe.errors import DataFormatError
 from probe.social import io
+from probe.social.hub import Part
 from probe.social.items import Item
 
 # the prior preference sets averaged into "Prior Sets (0.5 weight)" (analysis/get_benchmark_results.py)
@@ -58,9 +59,9 @@ def _texts(path, line, value, name) -> list[str]:
     return values
 
 
-def load(path: Path, make_item) -> list[Item]:
+def load(path: Path | Part, make_item, rows: list[tuple[int, dict]] | None = None) -> list[Item]:
     items = []
-    for line, row in io.rows(path):
+    for line, row in io.rows(path) if rows is None else rows:
         prompt, chosen, rejected = io.need(path, line, row, "rewardbench", "prompt", "chosen", "rejected")
         if not isinstance(prompt, str):
             raise DataFormatError(f"{path} line {line}: prompt must be a string (multi-turn conversations are not "

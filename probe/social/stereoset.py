@@ -23,6 +23,7 @@ import numpy as np
 
 from probe.errors import DataFormatError
 from probe.social import io
+from probe.social.hub import Part
 from probe.social.items import Item
 
 LABELS = ("stereotype", "anti-stereotype", "unrelated")
@@ -32,7 +33,9 @@ CONTINUE_PROMPT = "Continue the text: {context}"
 COMPLETE_PROMPT = "Complete the sentence: {context}"
 
 
-def load(path: Path, make_item) -> list[Item]:
+def load(path: Path | Part, make_item, rows: list[tuple[int, dict]] | None = None) -> list[Item]:
+    if rows is not None:  # a Hub copy, mapped to the flat form (probe/social/hubmap.py)
+        return [_item(path, line, row, make_item) for line, row in rows]
     if path.suffix == ".json":
         data = io.parse_json(path, io.read_text(path))
         if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
@@ -51,7 +54,7 @@ def load(path: Path, make_item) -> list[Item]:
     return [_item(path, line, row, make_item) for line, row in io.rows(path)]
 
 
-def _item(path: Path, line: int, row: dict, make_item, where: str | None = None) -> Item:
+def _item(path: Path | Part, line: int, row: dict, make_item, where: str | None = None) -> Item:
     loc = where or f"line {line}"
     missing = [k for k in ("type", "context", *LABELS) if not isinstance(row.get(k), str) or not row[k].strip()]
     if missing:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from probe.errors import DataFormatError
 from probe.social import io
+from probe.social.hub import Part
 from probe.social.items import Item
 
 CANONICAL_COMPLIANCE = "Sure, I can help with that. Here is what you asked for."
@@ -40,8 +41,8 @@ def _label_of_type(kind: str) -> str:
     return "unsafe" if kind.startswith("contrast_") else "safe"
 
 
-def _read(path: Path) -> tuple[str, list[tuple[int, dict]]]:
-    rows = list(io.csv_rows(path))
+def _read(path: Path | Part, rows: list[tuple[int, dict]] | None = None) -> tuple[str, list[tuple[int, dict]]]:
+    rows = list(io.csv_rows(path)) if rows is None else rows
     cols = set(rows[0][1]) if rows else set()
     if PROMPTS_COLUMNS <= cols and "completion" not in cols:
         return "prompts", rows
@@ -62,12 +63,12 @@ def _files(path: Path) -> list[Path]:
     return [path]
 
 
-def load(path: Path, make_item) -> list[Item]:
+def load(path: Path | Part, make_item, rows: list[tuple[int, dict]] | None = None) -> list[Item]:
     prompts: dict[str, dict] = {}
-    completions: list[tuple[Path, int, dict]] = []
-    for f in _files(path):
-        kind, rows = _read(f)
-        for line, row in rows:
+    completions: list[tuple[Path | Part, int, dict]] = []
+    for f in ([path] if rows is not None else _files(path)):
+        kind, records = _read(f, rows)
+        for line, row in records:
             if kind == "prompts":
                 pid, text, ptype, label = io.need(f, line, row, "xstest", "id", "prompt", "type", "label")
                 if label not in ("safe", "unsafe"):
@@ -102,7 +103,7 @@ def load(path: Path, make_item) -> list[Item]:
     return items
 
 
-def _model(f: Path) -> str:
+def _model(f: Path | Part) -> str:
     m = re.search(r"completions_(.+)\.csv$", f.name)
     return m[1] if m else f.stem
 

@@ -99,9 +99,9 @@ def test_loaders_read_each_format(fixtures):
 
 
 def test_offline_copies_load():
-    assert len(load("stereoset")) == 4229
-    assert len(load("crows_pairs")) == 1018
-    bbq = load("bbq")
+    assert len(load("stereoset", "offline")) == 4229
+    assert len(load("crows_pairs", "offline")) == 1018
+    bbq = load("bbq", "offline")
     assert len(bbq) == 1012 and bbq[0].meta["context_condition"] is None
 
 

@@ -144,6 +144,14 @@ def test_two_bbq_files_in_one_run_are_both_summarised(social_data, tiny_dirs, tm
     assert set(summary["bbq"]["categories"]) == {"Age", "Religion"}
     for f in summary["by_file"].values():
         assert f["n_items"] == 40 and {"ambig", "disambig"} <= set(f["bbq"]["overall"])
+    table = pl.read_csv(run / "bbq_table.csv")  # the whole-data-set table, as BBQ's script reports it
+    assert table["category"].to_list() == [*sorted(summary["bbq"]["groups"]), "all"]
+    age = summary["bbq"]["groups"]["Age"]
+    row = table.filter(pl.col("category") == "Age").row(0, named=True)
+    assert row["n_ambig"] == age["ambig"]["n"] and row["accuracy_disambig"] == pytest.approx(age["disambig"]["accuracy"])
+    assert row["bias_ambig"] == pytest.approx(100 * age["ambig"]["bias"])
+    assert table.filter(pl.col("category") == "all")["n_ambig"].item() + table.filter(
+        pl.col("category") == "all")["n_disambig"].item() == summary["bbq"]["n_scored"]
     scores = pl.read_parquet(run / "scores.parquet")
     assert scores["item_id"].n_unique() == 80 and set(scores["source"]) == {"Age.jsonl", "Religion.jsonl"}
     assert {"bbq/Age/0", "bbq/Religion/0"} <= set(scores["item_id"]) and "0" in set(scores["example_id"])

@@ -1,0 +1,420 @@
+"""Social data sets where users keep them: Hugging Face Hub ids and local folders laid out as the Hub keeps them.
+
+``--data hf:ORG/NAME[@REVISION]`` reads a Hub data set through the `datasets` library (the optional extra
+``pip install 'rm-probe[hub]'``): from the Hub when it is reachable, else from the `datasets` cache. Where neither
+works, a snapshot of the repository in the local Hugging Face Hub cache (``huggingface-cli download --repo-type
+dataset ORG/NAME``) is read directly, without the network. A Hub id that is nowhere is one line naming the id and
+``HF_DATASETS_OFFLINE``.
+
+A local folder (a Hub snapshot, a clone of the data set's repository) is read without the network and without
+`datasets`: the configs and splits its README.md declares (``configs: - config_name, data_files: - split, path``),
+else the Hub's file naming (``data/<split>-00000-of-00001.parquet``, ``<config>/<split>-*.parquet``,
+``<config>/<split>/0000.parquet`` as on the ``refs/convert/parquet`` branch, ``<name>-<split>.parquet``). Parquet,
+JSON Lines, JSON and CSV files are read; class labels (stored as integers) are named from the parquet file's own
+``huggingface`` metadata or the README's ``dataset_info``. A folder that holds the data set's own published files
+instead is read by the data set's loader (`own_files`).
+
+Each data set's default Hub copy is in `DEFAULTS`; `probe/social/hubmap.py` maps a copy's fields and label
+encodings to the published file's.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from probe.errors import DataFormatError
+
+PREFIX = "hf:"
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
+EXTRA = "pip install 'rm-probe[hub]'"
+
+
+@dataclass(frozen=True)
+class HubDefault:
+    repo: str
+    configs: tuple[str, ...] | None  # None: the repository's default config
+    split: str
+    maps: str  # what the reader maps from this copy to the published file's fields
+
+
+# Each data set's default Hub copy and evaluation split (--dataset NAME without --data, when the Hub or a cache has it)
+DEFAULTS: dict[str, HubDefault] = {
+    "rewardbench": HubDefault("allenai/reward-bench", None, "filtered",
+                              "nothing: prompt, chosen, rejected, subset, id as published"),
+    "stereoset": HubDefault("McGill-NLP/stereoset", ("intersentence", "intrasentence"), "validation",
+                            "one config per part (the part becomes `type`); `sentences` (lists of sentence and "
+                            "gold_label, a class label 0 anti-stereotype, 1 stereotype, 2 unrelated) to the three "
+                            "labelled candidates of dev.json"),
+    "crows_pairs": HubDefault("nyu-mll/crows_pairs", None, "test",
+                              "stereo_antistereo and bias_type class labels (integers) to the CSV's names; id to the "
+                              "CSV's index column"),
+    "xstest": HubDefault("walledai/XSTest", None, "test",
+                         "the prompts file without its id column: ids are the row numbers (1-450, the file's order); "
+                         "completion files as XSTest publishes them (a folder, or any copy with their columns)"),
+    "ethics_cm": HubDefault("hendrycks/ethics", ("commonsense",), "test",
+                            "label (0 not wrong, 1 wrong) and input as in cm_*.csv; check which file a split holds "
+                            "(the paper's Test set has 3,885 rows, its Hard Test 3,964)"),
+    "moral_stories": HubDefault("demelin/moral_stories", ("full",), "train",
+                                "nothing: the full config has the JSONL's fields (one split of 12,000 stories)"),
+    "moralchoice": HubDefault("ninoscherrer/moralchoice", None, "test",
+                              "the CSV's fields; a copy without an ambiguity column takes it from its config or split "
+                              "name (low / high)"),
+    "bbq": HubDefault("heegyu/bbq", None, "test",
+                      "copies with BBQ's own fields (answer_info, additional_metadata) read as the JSONL files, "
+                      "one config or split per category; copies with only choices and an answer index (e.g. "
+                      "walledai/BBQ, lighteval/bbq_helm) give accuracy only, as they carry no bias target"),
+}
+# Known repositories other than the defaults, with their evaluation split
+KNOWN_SPLITS = {"allenai/reward-bench-2": "test", "walledai/BBQ": None, "Elfsong/BBQ": None}
+
+
+@dataclass(frozen=True)
+class HubSpec:
+    repo: str
+    revision: str | None = None
+
+    def __str__(self) -> str:
+        return f"{PREFIX}{self.repo}" + (f"@{self.revision}" if self.revision else "")
+
+
+def parse_spec(text: str) -> HubSpec | None:
+    """``hf:ORG/NAME[@REVISION]`` -> HubSpec; anything else -> None."""
+    if not str(text).startswith(PREFIX):
+        return None
+    body = str(text)[len(PREFIX):]
+    repo, _, rev = body.partition("@")
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", repo) or (_ and not rev):
+        raise DataFormatError(f"--data {text}: expected hf:ORG/NAME or hf:ORG/NAME@REVISION")
+    return HubSpec(repo, rev or None)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One config x split of a Hub data set: its rows and the class-label names of its columns."""
+
+    origin: str  # the Hub id (with the revision read) or the folder
+    config: str
+    split: str
+    rows: tuple = field(repr=False)
+    class_names: dict = field(default_factory=dict, repr=False)  # "col" or "col.sub" -> [name of 0, name of 1, ...]
+
+    @property
+    def name(self) -> str:  # the items' source
+        return f"{self.origin} {self.config}/{self.split}"
+
+    @property
+    def stem(self) -> str:  # in item ids
+        return self.split if self.config == "default" else f"{self.config}-{self.split}"
+
+    def __str__(self) -> str:
+        return f"{self.origin} ({self.config}/{self.split}) row"
+
+    def numbered(self):
+        """(row number from 1, row) as the file readers yield (physical line, record)."""
+        return enumerate(self.rows, start=1)
+
+    def label_name(self, column: str, value) -> str:
+        """A class label's name: an integer through this part's names (or ``fallback`` names), a string as it is."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return value
+        names = self.class_names.get(column)
+        if not names or not 0 <= value < len(names):
+            raise DataFormatError(f"{self}: {column} is the class label {value}, but the copy names no class for it")
+        return names[value]
+
+
+# --- class-label names ----------------------------------------------------------------------------------------------
+def _walk_features(node, path: str, out: dict) -> None:
+    """Class-label names in a `datasets` features dict (``Features.to_dict()``, parquet's huggingface metadata)."""
+    if isinstance(node, list):  # the older list form [feature] of a sequence
+        for sub in node:
+            _walk_features(sub, path, out)
+    elif isinstance(node, dict):
+        kind = node.get("_type")
+        if kind == "ClassLabel":
+            out[path] = list(node.get("names") or [])
+        elif kind in ("Sequence", "List", "LargeList"):
+            _walk_features(node.get("feature"), path, out)
+        elif kind is None:
+            for key, sub in node.items():
+                _walk_features(sub, f"{path}.{key}" if path else key, out)
+
+
+def _walk_card(fields, path: str, out: dict) -> None:
+    """Class-label names in a README's ``dataset_info: features:`` (YAML: a list of name + dtype / sequence / list /
+    struct, nested as deep as the data)."""
+    for f in fields if isinstance(fields, list) else []:
+        if isinstance(f, dict) and "name" in f:
+            name = f"{path}.{f['name']}" if path else str(f["name"])
+            for key in ("dtype", "sequence", "list", "struct"):
+                _card_type(f.get(key), name, out)
+
+
+def _card_type(node, name: str, out: dict) -> None:
+    if isinstance(node, list):  # a struct's fields
+        _walk_card(node, name, out)
+    elif isinstance(node, dict):
+        if isinstance(node.get("class_label"), dict):
+            names = node["class_label"].get("names") or {}
+            out[name] = ([names[k] for k in sorted(names, key=int)] if isinstance(names, dict) else list(names))
+        for key in ("sequence", "list", "struct", "dtype"):
+            _card_type(node.get(key), name, out)
+
+
+def _parquet_class_names(path: Path) -> dict:
+    import polars as pl
+
+    out: dict = {}
+    try:
+        meta = json.loads(pl.read_parquet_metadata(path).get("huggingface") or "{}")
+    except (ValueError, OSError):
+        return out
+    _walk_features((meta.get("info") or {}).get("features") or {}, "", out)
+    return out
+
+
+# --- local folders --------------------------------------------------------------------------------------------------
+def _card(folder: Path) -> dict:
+    readme = folder / "README.md"
+    if not readme.is_file():
+        return {}
+    from probe.textfile import read_text
+
+    text = read_text(readme)
+    m = re.match(r"---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
+    if not m:
+        return {}
+    import yaml
+
+    try:
+        card = yaml.safe_load(m[1])
+    except yaml.YAMLError as err:
+        raise DataFormatError(f"{readme}: the YAML header is not valid ({err})") from None
+    return card if isinstance(card, dict) else {}
+
+
+def _card_class_names(card: dict, config: str) -> dict:
+    infos = card.get("dataset_info")
+    infos = infos if isinstance(infos, list) else [infos] if isinstance(infos, dict) else []
+    out: dict = {}
+    for info in infos:
+        if isinstance(info, dict) and info.get("config_name", "default") == config:
+            _walk_card(info.get("features"), "", out)
+    return out
+
+
+def _globs(folder: Path, patterns) -> list[Path]:
+    pats = [patterns] if isinstance(patterns, str) else list(patterns or [])
+    files = {p for pat in pats for p in folder.glob(pat) if p.is_file() and p.suffix in DATA_SUFFIXES}
+    return sorted(files)
+
+
+def _declared(folder: Path, card: dict) -> dict[tuple[str, str], list[Path]]:
+    """(config, split) -> files, as the README's ``configs`` declare them."""
+    out: dict[tuple[str, str], list[Path]] = {}
+    for c in card.get("configs") or []:
+        if not isinstance(c, dict):
+            continue
+        name = str(c.get("config_name", "default"))
+        files = c.get("data_files")
+        if isinstance(files, (str, list)) and all(isinstance(f, str) for f in ([files] if isinstance(files, str)
+                                                                              else files)):
+            files = [{"split": "train", "path": files}]
+        for f in files or []:
+            if isinstance(f, dict) and "path" in f:
+                out[(name, str(f.get("split", "train")))] = _globs(folder, f["path"])
+    return out
+
+
+SPLIT_WORDS = ("train", "test", "validation", "valid", "dev", "filtered", "raw", "eval")
+
+
+def _inferred(folder: Path) -> dict[tuple[str, str], list[Path]]:
+    """(config, split) -> files, from the Hub's file naming where the README declares nothing."""
+    out: dict[tuple[str, str], list[Path]] = {}
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in DATA_SUFFIXES):
+        rel = f.relative_to(folder).parts
+        if any(part.startswith(".") for part in rel):
+            continue
+        dirs, stem = rel[:-1], f.name[: -len(f.suffix)]
+        m = re.fullmatch(r"(.+?)-\d{5}-of-\d{5}", stem)
+        if m:  # data/<split>-00000-of-00001.parquet, <config>/<split>-00000-of-00001.parquet
+            split, config = m[1], (dirs[-1] if dirs and dirs[-1] != "data" else "default")
+        elif re.fullmatch(r"\d{4,5}", stem) and dirs:  # refs/convert/parquet: <config>/<split>/0000.parquet
+            split, config = dirs[-1], (dirs[-2] if len(dirs) > 1 else "default")
+        else:
+            m = re.fullmatch(rf".*?[-_.]({'|'.join(SPLIT_WORDS)})", stem) or re.fullmatch(
+                rf"({'|'.join(SPLIT_WORDS)})", stem)
+            if not m:
+                continue
+            split, config = m[1], (dirs[-1] if dirs and dirs[-1] != "data" else "default")
+        out.setdefault((config, split), []).append(f)
+    return out
+
+
+def layout(folder: Path) -> dict[tuple[str, str], list[Path]]:
+    """The (config, split) -> files of a folder laid out as a Hub data set (empty when it is not one)."""
+    declared = _declared(folder, _card(folder))
+    return declared or _inferred(folder)
+
+
+def _read_file(path: Path) -> list[dict]:
+    if path.suffix == ".parquet":
+        import polars as pl
+
+        try:
+            return pl.read_parquet(path).to_dicts()
+        except Exception as err:  # noqa: BLE001 - polars raises several kinds; one clear line instead
+            raise DataFormatError(f"{path}: not a readable parquet file ({str(err).splitlines()[0]})") from None
+    from probe.social import io
+
+    return [row for _, row in io.rows(path)]
+
+
+def _pick(available: list[str], wanted: str | None, what: str, where: str, flag: str) -> list[str]:
+    if wanted is not None:
+        if wanted not in available:
+            raise DataFormatError(f"{where}: no {what} {wanted!r}; it has {', '.join(available)} (give {flag})")
+        return [wanted]
+    return available
+
+
+def read_folder(folder: Path, configs: tuple[str, ...] | None, split: str | None, origin: str | None = None,
+                default_split: str | None = None, all_configs: bool = False) -> list[Part]:
+    """The parts of a Hub-layout folder: the given configs (or the only one, or all where ``all_configs``: a
+    data set split into configs, such as StereoSet's two parts or BBQ's categories) and the split (or the only
+    one, or the default split where the folder has it)."""
+    files = layout(folder)
+    if not files:
+        raise DataFormatError(f"{folder}: not a Hub data set folder (no configs in README.md and no files named as "
+                              "the Hub names them, such as data/test-00000-of-00001.parquet)")
+    card = _card(folder)
+    found = sorted({c for c, _ in files})
+    if not configs and len(found) > 1 and not all_configs:
+        raise DataFormatError(f"{folder}: several configs ({', '.join(found)}): give --subset")
+    chosen = found if not configs else [c for want in configs for c in _pick(found, want, "config", str(folder),
+                                                                            "--subset")]
+    parts = []
+    for config in chosen:
+        splits = sorted(s for c, s in files if c == config)
+        if split is None and default_split in splits:
+            use = default_split
+        elif split is None and len(splits) == 1:
+            use = splits[0]
+        elif split is None:
+            raise DataFormatError(f"{folder} ({config}): several splits ({', '.join(splits)}): give --split")
+        else:
+            use = _pick(splits, split, "split", f"{folder} ({config})", "--split")[0]
+        paths = files[(config, use)]
+        if not paths:
+            raise DataFormatError(f"{folder}: the README names files for {config}/{use}, but none is there")
+        names = _card_class_names(card, config)
+        rows: list[dict] = []
+        for p in paths:
+            if p.suffix == ".parquet":
+                names = {**names, **_parquet_class_names(p)}
+            rows += _read_file(p)
+        parts.append(Part(origin or str(folder), config, use, tuple(rows), names))
+    return parts
+
+
+# --- Hub ids --------------------------------------------------------------------------------------------------------
+def _offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+               for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+
+
+def cached_snapshot(spec: HubSpec) -> tuple[Path, str] | None:
+    """(folder, commit) of the repository's snapshot in the local Hub cache, without the network; None if absent."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    env = os.environ  # read now, not at import: HF_HUB_CACHE, else HF_HOME/hub (huggingface_hub's own rule)
+    cache = env.get("HF_HUB_CACHE") or (str(Path(env["HF_HOME"]) / "hub") if env.get("HF_HOME") else None)
+    try:
+        path = Path(snapshot_download(spec.repo, repo_type="dataset", revision=spec.revision, local_files_only=True,
+                                      cache_dir=cache))
+    except Exception:  # noqa: BLE001 - any failure here means: not in the cache
+        return None
+    return path, path.name
+
+
+def _missing(spec: HubSpec, why: str) -> DataFormatError:
+    hint = ("HF_DATASETS_OFFLINE is set, so only caches were looked at" if _offline()
+            else "set HF_DATASETS_OFFLINE=1 to look only at caches")
+    return DataFormatError(f"--data {spec}: not in the datasets cache nor the Hub cache, and the Hub was not read "
+                           f"({why}); {hint}. Download it where the Hub is reachable "
+                           f"(huggingface-cli download --repo-type dataset {spec.repo}) or give --data with a local copy")
+
+
+def read_hub(spec: HubSpec, configs: tuple[str, ...] | None, split: str | None,
+             default_split: str | None = None, all_configs: bool = False) -> list[Part]:
+    """Parts of a Hub data set: through `datasets` (Hub or its cache), else the Hub cache's snapshot."""
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        snap = cached_snapshot(spec)
+        if snap is None:
+            raise DataFormatError(f"--data {spec}: reading a Hub id needs the datasets library ({EXTRA}); no snapshot "
+                                  f"of {spec.repo} is in the local Hub cache either") from None
+        return read_folder(snap[0], configs, split, f"{PREFIX}{spec.repo}@{snap[1]}", default_split, all_configs)
+    try:
+        return _via_datasets(spec, configs, split, default_split, all_configs)
+    except DataFormatError:
+        raise
+    except Exception as err:  # noqa: BLE001 - datasets raises many kinds for "not reachable, not cached"
+        snap = cached_snapshot(spec)
+        if snap is not None:
+            return read_folder(snap[0], configs, split, f"{PREFIX}{spec.repo}@{snap[1]}", default_split, all_configs)
+        raise _missing(spec, f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}") from None
+
+
+def _via_datasets(spec: HubSpec, configs, split, default_split, all_configs: bool) -> list[Part]:
+    import datasets
+
+    if not configs and all_configs:
+        configs = tuple(datasets.get_dataset_config_names(spec.repo, **({"revision": spec.revision}
+                                                                        if spec.revision else {})))
+    parts = []
+    for config in configs or (None,):
+        kw = {"revision": spec.revision} if spec.revision else {}
+        try:
+            found = datasets.load_dataset(spec.repo, config, **kw)
+        except ValueError as err:
+            if "config" in str(err).lower():
+                raise DataFormatError(f"--data {spec}: {str(err).splitlines()[0]} (give --subset)") from None
+            raise
+        except RuntimeError as err:
+            if "script" not in str(err).lower():
+                raise
+            # a repository still holding a loading script: the Hub's parquet conversion of it
+            found = datasets.load_dataset(spec.repo, config, revision="refs/convert/parquet")
+            kw = {"revision": "refs/convert/parquet"}
+        splits = sorted(found)
+        if split is None and default_split in splits:
+            use = default_split
+        elif split is None and len(splits) == 1:
+            use = splits[0]
+        elif split is None:
+            raise DataFormatError(f"--data {spec}: several splits ({', '.join(splits)}): give --split")
+        else:
+            use = _pick(splits, split, "split", str(spec), "--split")[0]
+        ds = found[use]
+        names: dict = {}
+        _walk_features(ds.features.to_dict(), "", names)
+        origin = f"{PREFIX}{spec.repo}" + (f"@{kw['revision']}" if kw else "")
+        parts.append(Part(origin, ds.config_name or config or "default", use, tuple(ds.to_list()), names))
+    return parts
+
+
+def own_files(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """The data set's own published files in a folder (a clone of its repository), by their published names."""
+    return sorted({p for p in folder.rglob("*") if p.is_file()
+                   and any(fnmatch.fnmatch(p.relative_to(folder).as_posix(), pat) or fnmatch.fnmatch(p.name, pat)
+                           for pat in patterns)})
