@@ -65,12 +65,14 @@ DEFAULTS: dict[str, HubDefault] = {
                               "the CSV's fields; a copy without an ambiguity column takes it from its config or split "
                               "name (low / high)"),
     "bbq": HubDefault("heegyu/bbq", None, "test",
-                      "copies with BBQ's own fields (answer_info, additional_metadata) read as the JSONL files, "
-                      "one config or split per category; copies with only choices and an answer index (e.g. "
-                      "walledai/BBQ, lighteval/bbq_helm) give accuracy only, as they carry no bias target"),
+                      "heegyu/bbq holds BBQ's own data/*.jsonl (a snapshot folder is read as BBQ's files); copies "
+                      "with BBQ's own fields (answer_info, additional_metadata) are read as the JSONL files, every "
+                      "category (config or split; an 'all' config that repeats them is skipped); copies with only "
+                      "choices and an answer index (walledai/BBQ) give accuracy only, as they carry no bias target"),
 }
-# Known repositories other than the defaults, with their evaluation split
-KNOWN_SPLITS = {"allenai/reward-bench-2": "test", "walledai/BBQ": None, "Elfsong/BBQ": None}
+# Known repositories other than the defaults, with their evaluation split (None: every split, where the splits
+# are BBQ's categories or a partition of them)
+KNOWN_SPLITS = {"allenai/reward-bench-2": "test", "walledai/BBQ": None, "Elfsong/BBQ": None, "chuxuecao/BBQ": None}
 
 
 @dataclass(frozen=True)
@@ -276,50 +278,60 @@ def _read_file(path: Path) -> list[dict]:
     return [row for _, row in io.rows(path)]
 
 
-def _pick(available: list[str], wanted: str | None, what: str, where: str, flag: str) -> list[str]:
-    if wanted is not None:
-        if wanted not in available:
-            raise DataFormatError(f"{where}: no {what} {wanted!r}; it has {', '.join(available)} (give {flag})")
-        return [wanted]
-    return available
+@dataclass(frozen=True)
+class Selection:
+    """Which configs and splits of a Hub data set to read."""
+
+    configs: tuple[str, ...] | None = None  # None: the only one, or every one where `all_configs`
+    split: str | None = None  # None: the default split where there is one, else the only one
+    default_split: str | None = None
+    all_configs: bool = False  # configs are parts of one whole (StereoSet's two parts, BBQ's categories)
+    all_splits: bool = False  # so are splits, where there is no default split (BBQ copies split by category)
+
+    def pick_configs(self, found: list[str], where: str) -> list[str]:
+        if self.configs:
+            return [_pick(found, want, "subset (config)", where, "--subset") for want in self.configs]
+        if len(found) > 1 and not self.all_configs:
+            raise DataFormatError(f"{where}: several subsets (configs) ({', '.join(found)}): give --subset")
+        whole = [c for c in found if c.lower() != "all"]  # an "all" config repeats the others
+        return whole if len(found) > 1 and whole else found
+
+    def pick_splits(self, found: list[str], where: str) -> list[str]:
+        if self.split is not None:
+            return [_pick(found, self.split, "split", where, "--split")]
+        if self.default_split in found:
+            return [self.default_split]
+        if len(found) == 1 or self.all_splits:
+            return found
+        raise DataFormatError(f"{where}: several splits ({', '.join(found)}): give --split")
 
 
-def read_folder(folder: Path, configs: tuple[str, ...] | None, split: str | None, origin: str | None = None,
-                default_split: str | None = None, all_configs: bool = False) -> list[Part]:
-    """The parts of a Hub-layout folder: the given configs (or the only one, or all where ``all_configs``: a
-    data set split into configs, such as StereoSet's two parts or BBQ's categories) and the split (or the only
-    one, or the default split where the folder has it)."""
+def _pick(available: list[str], wanted: str, what: str, where: str, flag: str) -> str:
+    if wanted not in available:
+        raise DataFormatError(f"{where}: no {what} {wanted!r}; it has {', '.join(available)} (give {flag})")
+    return wanted
+
+
+def read_folder(folder: Path, sel: Selection = Selection(), origin: str | None = None) -> list[Part]:
+    """The parts of a Hub-layout folder that ``sel`` picks."""
     files = layout(folder)
     if not files:
         raise DataFormatError(f"{folder}: not a Hub data set folder (no configs in README.md and no files named as "
                               "the Hub names them, such as data/test-00000-of-00001.parquet)")
     card = _card(folder)
-    found = sorted({c for c, _ in files})
-    if not configs and len(found) > 1 and not all_configs:
-        raise DataFormatError(f"{folder}: several configs ({', '.join(found)}): give --subset")
-    chosen = found if not configs else [c for want in configs for c in _pick(found, want, "config", str(folder),
-                                                                            "--subset")]
     parts = []
-    for config in chosen:
-        splits = sorted(s for c, s in files if c == config)
-        if split is None and default_split in splits:
-            use = default_split
-        elif split is None and len(splits) == 1:
-            use = splits[0]
-        elif split is None:
-            raise DataFormatError(f"{folder} ({config}): several splits ({', '.join(splits)}): give --split")
-        else:
-            use = _pick(splits, split, "split", f"{folder} ({config})", "--split")[0]
-        paths = files[(config, use)]
-        if not paths:
-            raise DataFormatError(f"{folder}: the README names files for {config}/{use}, but none is there")
-        names = _card_class_names(card, config)
-        rows: list[dict] = []
-        for p in paths:
-            if p.suffix == ".parquet":
-                names = {**names, **_parquet_class_names(p)}
-            rows += _read_file(p)
-        parts.append(Part(origin or str(folder), config, use, tuple(rows), names))
+    for config in sel.pick_configs(sorted({c for c, _ in files}), str(folder)):
+        for use in sel.pick_splits(sorted(s for c, s in files if c == config), f"{folder} ({config})"):
+            paths = files[(config, use)]
+            if not paths:
+                raise DataFormatError(f"{folder}: the README names files for {config}/{use}, but none is there")
+            names = _card_class_names(card, config)
+            rows: list[dict] = []
+            for p in paths:
+                if p.suffix == ".parquet":
+                    names = {**names, **_parquet_class_names(p)}
+                rows += _read_file(p)
+            parts.append(Part(origin or str(folder), config, use, tuple(rows), names))
     return parts
 
 
@@ -353,8 +365,7 @@ def _missing(spec: HubSpec, why: str) -> DataFormatError:
                            f"(huggingface-cli download --repo-type dataset {spec.repo}) or give --data with a local copy")
 
 
-def read_hub(spec: HubSpec, configs: tuple[str, ...] | None, split: str | None,
-             default_split: str | None = None, all_configs: bool = False) -> list[Part]:
+def read_hub(spec: HubSpec, sel: Selection = Selection()) -> list[Part]:
     """Parts of a Hub data set: through `datasets` (Hub or its cache), else the Hub cache's snapshot."""
     try:
         import datasets  # noqa: F401
@@ -363,53 +374,48 @@ def read_hub(spec: HubSpec, configs: tuple[str, ...] | None, split: str | None,
         if snap is None:
             raise DataFormatError(f"--data {spec}: reading a Hub id needs the datasets library ({EXTRA}); no snapshot "
                                   f"of {spec.repo} is in the local Hub cache either") from None
-        return read_folder(snap[0], configs, split, f"{PREFIX}{spec.repo}@{snap[1]}", default_split, all_configs)
+        return read_folder(snap[0], sel, f"{PREFIX}{spec.repo}@{snap[1]}")
     try:
-        return _via_datasets(spec, configs, split, default_split, all_configs)
+        return _via_datasets(spec, sel)
     except DataFormatError:
         raise
     except Exception as err:  # noqa: BLE001 - datasets raises many kinds for "not reachable, not cached"
         snap = cached_snapshot(spec)
         if snap is not None:
-            return read_folder(snap[0], configs, split, f"{PREFIX}{spec.repo}@{snap[1]}", default_split, all_configs)
+            return read_folder(snap[0], sel, f"{PREFIX}{spec.repo}@{snap[1]}")
         raise _missing(spec, f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}") from None
 
 
-def _via_datasets(spec: HubSpec, configs, split, default_split, all_configs: bool) -> list[Part]:
+PARQUET_BRANCH = "refs/convert/parquet"  # the Hub's parquet conversion of a repository that holds a loading script
+
+
+def _scripted(call, revision: str | None):
+    """``call(revision)``; where the repository still holds a loading script (which `datasets` 4+ refuses), the
+    same on the Hub's parquet conversion. Returns (result, revision used)."""
+    try:
+        return call(revision), revision
+    except RuntimeError as err:
+        if "script" not in str(err).lower():
+            raise
+        return call(PARQUET_BRANCH), PARQUET_BRANCH
+
+
+def _via_datasets(spec: HubSpec, sel: Selection) -> list[Part]:
     import datasets
 
-    if not configs and all_configs:
-        configs = tuple(datasets.get_dataset_config_names(spec.repo, **({"revision": spec.revision}
-                                                                        if spec.revision else {})))
+    def kw(rev):
+        return {"revision": rev} if rev else {}
+
+    names_found, _ = _scripted(lambda rev: datasets.get_dataset_config_names(spec.repo, **kw(rev)), spec.revision)
     parts = []
-    for config in configs or (None,):
-        kw = {"revision": spec.revision} if spec.revision else {}
-        try:
-            found = datasets.load_dataset(spec.repo, config, **kw)
-        except ValueError as err:
-            if "config" in str(err).lower():
-                raise DataFormatError(f"--data {spec}: {str(err).splitlines()[0]} (give --subset)") from None
-            raise
-        except RuntimeError as err:
-            if "script" not in str(err).lower():
-                raise
-            # a repository still holding a loading script: the Hub's parquet conversion of it
-            found = datasets.load_dataset(spec.repo, config, revision="refs/convert/parquet")
-            kw = {"revision": "refs/convert/parquet"}
-        splits = sorted(found)
-        if split is None and default_split in splits:
-            use = default_split
-        elif split is None and len(splits) == 1:
-            use = splits[0]
-        elif split is None:
-            raise DataFormatError(f"--data {spec}: several splits ({', '.join(splits)}): give --split")
-        else:
-            use = _pick(splits, split, "split", str(spec), "--split")[0]
-        ds = found[use]
-        names: dict = {}
-        _walk_features(ds.features.to_dict(), "", names)
-        origin = f"{PREFIX}{spec.repo}" + (f"@{kw['revision']}" if kw else "")
-        parts.append(Part(origin, ds.config_name or config or "default", use, tuple(ds.to_list()), names))
+    for config in sel.pick_configs(sorted(names_found), str(spec)):
+        found, rev = _scripted(lambda r: datasets.load_dataset(spec.repo, config, **kw(r)), spec.revision)
+        origin = f"{PREFIX}{spec.repo}" + (f"@{rev}" if rev else "")
+        for use in sel.pick_splits(sorted(found), f"{spec} ({config})"):
+            ds = found[use]
+            names: dict = {}
+            _walk_features(ds.features.to_dict(), "", names)
+            parts.append(Part(origin, config, use, tuple(ds.to_list()), names))
     return parts
 
 

@@ -198,9 +198,10 @@ def sources(name: str, data: str | Path | None, config: str | None = None,
         return [offline_path(name)]
     if spec is not None:
         known = default if default and spec.repo == default.repo else None
-        configs = (config,) if config else known.configs if known else None
-        split_default = known.split if known else hub.KNOWN_SPLITS.get(spec.repo)
-        return list(hub.read_hub(spec, configs, split, split_default, all_configs=name in ALL_CONFIGS))
+        sel = hub.Selection((config,) if config else known.configs if known else None, split,
+                            known.split if known else hub.KNOWN_SPLITS.get(spec.repo, default and default.split),
+                            all_configs=name in ALL_CONFIGS, all_splits=name == "bbq")
+        return list(hub.read_hub(spec, sel))
     path = Path(data)
     if not path.exists():
         raise DataFormatError(f"{path}: no such file or folder (for --dataset {name})")
@@ -209,8 +210,9 @@ def sources(name: str, data: str | Path | None, config: str | None = None,
     if name == "xstest" and not hub.layout(path):
         return [path]  # XSTest's loader reads a folder of its files
     if hub.layout(path):
-        return list(hub.read_folder(path, (config,) if config else None, split, None,
-                                    default.split if default else None, all_configs=name in ALL_CONFIGS))
+        return list(hub.read_folder(path, hub.Selection((config,) if config else None, split,
+                                                         default.split if default else None,
+                                                         all_configs=name in ALL_CONFIGS, all_splits=name == "bbq")))
     own = hub.own_files(path, OWN_FILES.get(name, ()))
     if name == "bbq":
         own = [f for f in own if f.parent.name == "data"] or own

