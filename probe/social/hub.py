@@ -113,8 +113,8 @@ class Part:
     def stem(self) -> str:  # in item ids
         return self.split if self.config == "default" else f"{self.config}-{self.split}"
 
-    def __str__(self) -> str:
-        return f"{self.origin} ({self.config}/{self.split}) row"
+    def __str__(self) -> str:  # messages then say "<this> line N": N is the row's number in the part, from 1
+        return f"{self.origin} ({self.config}/{self.split})"
 
     def numbered(self):
         """(row number from 1, row) as the file readers yield (physical line, record)."""

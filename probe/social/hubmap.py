@@ -36,10 +36,10 @@ def stereoset(part: Part) -> Rows:
             out.append((n, row))
             continue
         if not isinstance(sents, dict) or not isinstance(sents.get("sentence"), list):
-            raise DataFormatError(f"{part} {n}: sentences must hold the lists sentence and gold_label")
+            raise DataFormatError(f"{part} row {n}: sentences must hold the lists sentence and gold_label")
         part_of = row.get("type") or kind
         if part_of is None:
-            raise DataFormatError(f"{part} {n}: which part (intrasentence or intersentence)? The config "
+            raise DataFormatError(f"{part} row {n}: which part (intrasentence or intersentence)? The config "
                                   f"{part.config!r} does not say: give --subset intrasentence or intersentence")
         flat = {"type": part_of, **{k: row.get(k) for k in ("id", "target", "bias_type", "context")}}
         for text, gold in zip(sents["sentence"], sents.get("gold_label") or []):
@@ -90,7 +90,7 @@ def bbq(part: Part) -> Rows:
         if "ans0" not in row and isinstance(row.get("choices"), list):
             answer = next((row[k] for k in ("answer", "gold_index", "label") if isinstance(row.get(k), int)), None)
             if answer is None:
-                raise DataFormatError(f"{part} {n}: choices without an answer index (answer, gold_index or label)")
+                raise DataFormatError(f"{part} row {n}: choices without an answer index (answer, gold_index or label)")
             row = {"context": row.get("context"), "question": row.get("question"), "choices": row["choices"],
                    "answer": answer, "category": row.get("category") or part.config, "example_id": n}
         out.append((n, row))

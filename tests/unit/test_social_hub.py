@@ -244,3 +244,16 @@ def test_rewardbench_2_layout_keeps_its_lists(tmp_path):
     from_hub, from_file = load("rewardbench", tmp_path / "rb2"), load("rewardbench", tmp_path / "rb2.jsonl")
     assert _content(from_hub) == _content(from_file) and all(len(it.options) == 4 for it in from_hub)
     assert _summary(from_hub) == _summary(from_file)
+
+
+def test_bad_hub_rows_name_the_part_and_row(tmp_path):
+    (tmp_path / "data").mkdir()
+    rows = [{"id": 0, "sent_more": "a", "sent_less": "b", "stereo_antistereo": 0, "bias_type": 2},
+            {"id": 1, "sent_more": "c", "sent_less": "d", "stereo_antistereo": 5, "bias_type": 2}]
+    pl.DataFrame(rows).write_parquet(tmp_path / "data" / "test-00000-of-00001.parquet")
+    with pytest.raises(DataFormatError, match=r"\(default/test\): stereo_antistereo is the class label 5"):
+        load("crows_pairs", tmp_path)
+    rows[1].update(stereo_antistereo=1, sent_less="")
+    pl.DataFrame(rows).write_parquet(tmp_path / "data" / "test-00000-of-00001.parquet")
+    with pytest.raises(DataFormatError, match=r"\(default/test\) line 2: missing or empty sent_less"):
+        load("crows_pairs", tmp_path)
