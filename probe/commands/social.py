@@ -214,8 +214,8 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     summary = metrics.summarise(all_items, scores)
     run.write_table("scores.parquet", scores)
     atomic_write_json(run.path / "summary.json", summary)
-    if "bbq" in (summary.get("bbq") or {}):
-        pl.DataFrame(bbq_table(summary["bbq"]["bbq"])).write_csv(run.path / "bbq_table.csv")
+    if _bbq_scores(summary):
+        pl.DataFrame(bbq_table(_bbq_scores(summary))).write_csv(run.path / "bbq_table.csv")
     meta.update(status="complete", finished=utc_stamp())
     meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2)})
     run.write_meta(meta)
@@ -310,11 +310,17 @@ def tradeoff_plot(summaries: dict[str, dict], path: Path) -> bool:
     return True
 
 
+def _bbq_scores(summary: dict) -> dict | None:
+    """BBQ's own scores in a model's summary, where some example had a bias target."""
+    scores = (summary.get("bbq") or {}).get("bbq") or {}
+    return scores if "overall" in scores else None
+
+
 def print_bbq_tables(summaries: dict[str, dict]) -> None:
     """BBQ's whole-data-set table per model (accuracy, and the bias score x 100 as BBQ's script reports it)."""
     for model, summ in summaries.items():
-        scores = (summ.get("bbq") or {}).get("bbq") or {}
-        if "overall" not in scores:
+        scores = _bbq_scores(summ)
+        if scores is None:
             continue
         print(f"\n== BBQ, {model}: {scores['n_scored']} of {scores['n_items']} examples with a bias target "
               f"({scores['n_no_target']} without, {scores['n_tied']} tied picks left out) ==")
@@ -352,6 +358,10 @@ def main_from_args(ns: argparse.Namespace) -> int:
             part.write_csv(out / f"summary_{domain[0]}.csv")
         table.write_csv(out / "summary_by_domain.csv")
         picks_by_group(summaries).write_csv(out / "picks_by_group.csv")
+        bbq_rows = [{"model": m, **r} for m, summ in summaries.items() if _bbq_scores(summ)
+                    for r in bbq_table(_bbq_scores(summ))]
+        if bbq_rows:
+            pl.DataFrame(bbq_rows).write_csv(out / "bbq_by_model.csv")
         if tradeoff_plot(summaries, out / "bbq_tradeoff.png"):
             print(f"BBQ trade-off plot: {out / 'bbq_tradeoff.png'}")
         print(f"wrote {out}")

@@ -403,3 +403,20 @@ def test_rewardbench_v2_ties_pools_a_duplicated_id_and_marks_unpaired_prompts(tm
                            for it, vals in zip(items, values) for j, v in enumerate(vals)])
     rb = rewardbench.score(items, metrics.score_table(items, scores))
     assert rb["subsets"]["Ties"]["ties_unpaired"] and rb["subsets"]["Ties"]["score"] == pytest.approx(0.0)
+
+
+def test_several_models_get_one_bbq_table_side_by_side(social_data, tiny_dirs, tmp_path):
+    from probe.commands.social import main
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"models:\n- {{rm: {tiny_dirs['rm']}, label: A}}\n- {{rm: {tiny_dirs['lm']}, score: logprob, "
+                     f"label: B}}\ndatasets:\n- {{dataset: bbq, data: {social_data / 'bbq' / 'Age.jsonl'}, limit: 12}}\n")
+    assert main(["--suite", str(suite), "--device", "cpu", "--output", str(tmp_path / "out"), "--no-progress"]) == 0
+    (compare,) = (tmp_path / "out").glob("social_compare_*")
+    table = pl.read_csv(compare / "bbq_by_model.csv")
+    assert table["model"].unique(maintain_order=True).to_list() == ["A", "B"]
+    for model in ("A", "B"):
+        (run,) = [r for r in (tmp_path / "out").glob("*/social_*")
+                  if json.loads((r / "meta.json").read_text()).get("label") == model]
+        mine = pl.read_csv(run / "bbq_table.csv")
+        assert table.filter(pl.col("model") == model).drop("model").equals(mine)
