@@ -43,8 +43,36 @@ def _write_hf(rows: list[dict], features, path: Path) -> None:
     datasets.Dataset.from_list(rows, features=features).to_parquet(str(path))
 
 
-def stereoset(social: Path, out: Path) -> Path:
-    """McGill-NLP/stereoset: one config per part, split validation, sentences as lists with a class-label gold."""
+STEREOSET_CARD = """dataset_info:
+- config_name: {part}
+  features:
+  - name: id
+    dtype: string
+  - name: target
+    dtype: string
+  - name: bias_type
+    dtype: string
+  - name: context
+    dtype: string
+  - name: sentences
+    sequence:
+    - name: sentence
+      dtype: string
+    - name: id
+      dtype: string
+    - name: gold_label
+      dtype:
+        class_label:
+          names:
+            '0': anti-stereotype
+            '1': stereotype
+            '2': unrelated
+"""
+
+
+def stereoset(social: Path, out: Path, plain: bool = False) -> Path:
+    """McGill-NLP/stereoset: one config per part, split validation, sentences as lists with a class-label gold
+    (``plain``: parquet without `datasets`' metadata, the class names in the README's dataset_info only)."""
     import datasets
 
     data = json.loads((social / "stereoset" / "dev_ptbr_sample.json").read_text(encoding="utf-8"))["data"]
@@ -59,9 +87,15 @@ def stereoset(social: Path, out: Path) -> Path:
                                "id": [s["id"] for s in ex["sentences"]],
                                "gold_label": [STEREOSET_GOLD.index(s["gold_label"]) for s in ex["sentences"]]}}
                 for ex in data[part]]
-        _write_hf(rows, features, out / part / "validation-00000-of-00001.parquet")
+        if plain:
+            (out / part).mkdir(parents=True, exist_ok=True)
+            pl.DataFrame(rows).write_parquet(out / part / "validation-00000-of-00001.parquet")
+        else:
+            _write_hf(rows, features, out / part / "validation-00000-of-00001.parquet")
+    info = "".join(STEREOSET_CARD.format(part=p) for p in ("intersentence", "intrasentence")) if plain else ""
+    info = info.replace("\ndataset_info:\n", "\n")
     (out / "README.md").write_text(_card({p: {"validation": f"{p}/validation-*"}
-                                          for p in ("intersentence", "intrasentence")}))
+                                          for p in ("intersentence", "intrasentence")}, info))
     return out
 
 

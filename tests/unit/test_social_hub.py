@@ -62,6 +62,16 @@ def test_hub_folder_equals_the_published_file(name, social_data, tmp_path):
     assert all(str(tmp_path / name) in it.source for it in from_hub)  # the source says where it came from
 
 
+def test_stereoset_class_names_from_the_card_when_the_parquet_has_none(social_data, tmp_path):
+    from probe.social import hub
+
+    folder = hub_layout.stereoset(social_data, tmp_path / "plain", plain=True)
+    (part, _) = hub.read_folder(folder, hub.Selection(all_configs=True))
+    assert part.class_names == {"sentences.gold_label": ["anti-stereotype", "stereotype", "unrelated"]}
+    assert _content(load("stereoset", folder)) == _content(
+        load("stereoset", social_data / "stereoset" / "dev_ptbr_sample.json"))
+
+
 def test_hub_folder_of_bbq_categories_equals_the_jsonl_files(social_data, tmp_path):
     meta = social_data / "bbq" / "additional_metadata.csv"
     from_files = [it for c in ("Age", "Nationality", "Religion")
