@@ -120,8 +120,9 @@ class Part:
         """(row number from 1, row) as the file readers yield (physical line, record)."""
         return enumerate(self.rows, start=1)
 
-    def label_name(self, column: str, value) -> str:
-        """A class label's name: an integer through this part's names (or ``fallback`` names), a string as it is."""
+    def label_name(self, column: str, value: object) -> object:
+        """A class label's name: an integer through this part's class names for ``column``; anything else (a name
+        already) as it is."""
         if isinstance(value, bool) or not isinstance(value, int):
             return value
         names = self.class_names.get(column)

@@ -92,7 +92,7 @@ def bbq(part: Part) -> Rows:
             if answer is None:
                 raise DataFormatError(f"{part} row {n}: choices without an answer index (answer, gold_index or label)")
             row = {"context": row.get("context"), "question": row.get("question"), "choices": row["choices"],
-                   "answer": answer, "category": row.get("category") or part.config, "example_id": n}
+                   "answer": answer, "category": row.get("category") or part.stem, "example_id": n}
         out.append((n, row))
     return out
 
