@@ -361,8 +361,8 @@ def cached_snapshot(spec: HubSpec) -> tuple[Path, str] | None:
 def _missing(spec: HubSpec, why: str) -> DataFormatError:
     hint = ("HF_DATASETS_OFFLINE is set, so only caches were looked at" if _offline()
             else "set HF_DATASETS_OFFLINE=1 to look only at caches")
-    return DataFormatError(f"--data {spec}: not in the datasets cache nor the Hub cache, and the Hub was not read "
-                           f"({why}); {hint}. Download it where the Hub is reachable "
+    return DataFormatError(f"--data {spec}: could not be read ({why}), and no copy is in the datasets cache or the "
+                           f"Hub cache; {hint}. Download it where the Hub is reachable "
                            f"(huggingface-cli download --repo-type dataset {spec.repo}) or give --data with a local copy")
 
 
