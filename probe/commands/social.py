@@ -101,9 +101,9 @@ def suite_entries(cfg: SocialConfig) -> list[dict]:
             data = e.get("data")
             if data not in (None, "offline") and not str(data).startswith("hf:") and not Path(data).is_absolute():
                 data = str((path.parent / data).resolve()) if (path.parent / data).exists() else data
+            picked = {**hub_keys, **{k: e[k] for k in ("config", "split") if k in e}}  # the entry's own win
             entries.append({"dataset": e["dataset"], "data": data, "limit": e.get("limit", cfg.limit),
-                            **{k: e.get(k, hub_keys.get(k)) for k in ("config", "split")
-                               if e.get(k, hub_keys.get(k)) is not None}})
+                            **{k: v for k, v in picked.items() if v is not None}})
     return entries
 
 
@@ -214,8 +214,8 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     summary = metrics.summarise(all_items, scores)
     run.write_table("scores.parquet", scores)
     atomic_write_json(run.path / "summary.json", summary)
-    if _bbq_scores(summary):
-        pl.DataFrame(bbq_table(_bbq_scores(summary))).write_csv(run.path / "bbq_table.csv")
+    if bbq_scores := _bbq_scores(summary):
+        pl.DataFrame(bbq_table(bbq_scores)).write_csv(run.path / "bbq_table.csv")
     meta.update(status="complete", finished=utc_stamp())
     meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2)})
     run.write_meta(meta)
@@ -358,8 +358,8 @@ def main_from_args(ns: argparse.Namespace) -> int:
             part.write_csv(out / f"summary_{domain[0]}.csv")
         table.write_csv(out / "summary_by_domain.csv")
         picks_by_group(summaries).write_csv(out / "picks_by_group.csv")
-        bbq_rows = [{"model": m, **r} for m, summ in summaries.items() if _bbq_scores(summ)
-                    for r in bbq_table(_bbq_scores(summ))]
+        bbq_rows = [{"model": m, **r} for m, summ in summaries.items() if (scores := _bbq_scores(summ))
+                    for r in bbq_table(scores)]
         if bbq_rows:
             pl.DataFrame(bbq_rows).write_csv(out / "bbq_by_model.csv")
         if tradeoff_plot(summaries, out / "bbq_tradeoff.png"):

@@ -189,10 +189,10 @@ def table(scores: dict) -> list[dict]:
     groups = [*sorted((scores.get("groups") or {}).items()), ("all", scores.get("overall") or {})]
     for group, conds in groups:
         row: dict = {"category": group}
-        for cond, tag in (("ambig", "ambig"), ("disambig", "disambig")):
+        for cond in ("ambig", "disambig"):
             c = conds.get(cond) or {}
-            row[f"n_{tag}"] = c.get("n", 0)
-            row[f"accuracy_{tag}"] = c.get("accuracy")
-            row[f"bias_{tag}"] = None if c.get("bias") is None else 100 * c["bias"]
+            row[f"n_{cond}"] = c.get("n", 0)
+            row[f"accuracy_{cond}"] = c.get("accuracy")
+            row[f"bias_{cond}"] = None if c.get("bias") is None else 100 * c["bias"]
         rows.append(row)
     return rows

@@ -37,38 +37,22 @@ EXTRA = "pip install 'rm-probe[hub]'"
 @dataclass(frozen=True)
 class HubDefault:
     repo: str
-    configs: tuple[str, ...] | None  # None: the repository's default config
+    configs: tuple[str, ...] | None  # None: the repository's default config (or all, where they are parts)
     split: str
-    maps: str  # what the reader maps from this copy to the published file's fields
 
 
-# Each data set's default Hub copy and evaluation split (--dataset NAME without --data, when the Hub or a cache has it)
+# Each data set's default Hub copy and evaluation split (--dataset NAME without --data, when the Hub or a cache has
+# it). What the reader maps from each copy: probe/social/hubmap.py, and the README's table.
 DEFAULTS: dict[str, HubDefault] = {
-    "rewardbench": HubDefault("allenai/reward-bench", None, "filtered",
-                              "nothing: prompt, chosen, rejected, subset, id as published"),
-    "stereoset": HubDefault("McGill-NLP/stereoset", ("intersentence", "intrasentence"), "validation",
-                            "one config per part (the part becomes `type`); `sentences` (lists of sentence and "
-                            "gold_label, a class label 0 anti-stereotype, 1 stereotype, 2 unrelated) to the three "
-                            "labelled candidates of dev.json"),
-    "crows_pairs": HubDefault("nyu-mll/crows_pairs", None, "test",
-                              "stereo_antistereo and bias_type class labels (integers) to the CSV's names; id to the "
-                              "CSV's index column"),
-    "xstest": HubDefault("walledai/XSTest", None, "test",
-                         "the prompts file without its id column: ids are the row numbers (1-450, the file's order); "
-                         "completion files as XSTest publishes them (a folder, or any copy with their columns)"),
-    "ethics_cm": HubDefault("hendrycks/ethics", ("commonsense",), "test",
-                            "label (0 not wrong, 1 wrong) and input as in cm_*.csv; check which file a split holds "
-                            "(the paper's Test set has 3,885 rows, its Hard Test 3,964)"),
-    "moral_stories": HubDefault("demelin/moral_stories", ("full",), "train",
-                                "nothing: the full config has the JSONL's fields (one split of 12,000 stories)"),
-    "moralchoice": HubDefault("ninoscherrer/moralchoice", None, "test",
-                              "the CSV's fields; a copy without an ambiguity column takes it from its config or split "
-                              "name (low / high)"),
-    "bbq": HubDefault("heegyu/bbq", None, "test",
-                      "heegyu/bbq holds BBQ's own data/*.jsonl (a snapshot folder is read as BBQ's files); copies "
-                      "with BBQ's own fields (answer_info, additional_metadata) are read as the JSONL files, every "
-                      "category (config or split; an 'all' config that repeats them is skipped); copies with only "
-                      "choices and an answer index (walledai/BBQ) give accuracy only, as they carry no bias target"),
+    "rewardbench": HubDefault("allenai/reward-bench", None, "filtered"),
+    "stereoset": HubDefault("McGill-NLP/stereoset", ("intersentence", "intrasentence"), "validation"),
+    "crows_pairs": HubDefault("nyu-mll/crows_pairs", None, "test"),
+    "xstest": HubDefault("walledai/XSTest", None, "test"),
+    # which ETHICS file this split holds was not checked (no Hub here): the paper's Test has 3,885 rows, Hard Test 3,964
+    "ethics_cm": HubDefault("hendrycks/ethics", ("commonsense",), "test"),
+    "moral_stories": HubDefault("demelin/moral_stories", ("full",), "train"),
+    "moralchoice": HubDefault("ninoscherrer/moralchoice", None, "test"),
+    "bbq": HubDefault("heegyu/bbq", None, "test"),  # holds BBQ's own data/*.jsonl; every category is read
 }
 # Known repositories other than the defaults, with their evaluation split (None: every split, where the splits
 # are BBQ's categories or a partition of them)
@@ -260,10 +244,10 @@ def _inferred(folder: Path) -> dict[tuple[str, str], list[Path]]:
     return out
 
 
-def layout(folder: Path) -> dict[tuple[str, str], list[Path]]:
-    """The (config, split) -> files of a folder laid out as a Hub data set (empty when it is not one)."""
-    declared = _declared(folder, _card(folder))
-    return declared or _inferred(folder)
+def layout(folder: Path, card: dict | None = None) -> dict[tuple[str, str], list[Path]]:
+    """The (config, split) -> files of a folder laid out as a Hub data set (empty when it is not one); ``card``: its
+    README's header, where the caller has read it."""
+    return _declared(folder, _card(folder) if card is None else card) or _inferred(folder)
 
 
 def _read_file(path: Path) -> list[dict]:
@@ -315,11 +299,11 @@ def _pick(available: list[str], wanted: str, what: str, where: str, flag: str) -
 
 def read_folder(folder: Path, sel: Selection = Selection(), origin: str | None = None) -> list[Part]:
     """The parts of a Hub-layout folder that ``sel`` picks."""
-    files = layout(folder)
+    card = _card(folder)
+    files = layout(folder, card)
     if not files:
         raise DataFormatError(f"{folder}: not a Hub data set folder (no configs in README.md and no files named as "
                               "the Hub names them, such as data/test-00000-of-00001.parquet)")
-    card = _card(folder)
     parts = []
     for config in sel.pick_configs(sorted({c for c, _ in files}), str(folder)):
         for use in sel.pick_splits(sorted(s for c, s in files if c == config), f"{folder} ({config})"):
@@ -407,11 +391,12 @@ def _via_datasets(spec: HubSpec, sel: Selection) -> list[Part]:
     def kw(rev):
         return {"revision": rev} if rev else {}
 
-    names_found, _ = _scripted(lambda rev: datasets.get_dataset_config_names(spec.repo, **kw(rev)), spec.revision)
+    # the revision that can be read (the parquet conversion where the repository holds a script), found once
+    names_found, rev = _scripted(lambda r: datasets.get_dataset_config_names(spec.repo, **kw(r)), spec.revision)
+    origin = f"{PREFIX}{spec.repo}" + (f"@{rev}" if rev else "")
     parts = []
     for config in sel.pick_configs(sorted(names_found), str(spec)):
-        found, rev = _scripted(lambda r: datasets.load_dataset(spec.repo, config, **kw(r)), spec.revision)
-        origin = f"{PREFIX}{spec.repo}" + (f"@{rev}" if rev else "")
+        found = datasets.load_dataset(spec.repo, config, **kw(rev))
         for use in sel.pick_splits(sorted(found), f"{spec} ({config})"):
             ds = found[use]
             names: dict = {}

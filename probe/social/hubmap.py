@@ -2,10 +2,12 @@
 
 Each function takes a `Part` (one config x split of a Hub copy) and returns (row number, record) pairs in the form
 the published file's reader yields: the loaders in probe/social/loaders.py then read them as they read the file.
-`DEFAULTS` in probe/social/hub.py says in words what each mapping does.
+The README's table of Hub copies says in words what each mapping does.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from probe.errors import DataFormatError
 from probe.social.hub import Part
@@ -22,7 +24,7 @@ CROWS_BIAS = ("race-color", "socioeconomic", "gender", "disability", "nationalit
 def _with_fallback(part: Part, column: str, names: tuple[str, ...]) -> Part:
     if column in part.class_names:
         return part
-    return Part(part.origin, part.config, part.split, part.rows, {**part.class_names, column: list(names)})
+    return replace(part, class_names={**part.class_names, column: list(names)})
 
 
 def stereoset(part: Part) -> Rows:

