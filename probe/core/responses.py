@@ -23,7 +23,7 @@ import polars as pl
 
 from probe.config import ScoreMode, ScoringOptions
 from probe.core.engine import PrefixScorer, pad_rows
-from probe.core.scoring import AdaptiveBatcher, SelfCheck, check_rows, conversation, make_head
+from probe.core.scoring import AdaptiveBatcher, check_rows, conversation, make_head
 from probe.core.template import render, split_template
 from probe.core.vocab import control_token_ids
 from probe.errors import DataFormatError
@@ -121,7 +121,8 @@ def score_rows(loaded: LoadedModel, mode: ScoreMode, rows: ResponseRows, indices
             cont, lengths = pad_rows([rows.continuations[i] for i in pick])
             check = check_rows(loaded, head, list(prefix), scorer, cont, lengths,
                                [f"response {rows.responses[i]!r}" for i in pick], got=out[pick])
-            rows.checks.append({"responses": [rows.responses[i] for i in pick], **_json(check)})
+            check_json = {k: v for k, v in check.to_json().items() if k != "token_ids"}
+            rows.checks.append({"responses": [rows.responses[i] for i in pick], **check_json})
     return out[wanted]
 
 
@@ -134,10 +135,6 @@ def response_batch_size(loaded: LoadedModel, mode: ScoreMode, rows: list[Respons
 
     longest = max(max(len(c) for c in r.continuations) for r in rows)
     return min(1024, default_batch_size(loaded, max(len(r.prefix_ids) for r in rows), longest, mode))
-
-
-def _json(check: SelfCheck) -> dict:
-    return {"max_abs_diff": check.max_abs_diff, "tolerance": check.tolerance}
 
 
 def ranked_responses(rows: ResponseRows, scores: np.ndarray) -> pl.DataFrame:

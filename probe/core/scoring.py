@@ -13,6 +13,7 @@ import torch
 from probe.config import ScoreMode, ScoringOptions, model_kind, resolve_score_mode  # noqa: F401 (re-exported)
 from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.errors import ProbeError
+from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
 from probe.core.heads import GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, OwnForwardHead, ScoreHead
 from probe.models.loading import LoadedModel
 from probe.core.template import (
@@ -145,9 +146,14 @@ class SelfCheck:
     token_ids: tuple[int, ...]
     max_abs_diff: float
     tolerance: float
+    rounding_noise: float | None = None  # half precision: what the tolerance was measured from (core/precision.py)
 
     def to_json(self) -> dict:
-        return {"token_ids": list(self.token_ids), "max_abs_diff": self.max_abs_diff, "tolerance": self.tolerance}
+        out = {"token_ids": list(self.token_ids), "max_abs_diff": self.max_abs_diff, "tolerance": self.tolerance}
+        if self.rounding_noise is not None:
+            out["rounding_noise"] = self.rounding_noise
+            out["tolerance_rule"] = f"{HALF_TOLERANCE:g} x rounding_noise (a score's largest change under simulated rounding)"
+        return out
 
 
 def self_check(loaded: LoadedModel, head: ScoreHead, source, fast: Scorer, token_ids: Sequence[int]) -> SelfCheck:
@@ -157,30 +163,23 @@ def self_check(loaded: LoadedModel, head: ScoreHead, source, fast: Scorer, token
                       token_ids=token_ids)
 
 
-def check_tolerance(ref: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    """How far the fast path may be from the model's own forward, per row.
-
-    float32: 1e-3 * (1 + |ref|). Half precision: 0.05 * (1 + spread of the reference), loose enough for bf16
-    rounding of two computation orders, tight enough for a wrong reader (another position, a missing gate or
-    soft-cap) to fail.
-    """
-    if dtype == torch.float32:
-        return 1e-3 * (1 + np.abs(ref))
-    return np.full_like(ref, 0.05 * (1 + float(ref.max() - ref.min())))
-
-
 def check_rows(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], fast: Scorer, rows: torch.Tensor,
                lengths: torch.Tensor, names: Sequence[str], token_ids: Sequence[int] = (),
                got: np.ndarray | None = None) -> SelfCheck:
     """The self-check every command runs: ``rows`` (continuations of ``prefix_ids``) through the fast path (or its
     scores ``got``, already computed) and through the model's own forward, one sequence at a time; raises
-    naming the first row (``names``) outside `check_tolerance`."""
-    ref = FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=1).score(rows, lengths).numpy()
+    naming the first row (``names``) outside `precision.tolerance` (in half precision measured from the model's
+    rounding noise on these rows)."""
+    def reference() -> np.ndarray:
+        return FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=1).score(rows, lengths).numpy()
+
+    ref = reference()
     if got is None:
         got = fast.score(rows, lengths).cpu().numpy()
     diff = np.abs(np.asarray(got, dtype=np.float64) - ref)
-    tol = check_tolerance(ref, loaded.dtype)
-    check = SelfCheck(tuple(int(t) for t in token_ids), float(diff.max()), float(tol.max()))
+    noise = rounding_noise(loaded.model, reference, ref) if is_half(loaded.dtype) else None
+    tol = tolerance(ref, loaded.dtype, noise)
+    check = SelfCheck(tuple(int(t) for t in token_ids), float(diff.max()), float(tol.max()), noise)
     if (diff > tol).any():
         worst = int(np.argmax(diff - tol))
         raise ProbeError(

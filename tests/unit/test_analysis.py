@@ -112,6 +112,28 @@ def test_contrast_identical_and_reversed():
     assert rev.moved["rank_change"].abs().max() == 299
 
 
+def test_contrast_by_hand_top_k_and_the_sign_of_rank_change():
+    """Ten tokens; a ranks 0..9 in order, b ranks 0 5 1 9 2 3 4 6 8 7. Top-3 sets {0,1,2} and {0,5,1}: 2 of 3
+    (top-2 and top-4 would give 1/2); bottom-3 {7,8,9} and {6,8,7}: 2 of 3 (bottom-2 1/2, bottom-4 3/4).
+    rank_change = rank in b - rank in a: token 9 rises from 10th to 4th (-6), token 2 falls from 3rd to 5th (+2)."""
+    from scipy import stats as sps
+
+    v = fake_vocab([f"w{i}" for i in range(10)])
+    a = v.with_columns(pl.Series("score", [10.0 - i for i in range(10)]))
+    order_b = [0, 5, 1, 9, 2, 3, 4, 6, 8, 7]
+    score_b = np.empty(10)
+    score_b[order_b] = np.arange(10, 0, -1)
+    b = v.with_columns(pl.Series("score", score_b))
+    res = contrast(a, b, k=3, n_moved=10)
+    assert res.k == 3 and res.top_overlap == pytest.approx(2 / 3) and res.bottom_overlap == pytest.approx(2 / 3)
+    assert res.kendall == pytest.approx(sps.kendalltau(a["score"], b["score"]).statistic)
+    assert res.spearman == pytest.approx(sps.spearmanr(a["score"], b["score"]).statistic)
+    change = dict(zip(res.moved["token_id"], res.moved["rank_change"]))
+    assert change[9] == -6 and change[5] == -4 and change[2] == 2 and change[0] == 0
+    assert res.moved["rank_change"].head(10).to_list() == sorted(change.values(), reverse=True)
+    assert res.moved.tail(10)["token_id"][0] == 9  # the other half: the biggest rise first
+
+
 def test_analyze_cli_on_fake_runs(tmp_path, lexicon_words, capsys):
     tokens = list(lexicon_words) + ["zzq", "Black", "Islam"]
     runs = [str(write_fake_run(tmp_path / "runs", f"org{i}/m{i}", tokens, PROMPTS,

@@ -240,3 +240,18 @@ def test_the_released_elo_table_reads_as_responses(paper_release):
     names = pl.read_csv(paper_release / "elo_greatest_ever.csv")["name"].to_list()
     got = read_responses(paper_release / "elo_greatest_ever.csv", "name")
     assert len(got) == 7530 and got == list(dict.fromkeys(names)) and "Black people" in got
+
+
+def test_response_table_gives_tied_scores_the_best_rank_they_share(tiny_dirs):
+    """Repeated responses score exactly alike: each gets 1 + the number of strictly better scores (``min``)."""
+    import probe
+
+    lm = probe.load(tiny_dirs["rm"], device="cpu")
+    responses = ["nature", "Love", "water", "Love", "peace", "Love", "water"]
+    df = probe.score_responses(lm, None, "What is best?", responses)
+    assert df.height == len(responses)
+    s = df["score"].to_numpy()
+    assert df["rank"].to_list() == [1 + int((s > v).sum()) for v in s]
+    love = df.filter(pl.col("response") == "Love")
+    assert love["score"].n_unique() == 1 and love["rank"].n_unique() == 1
+    assert df["rank"].n_unique() < df.height  # the ties are really there

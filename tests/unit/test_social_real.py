@@ -420,3 +420,23 @@ def test_several_models_get_one_bbq_table_side_by_side(social_data, tiny_dirs, t
                   if json.loads((r / "meta.json").read_text()).get("label") == model]
         mine = pl.read_csv(run / "bbq_table.csv")
         assert table.filter(pl.col("model") == model).drop("model").equals(mine)
+
+
+def test_bbq_tie_at_the_top_is_no_pick(social_data):
+    """Real BBQ items whose gold answer ties for the top with a later option: no pick (not the first of the tied
+    options, which would be the gold one), so multiple-choice accuracy counts it wrong, the pick distribution
+    counts a tie, and BBQ's score leaves it out as n_tied."""
+    every = load("bbq", social_data / "bbq" / "Age.jsonl")
+    tied_items = [it for it in every if it.gold < len(it.options) - 1][:2]
+    items = tied_items + [it for it in every if it not in tied_items][:4]
+    table = []
+    for i, it in enumerate(items):
+        s = np.zeros(len(it.options))
+        s[it.gold] = 1.0
+        if i < 2:
+            s[it.gold + 1] = 1.0  # tied with the gold answer, listed after it
+        table.append(s)
+    assert [metrics.pick(s) for s in table] == [None, None] + [it.gold for it in items[2:]]
+    assert metrics.multiple_choice(items, table)["mc_accuracy"] == pytest.approx(4 / 6)
+    assert metrics.pick_distribution(items, table)["tie"]["n"] == 2
+    assert bbq.score(items, [metrics.pick(s) for s in table])["n_tied"] == 2

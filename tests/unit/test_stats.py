@@ -95,3 +95,25 @@ def test_rsa_detects_a_matching_hypothesis():
     obs = (obs + obs.T) / 2
     tau, p = stats.rsa(obs, hyp, n_perm=500)
     assert tau > 0.5 and p < 0.05
+
+
+def test_welch_t_equals_scipy_unequal_variances_and_by_hand():
+    a, b = [1.0, 2.0, 4.0, 7.0], [3.0, 3.5, 4.0, 4.5, 5.0, 9.0, 10.0]
+    # by hand: means 3.5 and 5.571428..., sample variances (n - 1) 7.0 and 7.452380...
+    se = np.sqrt(7.0 / 4 + np.var(b, ddof=1) / 7)
+    assert stats.welch_t(a, b) == pytest.approx((3.5 - np.mean(b)) / se)
+    assert stats.welch_t(a, b) == pytest.approx(sps.ttest_ind(a, b, equal_var=False).statistic)
+    # the data tell Welch from a pooled (Student) t and from population variances
+    assert stats.welch_t(a, b) != pytest.approx(sps.ttest_ind(a, b, equal_var=True).statistic, rel=1e-3)
+    pop = (3.5 - np.mean(b)) / np.sqrt(np.var(a) / 4 + np.var(b) / 7)
+    assert stats.welch_t(a, b) != pytest.approx(pop, rel=1e-3)
+    rng = np.random.default_rng(1)
+    for _ in range(5):
+        x, y = rng.normal(0, 1, rng.integers(3, 30)), rng.normal(0.5, 3, rng.integers(3, 30))
+        assert stats.welch_t(x, y) == pytest.approx(sps.ttest_ind(x, y, equal_var=False).statistic)
+
+
+def test_descending_ranks_share_the_average_rank_of_a_tie():
+    # 3, 3, 3 hold ranks 1-3 (average 2), then 2 (rank 4), then 1 (rank 5); min ties would give 1, 1, 1
+    np.testing.assert_array_equal(stats.descending_ranks([3, 1, 3, 2, 3]), [2, 5, 2, 4, 2])
+    np.testing.assert_array_equal(stats.descending_ranks([0.5, 0.9, 0.5, -1.0]), [2.5, 1, 2.5, 4])

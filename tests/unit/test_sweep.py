@@ -190,3 +190,40 @@ def test_runs_newest_first_orders_same_second_runs(tmp_path):
     (tmp_path / "exhaustive_notes.txt").write_text("not a run")
     got = [p.name for p in runs_newest_first(tmp_path, "exhaustive")]
     assert got == [names[3], names[2], names[1], names[0], names[4]]
+
+
+def test_ranked_table_gives_tied_scores_the_best_rank_they_share():
+    """``min`` ranks, hand-worked: 0.9, 0.9 -> 1, 1; 0.5, 0.5 -> 3, 3; 0.1 -> 5 (ordinal ranks would be 1-5, dense
+    ranks 1, 1, 2, 2, 3); rows ordered by rank, then token id."""
+    from probe.core.prompts import Prompt
+    from probe.core.sweep import ranked_table
+    from tests.fake_runs import fake_vocab
+
+    vocab = fake_vocab(["a", "b", "c", "d", "e"])
+    scores = np.array([0.5, 0.9, 0.5, 0.1, 0.9], dtype=np.float32)
+    df = ranked_table(Prompt("k", "text"), np.arange(5), scores, vocab)
+    assert df.select("token_id", "rank").rows() == [(1, 1), (4, 1), (0, 3), (2, 3), (3, 5)]
+
+
+def test_a_real_run_with_tied_scores_ranks_them_by_the_min_rule(tiny_dirs, tmp_path):
+    """Ties are real (bf16 runs, tokens with equal embeddings): ten ids given one embedding row score exactly alike
+    through the whole command, and scores.parquet ranks each row 1 + the number of strictly better scores."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "tied-rm"
+    shutil.copytree(tiny_dirs["rm"], folder)
+    weights = load_file(folder / "model.safetensors")
+    name = next(k for k in weights if k.endswith("embed_tokens.weight"))
+    weights[name][100:110] = weights[name][100].clone()
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    run_dir = run(ScoreVocabConfig(rm=str(folder), prompt=("What is best?",), output=str(tmp_path / "out"),
+                                   limit=200, progress=False, verify=4, device="cpu"))
+    df = run_dir.read_table("scores.parquet")
+    tied = df.filter(pl.col("token_id").is_between(100, 109))
+    assert tied["score"].n_unique() == 1 and tied["rank"].n_unique() == 1
+    s = df["score"].to_numpy()
+    want = [1 + int((s > v).sum()) for v in s]
+    assert df["rank"].to_list() == want
+    assert tied["rank"][0] == 1 + int((s > tied["score"][0]).sum())

@@ -40,6 +40,18 @@ def test_whitespace_treatment_is_recorded(tokenizers, family, expected):
     assert split.trailing_space == expected
 
 
+@pytest.mark.parametrize("strip,leading,trailing", [("rstrip", "kept", "stripped"), ("lstrip", "stripped", "kept")])
+def test_a_template_that_trims_one_side_is_recorded_per_side(tokenizers, strip, leading, trailing):
+    """ChatML with the content trimmed on one side only (Python's str.rstrip/lstrip in the template): the two
+    probes must disagree, so a trailing-space probe that copied the leading one would fail here."""
+    import copy
+
+    tok = copy.deepcopy(tokenizers["chatml"])
+    tok.chat_template = tok.chat_template.replace("message['content']", f"message['content'].{strip}()")
+    split = split_template(tok, response_conversation(PROMPT))
+    assert (split.leading_space, split.trailing_space) == (leading, trailing)
+
+
 def test_bos_appears_once(tokenizers):
     for family, n in (("llama3", 1), ("gemma", 1), ("chatml", 0)):
         split = split_template(tokenizers[family], response_conversation(PROMPT))
