@@ -131,6 +131,17 @@ class ScoreVocabConfig(ModelOptions):
     def scoring_options(self) -> ScoringOptions:
         return ScoringOptions(self.logprob_reduce, self.judge_question, resolve_date(self.date))
 
+    def job_key(self) -> dict:
+        """The settings that define a job for the batch runner (what to compute, not how fast). A response job
+        adds its file and column (only then, so that sweeps made before response runs existed keep their keys)."""
+        key = {f: getattr(self, f) for f in JOB_FIELDS} | {"prompt": list(self.prompt)}
+        if self.responses:
+            key |= {"responses": self.responses, "response_column": self.response_column}
+        return key
+
+
+JOB_FIELDS = ("rm", "prompt", "prompts", "system", "score", "logprob_reduce", "judge_question", "dtype", "revision",
+              "chat_template", "spec", "label_index", "limit", "input_method", "date")
 
 # the name the design sketch and the API use
 SweepConfig = ScoreVocabConfig

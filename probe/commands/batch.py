@@ -22,7 +22,7 @@ from probe.textfile import read_yaml
 from probe.models.embedded import model_id_for
 from probe.commands.responses import EXPERIMENT as RESPONSES
 from probe.commands.responses import run_responses
-from probe.commands.score import EXPERIMENT, ScoreVocabConfig, dry_run, job_key, run
+from probe.commands.score import EXPERIMENT, ScoreVocabConfig, dry_run, run
 from probe.core.prompts import PAPER_PROMPTS
 from probe.runs.rundir import model_runs_dir, run_metas
 
@@ -56,7 +56,7 @@ def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
 def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
     """('complete' | 'partial' | 'new', the run directory found)."""
     base = model_runs_dir(config.output, model_id_for(config.rm))
-    key = json.dumps(job_key(config), sort_keys=True, default=str)
+    key = json.dumps(config.job_key(), sort_keys=True, default=str)
     partial = None
     for run_path, meta in run_metas(base, RESPONSES if config.responses else EXPERIMENT):
         if json.dumps(meta.get("job"), sort_keys=True, default=str) != key:

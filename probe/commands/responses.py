@@ -58,7 +58,6 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     from probe.core.responses import prepare, ranked_responses, response_batch_size, score_rows
     from probe.core.scoring import AdaptiveBatcher, make_head
     from probe.core.sweep import load_for
-    from probe.commands.score import job_key
     from probe.runs.meta import new_meta
     from probe.runs.rundir import check_resume_target, open_or_resume, writable_dir
     from probe.runs.timing import now_iso
@@ -78,7 +77,7 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     settings = _settings(config, loaded, responses, rows, head)
     run_dir, meta = open_or_resume(
         config.output, loaded.model_id, EXPERIMENT, settings, config.resume,
-        lambda fp: new_meta(EXPERIMENT, fp, settings, config, loaded, revision=config.revision, job=job_key(config),
+        lambda fp: new_meta(EXPERIMENT, fp, settings, config, loaded, revision=config.revision, job=config.job_key(),
                             score={"mode": mode, **head.describe()}, batch_size=batch_size,
                             prompts={p.key: _prompt_meta(p, rows[p.key], loaded.tokenizer, config.system)
                                      for p in prompts},

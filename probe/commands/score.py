@@ -119,23 +119,10 @@ def _open_run(config: ScoreVocabConfig, sweep):
     return run_dir, meta
 
 
-JOB_FIELDS = ("rm", "prompt", "prompts", "system", "score", "logprob_reduce", "judge_question", "dtype", "revision",
-              "chat_template", "spec", "label_index", "limit", "input_method", "date")
-
-
-def job_key(config: ScoreVocabConfig) -> dict:
-    """The settings that define a job for the batch runner (what to compute, not how fast). A response job adds
-    its file and column (only then, so that sweeps made before response runs existed keep their keys)."""
-    key = {f: getattr(config, f) for f in JOB_FIELDS} | {"prompt": list(config.prompt)}
-    if config.responses:
-        key |= {"responses": config.responses, "response_column": config.response_column}
-    return key
-
-
 def _new_meta(config: ScoreVocabConfig, sweep, settings: dict, fp: str) -> dict:
     from probe.runs.meta import new_meta
 
-    return new_meta(EXPERIMENT, fp, settings, config, sweep.loaded, revision=config.revision, job=job_key(config),
+    return new_meta(EXPERIMENT, fp, settings, config, sweep.loaded, revision=config.revision, job=config.job_key(),
                     score={"mode": config.mode, **settings["head"]},
                     prompts={p.key: {"text": p.text, "system": config.system, **sweep.splits[p.key].to_json()}
                              for p in sweep.prompts},

@@ -13,6 +13,7 @@ import io
 import numpy as np
 import polars as pl
 
+from probe.report.tables import identity_table, slopes_table
 from probe.report.text import model_label, shown_text
 
 MODE_WORDS = {
@@ -70,8 +71,6 @@ def findings(df: pl.DataFrame, shown: dict[int, str], prompt: str, n_top: int = 
     tokens at the extremes, identity terms' ranks, and the framing and frequency slopes where they can be fit.
     ``identity`` (rows with ``term`` and ``rank``) and ``slopes``: already computed (the multi-model page has
     them); computed here otherwise."""
-    from probe.report.multi import identity_table, slopes_table
-
     ranked = df.sort("rank", "token_id")
     words = ranked.filter(pl.col("is_word"))
     text = lambda part: [shown.get(i, d) for i, d in zip(part["token_id"], part["decoded"])]  # noqa: E731

@@ -34,7 +34,7 @@ import numpy as np
 
 from probe.errors import DataFormatError
 from probe.social import io
-from probe.social.hub import Part
+from probe.social.io import Part
 from probe.social.items import Item
 
 UNKNOWN = "unknown"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probe.errors import DataFormatError
+from probe.social.io import Part, rows as file_rows
 
 PREFIX = "hf:"
 DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
@@ -77,42 +78,6 @@ def parse_spec(text: str) -> HubSpec | None:
     if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", repo) or (_ and not rev):
         raise DataFormatError(f"--data {text}: expected hf:ORG/NAME or hf:ORG/NAME@REVISION")
     return HubSpec(repo, rev or None)
-
-
-@dataclass(frozen=True)
-class Part:
-    """One config x split of a Hub data set: its rows and the class-label names of its columns."""
-
-    origin: str  # the Hub id (with the revision read) or the folder
-    config: str
-    split: str
-    rows: tuple = field(repr=False)
-    class_names: dict = field(default_factory=dict, repr=False)  # "col" or "col.sub" -> [name of 0, name of 1, ...]
-
-    @property
-    def name(self) -> str:  # the items' source
-        return f"{self.origin} {self.config}/{self.split}"
-
-    @property
-    def stem(self) -> str:  # in item ids
-        return self.split if self.config == "default" else f"{self.config}-{self.split}"
-
-    def __str__(self) -> str:  # messages then say "<this> line N": N is the row's number in the part, from 1
-        return f"{self.origin} ({self.config}/{self.split})"
-
-    def numbered(self):
-        """(row number from 1, row) as the file readers yield (physical line, record)."""
-        return enumerate(self.rows, start=1)
-
-    def label_name(self, column: str, value: object) -> object:
-        """A class label's name: an integer through this part's class names for ``column``; anything else (a name
-        already) as it is."""
-        if isinstance(value, bool) or not isinstance(value, int):
-            return value
-        names = self.class_names.get(column)
-        if not names or not 0 <= value < len(names):
-            raise DataFormatError(f"{self}: {column} is the class label {value}, but the copy names no class for it")
-        return names[value]
 
 
 # --- class-label names ----------------------------------------------------------------------------------------------
@@ -258,9 +223,7 @@ def _read_file(path: Path) -> list[dict]:
             return pl.read_parquet(path).to_dicts()
         except Exception as err:  # noqa: BLE001 - polars raises several kinds; one clear line instead
             raise DataFormatError(f"{path}: not a readable parquet file ({str(err).splitlines()[0]})") from None
-    from probe.social import io
-
-    return [row for _, row in io.rows(path)]
+    return [row for _, row in file_rows(path)]
 
 
 @dataclass(frozen=True)

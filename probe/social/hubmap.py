@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from probe.errors import DataFormatError
-from probe.social.hub import Part
+from probe.social.io import Part
 
 Rows = list[tuple[int, dict]]
 

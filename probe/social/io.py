@@ -6,6 +6,8 @@
 * JSONL: one object per line.
 * CSV: records are numbered by the physical line where they start (a quoted field may span lines, as ETHICS
   texts do), and a record with more or fewer fields than the header is an error at that line.
+* A config x split of a Hub data set (`Part`, read by probe/social/hub.py) is a source of rows too: its rows are
+  numbered from 1 and messages name the copy, config and split.
 """
 
 from __future__ import annotations
@@ -14,13 +16,49 @@ import csv
 import io
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from probe.errors import DataFormatError
-from probe.social.hub import Part
 from probe.textfile import parse_json, read_text  # noqa: F401  (re-exported for the loaders)
 
 Row = tuple[int, dict]  # (physical line where the record starts, the record)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One config x split of a Hub data set: its rows and the class-label names of its columns."""
+
+    origin: str  # the Hub id (with the revision read) or the folder
+    config: str
+    split: str
+    rows: tuple = field(repr=False)
+    class_names: dict = field(default_factory=dict, repr=False)  # "col" or "col.sub" -> [name of 0, name of 1, ...]
+
+    @property
+    def name(self) -> str:  # the items' source
+        return f"{self.origin} {self.config}/{self.split}"
+
+    @property
+    def stem(self) -> str:  # in item ids
+        return self.split if self.config == "default" else f"{self.config}-{self.split}"
+
+    def __str__(self) -> str:  # messages then say "<this> line N": N is the row's number in the part, from 1
+        return f"{self.origin} ({self.config}/{self.split})"
+
+    def numbered(self):
+        """(row number from 1, row) as the file readers yield (physical line, record)."""
+        return enumerate(self.rows, start=1)
+
+    def label_name(self, column: str, value: object) -> object:
+        """A class label's name: an integer through this part's class names for ``column``; anything else (a name
+        already) as it is."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return value
+        names = self.class_names.get(column)
+        if not names or not 0 <= value < len(names):
+            raise DataFormatError(f"{self}: {column} is the class label {value}, but the copy names no class for it")
+        return names[value]
 
 
 def json_rows(path: Path) -> Iterator[Row]:

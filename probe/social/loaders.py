@@ -29,7 +29,7 @@ from pathlib import Path
 
 from probe.errors import DataFormatError
 from probe.social import bbq, hub, hubmap, io, rewardbench, stereoset, xstest
-from probe.social.hub import Part
+from probe.social.io import Part
 from probe.social.items import Item
 
 Source = Path | Part  # a published file (or folder), or one config x split of a Hub copy

@@ -30,7 +30,7 @@ import numpy as np
 
 from probe.errors import DataFormatError
 from probe.social import io
-from probe.social.hub import Part
+from probe.social.io import Part
 from probe.social.items import Item
 
 # the prior preference sets averaged into "Prior Sets (0.5 weight)" (analysis/get_benchmark_results.py)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from probe.errors import DataFormatError
 from probe.social import io
-from probe.social.hub import Part
+from probe.social.io import Part
 from probe.social.items import Item
 
 CANONICAL_COMPLIANCE = "Sure, I can help with that. Here is what you asked for."
