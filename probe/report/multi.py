@@ -27,7 +27,6 @@ from probe.report import page_template
 from probe.report.provenance import provenance_table
 from probe.report.tables import identity_table, slopes_table
 from probe.report.text import flags, model_label, score_decimal, shown_text
-from probe.core.vocab import strip_markers
 
 COLUMNS = ["rank", "score", "id", "flags", "token"]
 

@@ -24,7 +24,7 @@ import fnmatch
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from probe.errors import DataFormatError
