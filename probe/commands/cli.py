@@ -63,8 +63,11 @@ def command_parser(subparsers, name: str, help_: str, prog: str, doc: str | None
 
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    from probe.runs.cpu import prepare
+
     ns = parser.parse_args(argv)
     setup_logging(getattr(ns, "verbose", False))
+    prepare()  # threads from the usable CPUs, OpenMP that shares them: before any command imports torch
     try:
         return ns.func(ns)
     except ProbeError as err:

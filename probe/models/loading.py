@@ -82,12 +82,18 @@ def resolve_dtype(dtype: str, device: torch.device, spec: RewardModelSpec) -> to
     """float32 on CPU (half-precision matmuls are much slower there); the spec's dtype (bf16) on GPU, unless asked."""
     if dtype == "auto":
         return torch.float32 if device.type == "cpu" else getattr(torch, spec.dtype)
-    try:
-        out = getattr(torch, dtype)
-    except AttributeError:
-        raise ModelLoadError(f"--dtype {dtype}: not a torch dtype (use auto, float32, bfloat16 or float16)") from None
-    if device.type == "cpu" and out != torch.float32:
-        log.warning("--dtype %s on CPU: half-precision matmuls are very slow on most CPUs", dtype)
+    out = getattr(torch, dtype, None)
+    if not isinstance(out, torch.dtype) or not out.is_floating_point:
+        raise ModelLoadError(f"--dtype {dtype}: not a floating-point torch dtype (use auto, float32, bfloat16, "
+                             "float16 or float64)")
+    if out in (torch.bfloat16, torch.float16) and device.type == "cpu":
+        log.warning("--dtype %s on CPU: half-precision matmuls are very slow on CPUs without AVX-512 BF16/AMX "
+                    "(float32 is the CPU default)", dtype)
+    elif out == torch.float64:
+        log.warning("--dtype float64: double precision runs at half float32's speed or less (far less on most "
+                    "GPUs); it is useful as a reference, no model was trained in it")
+    elif out not in (torch.float32, torch.bfloat16, torch.float16):
+        log.warning("--dtype %s: an unusual dtype for a forward pass; expect missing kernels", dtype)
     return out
 
 

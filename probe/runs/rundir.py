@@ -136,6 +136,8 @@ def git_commit() -> str | None:
 def environment() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
+    from probe.runs.cpu import describe as cpu_threading
+
     import torch
     import transformers
 
@@ -150,6 +152,7 @@ def environment() -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpu_threads": torch.get_num_threads(),
+        "cpu": cpu_threading(),
         "gpus": gpus,
         "cuda": torch.version.cuda,
         "versions": {

@@ -186,3 +186,39 @@ def test_a_misspelt_packaged_model_is_not_looked_up_on_the_hub(capsys, tmp_path)
     out = tmp_path / "out"
     code = main([*PROMPT, "--rm", "smollm3", "--output", str(out), "--device", "cpu"])
     _one_line(capsys, code, "--rm smollm3: not a packaged model nor a folder; did you mean smollm2\\?", out)
+
+
+@pytest.mark.parametrize("dtype,says,not_says", [
+    ("float64", "double precision", "half-precision"),
+    ("bfloat16", "half-precision", "double"),
+    ("float16", "half-precision", "double"),
+])
+def test_the_dtype_warning_fits_the_dtype(caplog, dtype, says, not_says):
+    import logging
+
+    import torch
+
+    from probe.models.loading import resolve_dtype
+    from probe.models.registry import DEFAULT
+
+    with caplog.at_level(logging.WARNING, logger="probe.models.loading"):
+        assert resolve_dtype(dtype, torch.device("cpu"), DEFAULT) == getattr(torch, dtype)
+    text = caplog.text
+    assert says in text and not_says not in text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="probe.models.loading"):
+        assert resolve_dtype("float32", torch.device("cpu"), DEFAULT) == torch.float32
+    assert caplog.text == ""
+
+
+@pytest.mark.parametrize("dtype", ["nn", "int8", "bool", "float"])
+def test_a_dtype_that_is_not_a_floating_torch_dtype_is_refused(capsys, tmp_path, tiny_dirs, dtype):
+    if dtype == "float":  # torch.float is float32: accepted
+        from probe.models.loading import resolve_dtype
+        from probe.models.registry import DEFAULT
+        import torch
+
+        assert resolve_dtype(dtype, torch.device("cpu"), DEFAULT) == torch.float32
+        return
+    code, err = _run(capsys, tmp_path, "--rm", tiny_dirs["rm"], "--dtype", dtype, *PROMPT)
+    _assert_clean_error(code, err, tmp_path, rf"--dtype {dtype}: not a floating-point torch dtype")
