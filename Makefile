@@ -40,14 +40,15 @@ browser:
 demo: venv  ## the main job: every token of the embedded SmolLM2 for the paper's three prompts
 	$(BIN)/python -m probe.exhaustive $(ARGS)
 
+# the GPU tests (marked gpu, tests/gpu/) are deselected here and run by `make gpu-test` on a machine with CUDA
 test: venv browser  ## unit + integration tests (CPU, offline)
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -m "not gpu"
 
 unit-test: venv
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -m "not gpu"
 
 integration-test: venv browser
-	$(BIN)/python -m pytest tests/integration -q
+	$(BIN)/python -m pytest tests/integration -q -m "not gpu"
 
 gpu-test: venv
 	$(BIN)/python -m pytest tests -q -m gpu --device cuda

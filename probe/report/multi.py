@@ -99,7 +99,7 @@ def report_data(sweeps: list[Sweep], rows: int) -> dict:
         rho = stats.matrix(cols, stats.spearman)
         data["prompts"][prompt] = {
             "text": sweeps[0].prompts[keys[0]], "tables": [best_worst(df, rows) for df in frames],
-            "agreement": {"n": wide.height, "by": by, "kendall": tau.round(4).tolist(), "spearman": rho.round(4).tolist()},
+            "agreement": {"n": wide.height, "by": by, "kendall": tau.tolist(), "spearman": rho.tolist()},
             "disagreement": disagreement(wide, labels), "identity": identity_table(frames, labels),
             "slopes": slopes_table(frames, labels, prompt),
         }

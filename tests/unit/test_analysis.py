@@ -196,3 +196,103 @@ def test_pair_analyses_refuse_runs_they_cannot_label(tmp_path):
 
             run(AnalysisConfig(analysis=args[0], runs=tuple(args[1:]), out=str(tmp_path / "out")))
         assert not (tmp_path / "out").exists()
+
+
+def _afinn111() -> dict[str, float]:
+    """AFINN-111 read here from the afinn package's file, not through probe's lexicon reader."""
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(importlib.util.find_spec("afinn").submodule_search_locations[0])
+    out = {}
+    for line in (folder / "data" / "AFINN-111.txt").read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            word, _, value = line.rpartition("\t")
+            out[word.strip().lower()] = float(value)
+    return out
+
+
+def test_every_analyze_output_recomputed_from_scores_parquet(tmp_path, lexicon_words):
+    """Each `probe analyze` output is recomputed here from the runs' scores.parquet with scipy and numpy: top
+    tables, Kendall/Spearman/RBO matrices, framing and exposure slopes, the contrast's correlations, top/bottom-100
+    overlaps and rank changes, and the misalignment's tau."""
+    from scipy import stats as sps
+    from wordfreq import word_frequency
+
+    from tests.unit.test_stats import _rbo_brute
+
+    tokens = list(lexicon_words) + [f"zq{i}" for i in range(60)]  # 140 tokens: k = 100 is not everything
+    runs = [str(write_fake_run(tmp_path / "runs", f"org{i}/m{i}", tokens, PROMPTS,
+                               lambda k, t, i=i: hashed_score(f"{k}{i}", t)).path) for i in range(3)]
+    lm = str(write_fake_run(tmp_path / "runs", "org0/m0-base", tokens, PROMPTS, mode="logprob",
+                            score_fn=lambda k, t: hashed_score(f"{k}lm", t)).path)
+    paper = str(write_fake_run(tmp_path / "runs", "org0/m0", tokens, PROMPTS, input_method="paper",
+                               score_fn=lambda k, t: hashed_score(f"{k}paper", t)).path)
+    for analysis, args in (("top", runs), ("agreement", runs), ("framing", runs[:1]), ("exposure", runs[:1]),
+                           ("contrast", [lm, runs[0]]), ("input-method", [paper, runs[0]]),
+                           ("misalignment", runs[:1])):
+        assert analyze_main([analysis, *args, "--out", str(tmp_path / analysis), "--top", "5",
+                             "--permutations", "20", "--prompt", "greatest"]) == 0, analysis
+
+    def scores(run):
+        df = pl.read_parquet(f"{run}/scores.parquet").filter(pl.col("prompt_key") == "greatest")
+        return df.sort("token_id")
+
+    s = [scores(r) for r in runs]
+    by_text = [dict(zip(d["decoded"], d["score"])) for d in s]
+    # top: best, worst and words-only tables
+    best = pl.read_csv(tmp_path / "top" / "m0__greatest__best.csv")
+    assert best["token_id"].to_list() == s[0].sort("score", descending=True)["token_id"].head(5).to_list()
+    worst = pl.read_csv(tmp_path / "top" / "m0__greatest__worst.csv")
+    assert worst["token_id"].to_list() == s[0].sort("score")["token_id"].head(5).to_list()
+    words = pl.read_csv(tmp_path / "top" / "m1__greatest__best_words.csv")
+    assert words["token_id"].to_list() == (s[1].filter(pl.col("is_word")).sort("score", descending=True)
+                                           ["token_id"].head(5).to_list())
+    # agreement: every off-diagonal cell
+    agree = json.loads((tmp_path / "agreement" / "agreement.json").read_text())["greatest"]
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        x = [by_text[i][t] for t in tokens]
+        y = [by_text[j][t] for t in tokens]
+        assert agree["kendall_tau_b"][f"m{i}"][f"m{j}"] == pytest.approx(sps.kendalltau(x, y).statistic, abs=1e-6)
+        assert agree["spearman"][f"m{i}"][f"m{j}"] == pytest.approx(sps.spearmanr(x, y).statistic, abs=1e-6)
+        strings = sorted(tokens)  # the shared vocabulary's order
+        assert agree["rbo_top_p0.9"][f"m{i}"][f"m{j}"] == pytest.approx(
+            _rbo_brute([by_text[i][t] for t in strings], [by_text[j][t] for t in strings], 0.9), abs=1e-6)
+    # framing: positive and negative AFINN-111 words fitted separately (one token per word here)
+    afinn = _afinn111()
+    framing = pl.read_csv(tmp_path / "framing" / "framing.csv").filter(pl.col("prompt") == "greatest")
+    matched = [(afinn[t], by_text[0][t]) for t in tokens if t in afinn]
+    for affect, keep in (("positive", lambda v: v > 0), ("negative", lambda v: v < 0)):
+        v, y = np.array([m for m in matched if keep(m[0])]).T
+        row = framing.filter(pl.col("affect") == affect)
+        assert row["estimate"][0] == pytest.approx(np.polyfit(v, y, 1)[0], rel=1e-6)
+        assert row["n"][0] == len(v)
+    # exposure: score ~ ln frequency + valence
+    exposure = pl.read_csv(tmp_path / "exposure" / "exposure.csv").filter(pl.col("prompt") == "greatest")
+    rows = [(math.log(word_frequency(t, "en")), afinn[t], by_text[0][t]) for t in tokens
+            if t in afinn and word_frequency(t, "en") > 0]
+    x = np.array([[1.0, f, v] for f, v, _ in rows])
+    coef = np.linalg.lstsq(x, np.array([y for *_, y in rows]), rcond=None)[0]
+    assert exposure["estimate"][0] == pytest.approx(coef[1], rel=1e-6) and exposure["n"][0] == len(rows)
+    # contrast and input-method: correlations, overlaps at k = 100, rank changes (rank in the second minus the first)
+    for analysis, other, first in (("contrast", lm, runs[0]), ("input-method", paper, runs[0])):
+        res = json.loads((tmp_path / analysis / f"{analysis}.json").read_text())["greatest"]
+        a, b = scores(first), scores(other)  # the reward (raw-id) run first, the logprob (paper) run second
+        ra = sps.rankdata(-a["score"].to_numpy(), method="average")
+        rb = sps.rankdata(-b["score"].to_numpy(), method="average")
+        assert res["kendall_tau_b"] == pytest.approx(sps.kendalltau(a["score"], b["score"]).statistic, abs=1e-9)
+        assert res["spearman"] == pytest.approx(sps.spearmanr(a["score"], b["score"]).statistic, abs=1e-9)
+        top_a, top_b = set(np.argsort(ra)[:100]), set(np.argsort(rb)[:100])
+        assert res["top_k_overlap"] == pytest.approx(len(top_a & top_b) / 100)
+        bottom_a, bottom_b = set(np.argsort(-ra)[:100]), set(np.argsort(-rb)[:100])
+        assert res["bottom_k_overlap"] == pytest.approx(len(bottom_a & bottom_b) / 100)
+        moved = pl.read_csv(tmp_path / analysis / "moved__greatest.csv")
+        change = dict(zip(a["token_id"].to_list(), (rb - ra).tolist()))
+        for tid, rc in zip(moved["token_id"], moved["rank_change"]):
+            assert rc == pytest.approx(change[tid])
+        assert moved["rank_change"].max() == pytest.approx(max(change.values()))
+    # misalignment against human valence: Kendall tau between the words' valence and the model's scores
+    mis = json.loads((tmp_path / "misalignment" / "misalignment.json").read_text())
+    v, y = np.array([(afinn[t], by_text[0][t]) for t in tokens if t in afinn]).T
+    assert mis["n_items"] == len(v)
+    assert list(mis["kendall_tau_human"].values())[0] == pytest.approx(sps.kendalltau(v, y).statistic, abs=1e-9)

@@ -53,7 +53,31 @@ def test_make_figures_from_fake_runs(tmp_path, paper_release):
     tau = agreement["kendall_tau_b"]
     # models 0 and 2 were given the same score function, model 1 another one
     assert tau[0][2] == pytest.approx(1.0) and abs(tau[0][1]) < 0.9
-    assert Path(out / "fig2c_rsa.png").stat().st_size > 10_000
+    # the numbers behind the figures, recomputed here from the runs' scores.parquet
+    import numpy as np
+    import polars as pl
+    from scipy import stats as sps
+
+    scores = {}
+    for i in range(3):
+        (run,) = (tmp_path / "results").glob(f"org{i}__model{i}/exhaustive_*")
+        df = pl.read_parquet(run / "scores.parquet").filter(pl.col("prompt_key") == "greatest").sort("token_id")
+        scores[i] = df
+    assert tau[0][1] == pytest.approx(sps.kendalltau(scores[0]["score"], scores[1]["score"]).statistic, abs=1e-6)
+    moments = pl.read_csv(out / "table3_moments_greatest.csv")
+    assert moments.height == 3
+    for row in moments.iter_rows(named=True):
+        i = int(row["model"][-1])
+        x = scores[i]["score"].to_numpy().astype(np.float64)
+        assert row["n"] == x.size and row["mean"] == pytest.approx(x.mean(), rel=1e-6)
+        assert row["variance"] == pytest.approx(x.var(ddof=1), rel=1e-5)
+        assert row["skewness"] == pytest.approx(np.mean((x - x.mean()) ** 3) / x.std() ** 3, rel=1e-4, abs=1e-6)
+    # every figure is a real picture: it decodes, and it is not one flat colour
+    import matplotlib.image as mpimg
+
+    for png in out.glob("*.png"):
+        pixels = mpimg.imread(png)
+        assert pixels.ndim == 3 and min(pixels.shape[:2]) > 200 and pixels[..., :3].std() > 0.02, png.name
 
 
 def test_discover_runs_keeps_the_run_with_most_prompts(tmp_path):

@@ -1,0 +1,85 @@
+"""On a GPU (``make gpu-test``: ``pytest tests -m gpu --device cuda``): the engine's cached scores against the
+model's own forward on CUDA for every family, in float32 and bf16 (the self-check's measured tolerance, and as
+accurate as the model's own bf16 forward against float32), the shared-prefix attention against the plain cache
+path, and OOM halving on the real allocator. Skipped without ``--device cuda``; `make test` deselects them."""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from probe.core.engine import FullSequenceScorer, PrefixScorer
+from probe.core.scoring import AdaptiveBatcher, ScoringOptions, check_rows, make_head, prompt_split
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+CASES = [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("chatml-rm-padeot", "reward"), ("armo-like", "reward"),
+         ("qrm-like", "reward"), ("llama-lm", "logprob"), ("gemma2-lm", "logprob"), ("llama-lm", "judge"),
+         ("qwen2-rm", "reward"), ("qwen3-rm", "reward"), ("gemma3-rm", "reward"), ("qwen3-lm", "logprob"),
+         ("gemma3-lm", "logprob")]
+
+
+def _rows(lm, mode, n=24, max_len=4, seed=3):
+    split = prompt_split(lm, mode, PROMPT, None, ScoringOptions(), len(lm.tokenizer))
+    rng = random.Random(seed)
+    rows = [[rng.randrange(len(lm.tokenizer)) for _ in range(rng.randint(1, max_len))] + list(split.suffix_ids)
+            for _ in range(n)]
+    return list(split.prefix_ids), rows
+
+
+@pytest.mark.parametrize("name,mode", CASES)
+def test_cached_equals_full_sequence_on_cuda_float32(tiny_models, device, name, mode):
+    lm = tiny_models[name]
+    assert lm.model.device.type == "cuda" == device.type
+    prefix, rows = _rows(lm, mode)
+    for shared in (True, False):
+        fast = PrefixScorer(lm.model, make_head(lm, mode), prefix, shared_attention=shared).score(rows).cpu()
+        ref = FullSequenceScorer(lm.model, make_head(lm, mode), prefix).score(rows)
+        torch.testing.assert_close(fast, ref, atol=1e-4, rtol=1e-4)  # TF32 may be on for matmuls
+
+
+@pytest.mark.parametrize("name,mode", CASES)
+def test_bf16_on_cuda_passes_the_self_check_and_is_as_accurate_as_the_models_own(tiny_models, device, name, mode):
+    full = tiny_models[name]
+    half = replace(full, model=copy.deepcopy(full.model).to(torch.bfloat16))
+    prefix, rows = _rows(full, mode, n=16, max_len=1)
+    from probe.core.engine import pad_rows
+
+    cont, lengths = pad_rows(rows)
+    head = make_head(half, mode)
+    scorer = PrefixScorer(half.model, head, prefix)
+    check = check_rows(half, head, prefix, scorer, cont, lengths, [str(r) for r in rows])
+    assert check.rounding_noise > 0 and check.max_abs_diff <= check.tolerance
+    truth = FullSequenceScorer(full.model, make_head(full, mode), prefix).score(cont, lengths).numpy()
+    own = FullSequenceScorer(half.model, make_head(half, mode), prefix).score(cont, lengths).numpy()
+    fast = scorer.score(cont, lengths).cpu().numpy()
+    assert np.abs(fast - truth).max() <= 2 * max(np.abs(own - truth).max(), 1e-6)
+
+
+def test_oom_halving_on_the_cuda_allocator_loses_no_row(tiny_models, device):
+    """A batch that cannot fit in a capped share of the card: halved until it fits, the same scores as small
+    batches."""
+    lm = tiny_models["llama-lm"]
+    prefix, rows = _rows(lm, "logprob", n=8192, max_len=1)  # full batch: ~100 MB of logits
+    from probe.core.engine import pad_rows
+
+    cont, lengths = pad_rows(rows)
+    scorer = PrefixScorer(lm.model, make_head(lm, "logprob"), prefix)
+    want = AdaptiveBatcher(256).run(scorer.score, cont, lengths=lengths)
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_allocated(device) + (32 << 20)) / total),
+                                               device)
+    try:
+        batcher = AdaptiveBatcher(8192)
+        got = batcher.run(scorer.score, cont, lengths=lengths)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    assert batcher.batch_size < 8192  # it really ran out of memory and halved
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
