@@ -38,6 +38,10 @@ FAMILIES = {
     "chatml": dict(
         template=CHATML_TEMPLATE, bos=None, eos="<|im_end|>", pad="<|endoftext|>",
         extra=["<|im_start|>"], style="bytelevel"),
+    # Yi-34B-Chat's layout as Starling-RM-34B reads it: ChatML, and id 0 is the pad/unknown token
+    "yi": dict(
+        template=CHATML_TEMPLATE, bos=None, eos="<|im_end|>", pad="<unk>",
+        extra=["<|im_start|>"], style="bytelevel", pad_first=True),
 }
 
 
@@ -55,7 +59,8 @@ def _corpus() -> list[str]:
 
 def make_tokenizer(family: str, vocab_size: int = 1500) -> PreTrainedTokenizerFast:
     spec = FAMILIES[family]
-    specials = [t for t in [spec["bos"], spec["eos"], spec["pad"], *spec["extra"]] if t]
+    order = [spec["pad"], spec["bos"], spec["eos"]] if spec.get("pad_first") else [spec["bos"], spec["eos"], spec["pad"]]
+    specials = [t for t in [*order, *spec["extra"]] if t]
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     if spec["style"] == "bytelevel":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -205,6 +205,36 @@ class GatedRewardHead(ScoreHead):
         return out.reshape(out.shape[0], -1)[:, 0].float()
 
 
+class ModuleRewardHead(ScoreHead):
+    """A family's own head on its backbone (probe/models/families.py): ``model.reward_head`` on the hidden state
+    at the family's pooling position, times the spec's ``sign`` (a cost read as a reward)."""
+
+    name = "reward"
+
+    def __init__(self, model: torch.nn.Module, sign: float = 1.0):
+        if not hasattr(model, "reward_head"):
+            raise ProbeError(f"{type(model).__name__} is not one of rm-probe's family models; the module reader "
+                             "needs one (loaded through a registry spec with a layout)")
+        self.model, self.sign = model, sign
+        self.pooling = "last_non_pad" if model.layout.pooling == "last" else "before_first_pad"
+        self.pad_id = None if model.layout.pooling == "last" else model.pad_id
+
+    def prepare(self, prefix_ids, prefix_hidden):
+        self.prefix_ids = list(prefix_ids)
+        self.prefix_hidden = prefix_hidden
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        pos = pool_positions(self.prefix_ids, cont, lengths, self.pad_id, self.pooling)
+        return self.sign * self.model.reward_head(gather_rows(self.prefix_hidden, hidden, pos))
+
+    def own_forward(self, model, input_ids, n_prefix):
+        return self.sign * model(input_ids=input_ids).logits[:, 0].float()
+
+    def describe(self):
+        return {"head": f"reward ({self.model.layout.name} head)", "pooling": self.pooling, "pad_id": self.pad_id,
+                "sign": self.sign}
+
+
 def logit_transform(model: torch.nn.Module):
     """The family's elementwise transform of LM-head logits, or None: Gemma 2/3 soft-cap
     (``final_logit_softcapping``), Cohere scales (``logit_scale``), Granite divides (``logits_scaling``)."""

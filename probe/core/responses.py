@@ -68,7 +68,7 @@ def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, 
     """Render every response under ``prompt`` and split the renderings into shared prefix + continuation."""
     tok = loaded.tokenizer
     build = conversation(mode, prompt, system, opts)
-    split = split_template(tok, build, n_verify=0)
+    split = split_template(tok, build, n_verify=0, own_tokens=False)
     prefix, suffix = tuple(split.prefix_ids), tuple(split.suffix_ids)
     control = control_token_ids(tok)
     rows = ResponseRows(prompt_key, list(responses), prefix, suffix, [], [], [], [], [])

@@ -14,7 +14,8 @@ from probe.config import ScoreMode, ScoringOptions, model_kind, resolve_score_mo
 from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.errors import ProbeError
 from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
-from probe.core.heads import GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, OwnForwardHead, ScoreHead
+from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, ModuleRewardHead,
+                              OwnForwardHead, ScoreHead)
 from probe.models.loading import LoadedModel
 from probe.core.template import (
     ConversationBuilder,
@@ -42,6 +43,8 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
         if spec.reader == "gated":
             pattern = tok.encode(spec.gating_pattern, add_special_tokens=False)
             return GatedRewardHead(model, pattern, spec.output)
+        if spec.reader == "module":
+            return ModuleRewardHead(model, spec.sign)
         return OwnForwardHead(spec.output, spec.label_index)
     if loaded.kind != "causal":
         raise ProbeError(f"--score {mode} needs a causal language model")

@@ -186,7 +186,10 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None):
+def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None,
+                   family_template: str | None = None):
+    """The tokenizer, with ``chat_template`` (``--chat-template``) if given; else its own template; else the
+    family's dialogue format from the registry (``family_template``, a shipped template's name)."""
     from transformers import AutoTokenizer
 
     try:
@@ -195,6 +198,9 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, cha
         raise ModelLoadError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from None
     if chat_template is not None:
         tok.chat_template = resolve_chat_template(chat_template)
+    elif not getattr(tok, "chat_template", None) and family_template is not None:
+        log.info("%s: the tokenizer has no chat template; using the family's dialogue format %r", path, family_template)
+        tok.chat_template = resolve_chat_template(family_template)
     if not getattr(tok, "chat_template", None):
         raise TemplateError(
             f"the tokenizer of {path} has no chat template; pass one with --chat-template NAME|FILE (a shipped "
@@ -234,7 +240,8 @@ def load_model(
         spec = replace(spec, label_index=label_index)
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
-    tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template)
+    tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template,
+                               spec.chat_template if kind == "reward" else None)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
     apply_shims(spec, trust_remote_code)
@@ -277,6 +284,8 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
     ``PreTrainedModel.from_pretrained``, so dtype, device map and the head check hold for them too."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PreTrainedModel
 
+    if kind == "reward" and spec.layout is not None:
+        return _load_family(path, spec, revision, dtype, device_map, allow_random_head, config)
     auto = AutoModelForSequenceClassification if kind == "reward" else AutoModelForCausalLM
     kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype)
     if kind == "reward" and allow_random_head:
@@ -314,6 +323,31 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
             f"{path} has no trained reward head (randomly initialised: {', '.join(missing)}); it is not a reward "
             "model. Score it with --score logprob or --score judge, or pass --allow-random-head for a null model"
         )
+    return model
+
+
+def _load_family(path, spec, revision, dtype, device_map, allow_random_head, config):
+    """A family's backbone and head by their checkpoint names (probe/models/families.py): a head weight the
+    checkpoint lacks is an error, not a random head."""
+    from probe.models.families import LAYOUTS, family_model, load_side_files
+
+    kwargs: dict = dict(revision=revision, dtype=dtype)
+    if spec.attn_implementation:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    try:
+        model, info = family_model(spec.layout, config).from_pretrained(path, output_loading_info=True, **kwargs)
+    except torch.OutOfMemoryError:
+        raise ModelLoadError(f"out of GPU memory while loading {path}: use --device-map auto") from None
+    except (OSError, ValueError, KeyError, ImportError) as err:
+        raise ModelLoadError(f"cannot load {path} as a {spec.layout} reward model: {_first_line(err)}") from None
+    side = {name.removesuffix(".pt") for name in load_side_files(model, path)}
+    backbone = LAYOUTS[spec.layout].backbone + "."
+    missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(backbone) and k.split(".")[0] not in side)
+    if missing and not allow_random_head:
+        raise ModelLoadError(f"{path} lacks the {spec.layout} head's weights ({', '.join(missing[:4])}): it is not a "
+                             f"checkpoint of {spec.name}; pass --spec NAME for another family")
     return model
 
 

@@ -6,6 +6,8 @@ A `RewardModelSpec` says how to load a model and how to read one score from it:
   ``"linear"``  the sequence-classification head (``model.score``) on the last token, column ``label_index``;
   ``"gated"``   ArmoRM/QRM-style heads: a regression layer on the last token, mixed by a gating network that
                 reads the hidden state at the start of the last ``gating_pattern`` (the end of the user turn);
+  ``"module"``  a family's own head on a backbone (GRM -sftreg, INF-ORM, UltraRM, Starling-34B, Beaver, LDL;
+                ``layout`` names it, probe/models/families.py), read at the family's pooling position;
   ``"forward"`` no cached reader is known: every candidate goes through the model's own full forward
                 (exact, slower).
 * ``output`` / ``label_index`` say where the model's *own* forward puts the score (``outputs.logits[:, 0]``
@@ -25,7 +27,7 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-Reader = Literal["linear", "gated", "forward"]
+Reader = Literal["linear", "gated", "module", "forward"]
 
 LLAMA3_ASSISTANT_HEADER = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
@@ -46,12 +48,20 @@ class RewardModelSpec:
     shims: tuple[str, ...] = field(
         default=(), metadata={"help": "compatibility shims applied before loading remote code (see loading.py)"}
     )
+    layout: str | None = field(default=None, metadata={
+        "help": "module reader: the family's backbone and head layout (probe/models/families.py)"})
+    sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
+    chat_template: str | None = field(default=None, metadata={
+        "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
+                "format as RewardBench renders it"})
     family: str = field(default="", metadata={"help": "base-model family, for grouping in analyses"})
     notes: str = field(default="", metadata={"help": "provenance of this entry"})
 
     def __post_init__(self) -> None:
         if self.reader == "gated" and not self.gating_pattern:
             raise ValueError(f"spec {self.name!r}: the gated reader needs a gating_pattern")
+        if (self.reader == "module") != (self.layout is not None):
+            raise ValueError(f"spec {self.name!r}: a layout goes with the module reader, and only with it")
         if self.label_index < 0:
             raise ValueError(f"spec {self.name!r}: label_index must be >= 0")
 
@@ -109,6 +119,34 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                   ("Llama-3.2-3B", "Llama 3.2", "Llama"), ("Llama-3.2-1B", "Llama 3.2", "Llama"),
                                   ("Qwen3-8B", "Qwen3", "Qwen3"), ("Qwen3-4B", "Qwen3", "Qwen3"),
                                   ("Qwen3-1.7B", "Qwen3", "Qwen3"), ("Qwen3-0.6B", "Qwen3", "Qwen3"))],
+        # RewardBench's custom families (rewardbench/models/*.py), read by their own head layouts
+        *[RewardModelSpec(f"Ray2333/{name}", reader="module", layout="grm", family=fam,
+                          notes="GRewardModel: backbone + v_head (MLP or linear) on the last token (RewardBench grm.py)")
+          for name, fam in (("GRM-llama3-8B-sftreg", "Llama 3"), ("GRM-llama3-8B-distill", "Llama 3"),
+                            ("GRM-llama3.2-3B-sftreg", "Llama 3.2"), ("GRM-Gemma-2B-sftreg", "Gemma"),
+                            ("GRM-Gemma2-2B-sftreg", "Gemma 2"))],
+        RewardModelSpec("infly/INF-ORM-Llama3.1-70B", reader="module", layout="inform", family="Llama 3.1",
+                        notes="INFORMForSequenceClassification: Linear-ReLU-Linear score head before the first pad"),
+        RewardModelSpec("openbmb/UltraRM-13b", reader="module", layout="ultrarm", chat_template="openbmb",
+                        family="Llama 2", notes="LlamaRewardModel: regression_head on the last token; dialogue "
+                        "'User: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's openbmb template)"),
+        RewardModelSpec("openbmb/Eurus-RM-7b", reader="module", layout="ultrarm", family="Mistral",
+                        notes="EurusRewardModel, read as UltraRM's class (MistralModel + regression_head at the last "
+                              "token), as RewardBench reads both with one pipeline; its remote code is not run"),
+        RewardModelSpec("Nexusflow/Starling-RM-34B", reader="module", layout="starling", family="Yi",
+                        notes="Starling's LlamaForSequenceClassification: transformer + v_head before the first id 0; "
+                              "RewardBench renders Yi-34B-Chat's ChatML"),
+        *[RewardModelSpec(f"PKU-Alignment/beaver-7b-{v}-{kind}", reader="module", layout="beaver",
+                          sign=-1.0 if kind == "cost" else 1.0, chat_template="pku-align", family="Llama 2",
+                          notes="LlamaForScore: end score of score_head (normalised as the config says)"
+                                + ("; a cost: negated, as RewardBench's BeaverCostPipeline does" if kind == "cost" else ""))
+          for v in ("v1.0", "v2.0") for kind in ("reward", "cost")],
+        RewardModelSpec("ShikaiChen/LDL-Reward-Gemma-2-27B-v0.1", reader="module", layout="ldl", family="Gemma 2",
+                        notes="LDLRewardModel27B: 10-bin distributions per objective, gated, expectation on [0, 1]; "
+                              "heads in regression_layer.pt and gating_layer.pt"),
+        RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya", dtype="float16", family="Llama",
+                        notes="LlamaForSequenceClassification in float16 (as RewardBench runs it); dialogue "
+                              "'\\n\\nHuman: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's Ziya template)"),
         # Architectures of remote-code models, as their modelling code names the class: for checkpoints not
         # listed by id (fine-tunes, local copies under another name).
         RewardModelSpec(
@@ -126,6 +164,11 @@ REGISTRY: dict[str, RewardModelSpec] = {
             gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3",
             notes="QRM-Llama3's class (reward-bench rewardbench/models/qrm.py)",
         ),
+        *[RewardModelSpec(cls, reader="module", layout=layout, chat_template=template,
+                          notes=f"{cls}: RewardBench's class, by architecture")
+          for cls, layout, template in (("GRewardModel", "grm", None), ("INFORMForSequenceClassification", "inform", None),
+                                        ("LlamaRewardModel", "ultrarm", "openbmb"), ("LlamaForScore", "beaver", "pku-align"),
+                                        ("LDLRewardModel27B", "ldl", None))],
         RewardModelSpec(
             "LlamaForSequenceClassificationWithNormal_Weights", reader="forward", output="logits",
             trust_remote_code=True, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",

@@ -1,0 +1,192 @@
+"""RewardBench's custom reward-model families, read as RewardBench reads them: tiny random models built with
+RewardBench's own classes (rewardbench 0.1.4, tests/rewardbench_code.py), saved as their checkpoints are, loaded by
+rm-probe (probe/models/families.py), and scored on the same conversations: rm-probe's cached scores equal what
+RewardBench's pipeline returns, and its sweep's fast path equals the model's own forward (the self-check, and
+RewardBench's class on the same ids). The dialogue formats rm-probe ships render RewardBench's strings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+from tests import rewardbench_code as rb
+from tests import tiny
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+RESPONSES = ["Love", "Black people", "The Beatles", "nature and life", "peace"]
+
+
+def _config(kind: str, tok, **extra):
+    base = tiny.gemma2_config(tok) if kind == "gemma2" else tiny.llama_config(tok)
+    for k, v in extra.items():
+        setattr(base, k, v)
+    return base
+
+
+def _spread_heads(model, backbone: str) -> None:
+    """Random init leaves heads near zero; spread them so that scores differ visibly (as tests/tiny.py does)."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith(backbone + "."):
+                p.normal_(0, 0.5 if p.dim() > 1 else 0.1)
+
+
+# name: (rewardbench module, class, backbone kind, tokenizer family, chat template, registry spec, config fields,
+#        pipeline, how the pipeline's output becomes one score per row)
+CASES = {
+    "grm-mlp": ("grm", "GRewardModel", "llama", "llama3", None, "Ray2333/GRM-llama3-8B-sftreg",
+                dict(vhead_layer_type="mlp", vhead_num_neurons=32, vhead_num_layers=2), "GRMPipeline", lambda o: o),
+    "grm-linear": ("grm", "GRewardModel", "gemma2", "gemma", None, "Ray2333/GRM-Gemma2-2B-sftreg",
+                   dict(vhead_layer_type="linear"), "GRMPipeline", lambda o: o),
+    "inform": ("inform", "INFORMForSequenceClassification", "llama", "llama3", None, "infly/INF-ORM-Llama3.1-70B",
+               {}, ("pipeline", "RewardBenchPipeline"), lambda o: o[:, 0]),
+    "ultrarm": ("openbmb", "LlamaRewardModel", "llama", "llama3", "openbmb", "openbmb/UltraRM-13b", {},
+                "OpenBMBPipeline", lambda o: o[:, 0]),
+    "starling-34b": ("starling", "LlamaForSequenceClassification", "llama", "yi", None, "Nexusflow/Starling-RM-34B",
+                     {}, "StarlingPipeline", lambda o: o),
+    "beaver-reward": ("beaver", "LlamaForScore", "llama", "llama3", "pku-align", "PKU-Alignment/beaver-7b-v1.0-reward",
+                      dict(score_dim=1, bias=True, score_type="reward", do_normalize=True, mean=[0.3], var=[4.0]),
+                      "BeaverPipeline", lambda o: o[:, 0]),
+    "beaver-cost": ("beaver", "LlamaForScore", "llama", "llama3", "pku-align", "PKU-Alignment/beaver-7b-v1.0-cost",
+                    dict(score_dim=1, bias=False, score_type="cost"), "BeaverCostPipeline", lambda o: o[:, 0]),
+    "ldl": ("ldlreward", "LDLRewardModel27B", "gemma2", "gemma", None, "ShikaiChen/LDL-Reward-Gemma-2-27B-v0.1",
+            dict(num_objectives=20), "LDLPipeline", lambda o: o),
+}
+
+
+@pytest.fixture(scope="module")
+def families(tokenizers, tmp_path_factory):
+    """name -> (folder of the saved checkpoint, RewardBench's model, its tokenizer)."""
+    root = tmp_path_factory.mktemp("rb")
+    out = {}
+    for name, (module, cls, kind, tok_family, template, spec, fields, _, _) in CASES.items():
+        tok = tokenizers[tok_family]
+        if template:
+            import copy
+
+            from probe.models.chat_templates import chat_template_text
+
+            tok = copy.deepcopy(tok)
+            tok.chat_template = chat_template_text(template)
+        torch.manual_seed(0)
+        model = getattr(rb.load(module), cls)(_config(kind, tok, **fields)).float().eval()
+        backbone = "transformer" if name.startswith("starling") else "model"
+        _spread_heads(model, backbone)
+        folder = root / name
+        model.save_pretrained(folder)
+        _save_tok(tok, folder, keep_template=not template)
+        out[name] = (folder, model, tok)
+    return out
+
+
+def _save_tok(tok, folder, keep_template: bool = True):
+    """The tokenizer as the family's repository ships it: the dialogue families' without a chat template."""
+    import json
+
+    tok.save_pretrained(folder)
+    if not keep_template:
+        (folder / "chat_template.jinja").unlink(missing_ok=True)
+        cfg = folder / "tokenizer_config.json"
+        data = json.loads(cfg.read_text())
+        data.pop("chat_template", None)
+        cfg.write_text(json.dumps(data))
+    return str(folder)
+
+
+def _texts(tok) -> list[str]:
+    return [tok.apply_chat_template([{"role": "user", "content": PROMPT}, {"role": "assistant", "content": r}],
+                                    tokenize=False) for r in RESPONSES]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_scores_equal_rewardbench_pipeline(families, name):
+    module, cls, kind, tok_family, template, spec, fields, pipeline, read = CASES[name]
+    folder, model, tok = families[name]
+    lm = probe.load(str(folder), device="cpu", spec=spec)
+    assert lm.spec.name == spec and lm.spec.reader == "module"
+    if template:  # the repository has no chat template: the registry's dialogue format is used
+        assert lm.tokenizer.chat_template == tok.chat_template
+    ours = probe.score_responses(lm, None, PROMPT, RESPONSES)  # cached, with the self-check
+    got = dict(zip(ours["response"], ours["score"].to_numpy()))
+    mod, cls_name = (pipeline if isinstance(pipeline, tuple) else (module, pipeline))
+    with rb.on_cpu():
+        out = getattr(rb.load(mod), cls_name)("text-classification", model, tok)(
+            _texts(tok), batch_size=8, padding=True, truncation=True, max_length=2048)
+    want = read(out.float() if torch.is_tensor(out) else torch.stack(list(out)).float()).numpy()
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
+    assert np.ptp(want) > 1e-3  # the scores differ: the comparison is not between constants
+
+
+@pytest.mark.parametrize("name", ["grm-mlp", "inform", "starling-34b", "ldl"])
+def test_sweep_fast_path_equals_rewardbench_class_on_the_same_ids(families, name):
+    """Single-token responses through the cached engine against RewardBench's model on the whole sequences."""
+    folder, model, tok = families[name]
+    lm = probe.load(str(folder), device="cpu", spec=CASES[name][5])
+    df = probe.sweep(lm, None, PROMPT, limit=40, batch_size=16)  # its self-check: cached vs our own forward
+    from probe.core.scoring import ScoringOptions, prompt_split
+
+    split = prompt_split(lm, "reward", PROMPT, None, ScoringOptions(), len(lm.tokenizer))
+    ids = df["token_id"].to_list()[::7]
+    rows = torch.tensor([list(split.prefix_ids) + [t] + list(split.suffix_ids) for t in ids])
+    with torch.no_grad():
+        out = model(input_ids=rows, attention_mask=torch.ones_like(rows))
+    if getattr(out, "logits", None) is not None:  # INF-ORM, LDL (ModelOutput)
+        ref = out.logits
+    else:  # GRM: a tensor; Starling: {"scores": ...}
+        ref = out["scores"] if isinstance(out, dict) else out
+    ref = ref.reshape(len(ids), -1)[:, 0].float().numpy()
+    got = dict(zip(df["token_id"].to_list(), df["score"].to_numpy()))
+    np.testing.assert_allclose([got[t] for t in ids], ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("name,layout", [("grm-mlp", "grm"), ("inform", "inform"), ("ultrarm", "ultrarm"),
+                                         ("beaver-reward", "beaver")])
+def test_found_by_the_class_their_checkpoints_declare(families, name, layout):
+    """A checkpoint under another name (a fine-tune, a local copy) is read by the class its config declares.
+    (LDL's save_pretrained writes its backbone's config, Gemma2Model: it is found by id or path name only.)"""
+    folder, model, _ = families[name]
+    lm = probe.load(str(folder), device="cpu")
+    assert lm.spec_match == "architecture" and lm.spec.layout == layout and lm.spec.name == type(model).__name__
+
+
+def test_a_missing_head_is_an_error_not_a_random_head(families, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from probe.errors import ModelLoadError
+
+    folder = tmp_path / "nohead"
+    shutil.copytree(families["ultrarm"][0], folder)
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("regression_head")}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="lacks the ultrarm head's weights"):
+        probe.load(str(folder), device="cpu", spec="openbmb/UltraRM-13b")
+    (families["ldl"][0] / "gating_layer.pt").rename(tmp_path / "gating_layer.pt")
+    try:
+        with pytest.raises(ModelLoadError, match="gating_layer.pt, which is missing"):
+            probe.load(str(families["ldl"][0]), device="cpu", spec="ShikaiChen/LDL-Reward-Gemma-2-27B-v0.1")
+    finally:
+        (tmp_path / "gating_layer.pt").rename(families["ldl"][0] / "gating_layer.pt")
+
+
+@pytest.mark.parametrize("template,want", [
+    ("pku-align", "<s>BEGINNING OF CONVERSATION: USER: Hi there ASSISTANT: Hello! "),
+    ("openbmb", "<s>User: Hi there\n\nAssistant: Hello!\n\n"),
+    ("ziya", "<s>\n\nHuman: Hi there\n\nAssistant: Hello!\n\n"),
+])
+def test_dialogue_templates_render_rewardbenchs_strings(template, want):
+    """fastchat's rules, written out: ADD_COLON_SPACE_SINGLE (system + sep, then 'ROLE: message' + sep per turn)
+    for pku-align and Ziya, NO_COLON_SINGLE ('role' + message + sep) for openbmb; BOS as the tokenizer adds it."""
+    from jinja2 import Environment
+
+    from probe.models.chat_templates import chat_template_text
+
+    text = Environment().from_string(chat_template_text(template)).render(
+        bos_token="<s>", messages=[{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}],
+        add_generation_prompt=False)
+    assert text == want
