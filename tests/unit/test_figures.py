@@ -1,7 +1,6 @@
 """Figure scripts run from saved results only; the EloEverything check agrees with the paper."""
 
 import json
-from pathlib import Path
 
 import pytest
 

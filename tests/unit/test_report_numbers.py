@@ -4,7 +4,6 @@ compared with the functions that built the page)."""
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from html.parser import HTMLParser
