@@ -15,10 +15,16 @@ from probe.core.template import DEFAULT_DATE, JUDGE_QUESTION, resolve_date
 ScoreMode = Literal["reward", "logprob", "judge"]
 
 
-def resolve_score_mode(score: str, rm: str | None) -> ScoreMode:
-    """``--score auto``: the logprob proxy for the packaged language models, the reward head otherwise."""
+def resolve_score_mode(score: str, rm: str | None, ref: str | None = None) -> ScoreMode:
+    """``--score auto``: the logprob proxy for the packaged language models, the reward head otherwise; with a
+    reference model (``--ref``) always log-probabilities, whose difference is the implicit reward."""
     from probe.models.embedded import packaged
 
+    if ref is not None:
+        if score not in ("auto", "logprob"):
+            raise ValueError(f"--ref scores log-probabilities under both models (the implicit reward); "
+                             f"--score {score} has no log-ratio: leave --score auto or logprob")
+        return "logprob"
     if score != "auto":
         return score  # type: ignore[return-value]
     return "logprob" if packaged(rm) is not None else "reward"
@@ -65,6 +71,20 @@ class ModelOptions:
     label_index: int | None = field(default=None, metadata={"help": "output column of a multi-output reward head"})
     allow_random_head: bool = field(default=False, metadata={
         "help": "accept a classifier whose head is randomly initialised (a null model)"})
+    ref: str | None = field(default=None, metadata={
+        "help": "reference model for an implicit reward (DPO's): the score is beta x (log p(response) under --rm "
+                "minus the same under --ref), over the same response ids; both causal LMs with one vocabulary",
+        "metavar": "MODEL"})
+    beta: float = field(default=1.0, metadata={"help": "with --ref: the scale of the log-ratio (DPO's beta)"})
+
+    def check_reference(self) -> None:
+        """--beta 0 and --beta without --ref are errors (one line, before anything loads)."""
+        if self.beta == 0 or self.beta != self.beta:
+            raise ValueError("--beta 0 makes every implicit reward 0; give DPO's beta (> 0, e.g. 0.1)")
+        if self.beta != 1.0 and self.ref is None:
+            raise ValueError("--beta scales the log-ratio to a reference model: it goes with --ref MODEL")
+        if self.ref is not None:
+            resolve_score_mode(getattr(self, "score", "auto"), None, self.ref)  # --score reward/judge: one line
 
 
 @dataclass(frozen=True)
@@ -117,6 +137,7 @@ class ScoreVocabConfig(ModelOptions):
         "help": "GiB of device memory for --dry-run (default: the visible GPU's, else 80)"})
 
     def __post_init__(self) -> None:
+        self.check_reference()
         check_at_least(self, 1, "shard_size", "top", "batch_size", "limit")
         check_at_least(self, 0, "verify")
         resolve_date(self.date)  # a bad --date fails before any model loads
@@ -126,7 +147,7 @@ class ScoreVocabConfig(ModelOptions):
 
     @property
     def mode(self) -> ScoreMode:
-        return resolve_score_mode(self.score, self.rm)
+        return resolve_score_mode(self.score, self.rm, self.ref)
 
     def scoring_options(self) -> ScoringOptions:
         return ScoringOptions(self.logprob_reduce, self.judge_question, resolve_date(self.date))
@@ -185,6 +206,10 @@ class GCGConfig(ModelOptions):
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
 
     def __post_init__(self) -> None:
+        self.check_reference()
+        if self.ref is not None:
+            raise ValueError("--ref: GCG and the beam over an implicit reward are not supported yet (they need the "
+                             "gradient of both models); use probe score --ref for sweeps and whole responses")
         check_at_least(self, 1, "length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs")
         check_at_least(self, 1, "beam")
         if self.n_replace > self.length:
@@ -196,7 +221,7 @@ class GCGConfig(ModelOptions):
 
     @property
     def mode(self) -> ScoreMode:
-        return resolve_score_mode(self.score, self.rm)
+        return resolve_score_mode(self.score, self.rm, self.ref)
 
     @property
     def sign(self) -> float:
@@ -250,6 +275,7 @@ class SocialConfig(ModelOptions):
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
 
     def __post_init__(self) -> None:
+        self.check_reference()
         check_at_least(self, 1, "limit", "batch_size")
         if self.data and len(self.data) != len(self.dataset):
             raise ValueError("give one --data per --dataset (or none, for the default Hub copies)")
@@ -261,4 +287,4 @@ class SocialConfig(ModelOptions):
         resolve_date(self.date)
 
     def mode(self, rm: str | None):
-        return resolve_score_mode(self.score, rm)
+        return resolve_score_mode(self.score, rm, self.ref)

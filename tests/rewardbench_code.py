@@ -55,3 +55,14 @@ def on_cpu():
         yield
     finally:
         BatchEncoding.to = original
+
+
+def load_dpo() -> types.ModuleType:
+    """``rewardbench/dpo.py`` (DPOInference: RewardBench's DPO implicit-reward scoring)."""
+    full = f"{STUB}_dpo"
+    if full not in sys.modules:
+        spec = importlib.util.spec_from_file_location(full, models_dir().parent / "dpo.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[full] = module
+        spec.loader.exec_module(module)
+    return sys.modules[full]

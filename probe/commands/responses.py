@@ -93,7 +93,8 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     done = {(p.key, s): run_dir.read_shard(p.key, s, len(responses[s * k:(s + 1) * k]))
             for p in prompts for s in range(n_shards)}  # a resumed run's finished shards, read once
     total = sum(len(responses[s * k:(s + 1) * k]) for (_, s), arr in done.items() if arr is None)
-    print(f"rm-probe: {loaded.model_id} [{mode}, {loaded.dtype}, {loaded.device}]: {len(responses):,} responses x "
+    label = mode if loaded.ref is None else f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}"
+    print(f"rm-probe: {loaded.model_id} [{label}, {loaded.dtype}, {loaded.device}]: {len(responses):,} responses x "
           f"{len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
     batcher = AdaptiveBatcher(batch_size)
     tables = []

@@ -66,7 +66,7 @@ EXPERIMENT = "social"
 
 
 # what a suite file may set per model: the model options every command shares, the score mode, and a label
-MODEL_KEYS = {"rm", "score", "logprob_reduce", "allow_random_head", "trust_remote_code", "dtype", "revision", "spec",
+MODEL_KEYS = {"rm", "ref", "beta", "score", "logprob_reduce", "allow_random_head", "trust_remote_code", "dtype", "revision", "spec",
               "label_index", "chat_template", "device_map", "label"}
 
 
@@ -188,6 +188,8 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
                 # set only when given, so that runs made before these options existed still resume
                 **{k: getattr(mcfg, k) for k in ("revision", "spec", "label_index", "chat_template")
                    if getattr(mcfg, k) is not None}}
+    if loaded.ref is not None:  # an implicit reward: the reference model is part of every number
+        settings |= {"ref": {"model": loaded.ref.model_id, "weights": weights_identity(loaded.ref)}, "beta": loaded.beta}
     run, meta = _open_run(cfg, loaded, model, mode, settings)
     if meta.get("status") == "complete":  # --resume on a finished run: its results as they are
         import json

@@ -23,6 +23,7 @@ the worst ratio seen.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -62,13 +63,16 @@ def simulated_rounding(model: torch.nn.Module, seed: int) -> Iterator[None]:
             h.remove()
 
 
-def rounding_noise(model: torch.nn.Module, reference: Callable[[], np.ndarray], ref: np.ndarray,
-                   repeats: int = ROUNDING_REPEATS) -> float:
-    """The largest change of any score of ``reference()`` (the model's own forward over the checked rows, whose
-    plain result is ``ref``) under `simulated_rounding`, over ``repeats`` seeds."""
+def rounding_noise(models: torch.nn.Module | tuple[torch.nn.Module, ...], reference: Callable[[], np.ndarray],
+                   ref: np.ndarray, repeats: int = ROUNDING_REPEATS) -> float:
+    """The largest change of any score of ``reference()`` (the models' own forward over the checked rows, whose
+    plain result is ``ref``) under `simulated_rounding` of every model at once, over ``repeats`` seeds."""
+    models = models if isinstance(models, tuple) else (models,)
     noise = 0.0
     for seed in range(repeats):
-        with simulated_rounding(model, seed):
+        with contextlib.ExitStack() as stack:
+            for k, model in enumerate(models):
+                stack.enter_context(simulated_rounding(model, seed + 1000 * k))
             noise = max(noise, float(np.max(np.abs(reference() - ref))))
     return noise
 

@@ -22,8 +22,8 @@ import numpy as np
 import polars as pl
 
 from probe.config import ScoreMode, ScoringOptions
-from probe.core.engine import PrefixScorer, pad_rows
-from probe.core.scoring import AdaptiveBatcher, check_rows, conversation, make_head
+from probe.core.engine import pad_rows
+from probe.core.scoring import AdaptiveBatcher, build_scorer, check_rows, conversation, make_head
 from probe.core.template import render, split_template
 from probe.core.vocab import control_token_ids
 from probe.errors import DataFormatError
@@ -110,7 +110,7 @@ def score_rows(loaded: LoadedModel, mode: ScoreMode, rows: ResponseRows, indices
         if not members:
             continue
         head = make_head(loaded, mode, opts)
-        scorer = PrefixScorer(loaded.model, head, list(prefix))
+        scorer = build_scorer(loaded, head, list(prefix))
         for s in range(0, len(members), batcher.batch_size):
             part = members[s : s + batcher.batch_size]
             cont, lengths = pad_rows([rows.continuations[i] for i in part])

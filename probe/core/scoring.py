@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -27,7 +27,26 @@ from probe.core.template import (
 
 log = logging.getLogger(__name__)
 
-Scorer = PrefixScorer | FullSequenceScorer
+class PairScorer:
+    """An implicit reward (DPO's): ``beta * (policy.score(rows) - reference.score(rows))``, each model on its own
+    copy of the path (the shared-prefix cache for the fast path, the model's own forward for the reference)."""
+
+    def __init__(self, policy, reference, beta: float):
+        self.policy, self.reference, self.beta = policy, reference, beta
+
+    def score(self, cont, lengths=None):
+        a = self.policy.score(cont, lengths)
+        return self.beta * (a - self.reference.score(cont, lengths).to(a.device))
+
+
+Scorer = PrefixScorer | FullSequenceScorer | PairScorer
+
+
+def reference_head(loaded: LoadedModel, head: ScoreHead) -> ScoreHead:
+    """The reference model's log-probability head, reduced as the model's is."""
+    if not isinstance(head, LogprobHead):
+        raise ProbeError("--ref compares log-probabilities: the model must be scored by --score logprob")
+    return LogprobHead(loaded.ref.model, head.reduce, response_in_prefix=head.k_fixed, fused=head.fused)
 
 
 def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = ScoringOptions(),
@@ -66,9 +85,23 @@ def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: Scoring
 
 
 def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True) -> Scorer:
+    """The fast path for ``head`` on ``prefix_ids``; with a reference model (``--ref``), the pair of them."""
+    if loaded.ref is not None:
+        ref = replace(loaded.ref, ref=None)
+        return PairScorer(build_scorer(replace(loaded, ref=None), head, prefix_ids, use_cache),
+                          build_scorer(ref, reference_head(loaded, head), prefix_ids, use_cache), loaded.beta)
     if isinstance(head, OwnForwardHead) or not use_cache:
         return FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=64)
     return PrefixScorer(loaded.model, head, prefix_ids)
+
+
+def full_sequence_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int]) -> Scorer:
+    """The reference path of `build_scorer`: each model's own forward, one sequence at a time."""
+    own = FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=1)
+    if loaded.ref is None:
+        return own
+    ref_own = FullSequenceScorer(loaded.ref.model, reference_head(loaded, head), prefix_ids, batch_size=1)
+    return PairScorer(own, ref_own, loaded.beta)
 
 
 class TemplateRows:
@@ -173,14 +206,17 @@ def check_rows(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], 
     scores ``got``, already computed) and through the model's own forward, one sequence at a time; raises
     naming the first row (``names``) outside `precision.tolerance` (in half precision measured from the model's
     rounding noise on these rows)."""
+    own = full_sequence_scorer(loaded, head, prefix_ids)
+
     def reference() -> np.ndarray:
-        return FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=1).score(rows, lengths).numpy()
+        return own.score(rows, lengths).cpu().numpy()
 
     ref = reference()
     if got is None:
         got = fast.score(rows, lengths).cpu().numpy()
     diff = np.abs(np.asarray(got, dtype=np.float64) - ref)
-    noise = rounding_noise(loaded.model, reference, ref) if is_half(loaded.dtype) else None
+    models = (loaded.model,) if loaded.ref is None else (loaded.model, loaded.ref.model)
+    noise = rounding_noise(models, reference, ref) if is_half(loaded.dtype) else None
     tol = tolerance(ref, loaded.dtype, noise)
     check = SelfCheck(tuple(int(t) for t in token_ids), float(diff.max()), float(tol.max()), noise)
     if (diff > tol).any():

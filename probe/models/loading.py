@@ -37,6 +37,8 @@ class LoadedModel:
     revision: str | None
     spec_match: str  # how the registry entry was found
     source: dict | None = None  # packaged models: the package, GGUF file and quantization really run
+    ref: LoadedModel | None = None  # reference model of an implicit reward (--ref)
+    beta: float = 1.0  # the implicit reward's scale
 
     @property
     def device(self) -> torch.device:
@@ -187,7 +189,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None,
-                   family_template: str | None = None):
+                   family_template: str | None = None, need_template: bool = True):
     """The tokenizer, with ``chat_template`` (``--chat-template``) if given; else its own template; else the
     family's dialogue format from the registry (``family_template``, a shipped template's name)."""
     from transformers import AutoTokenizer
@@ -201,7 +203,7 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, cha
     elif not getattr(tok, "chat_template", None) and family_template is not None:
         log.info("%s: the tokenizer has no chat template; using the family's dialogue format %r", path, family_template)
         tok.chat_template = resolve_chat_template(family_template)
-    if not getattr(tok, "chat_template", None):
+    if need_template and not getattr(tok, "chat_template", None):
         raise TemplateError(
             f"the tokenizer of {path} has no chat template; pass one with --chat-template NAME|FILE (a shipped "
             f"template: {', '.join(template_names())}; a Jinja file; or a tokenizer_config.json that holds one)"
@@ -222,6 +224,7 @@ def load_model(
     label_index: int | None = None,
     device_map: str | None = None,
     allow_random_head: bool = False,
+    need_template: bool = True,
 ) -> LoadedModel:
     """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head."""
     model_id, path = _source(ref)
@@ -241,7 +244,7 @@ def load_model(
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template,
-                               spec.chat_template if kind == "reward" else None)
+                               spec.chat_template if kind == "reward" else None, need_template)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
     apply_shims(spec, trust_remote_code)
@@ -354,7 +357,7 @@ def _load_family(path, spec, revision, dtype, device_map, allow_random_head, con
 _CONFIG_RM = object()
 
 
-def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> LoadedModel:
+def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> LoadedModel:
     """`load_model` with the model settings a command's config carries (rm, device, dtype, revision, ...);
     ``rm`` overrides the config's own (a command that runs several models)."""
     get = lambda name, default=None: getattr(config, name, default)  # noqa: E731
@@ -363,3 +366,32 @@ def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> LoadedM
         trust_remote_code=get("trust_remote_code", False), chat_template=get("chat_template"), spec_name=get("spec"),
         label_index=get("label_index"), device_map=get("device_map"), allow_random_head=get("allow_random_head", False),
     )
+
+
+
+def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> LoadedModel:
+    """`load_model` with the model settings a command's config carries; with ``ref`` (``--ref``) the reference
+    model too, as a causal LM on the same device, after its vocabulary was found equal to the model's."""
+    ref = getattr(config, "ref", None)
+    if ref is None:
+        return _load_for_config(config, kind, rm)
+    policy_ref = config.rm if rm is _CONFIG_RM else rm
+    check_same_vocabulary(policy_ref, ref, getattr(config, "revision", None), getattr(config, "trust_remote_code", False))
+    loaded = _load_for_config(config, kind, rm)
+    reference = load_model(ref, kind="causal", device=str(loaded.device) if getattr(config, "device_map", None) is None
+                           else "auto", dtype=str(loaded.dtype).removeprefix("torch."),
+                           trust_remote_code=getattr(config, "trust_remote_code", False),
+                           device_map=getattr(config, "device_map", None), need_template=False)
+    return replace(loaded, ref=reference, beta=float(config.beta))
+
+
+def check_same_vocabulary(policy: str | None, ref: str, revision: str | None, trust_remote_code: bool) -> None:
+    """The two tokenizers map every string to the same ids (vocabulary and added tokens): otherwise the reference
+    would score other tokens. One line, before any weights load."""
+    a, b = (load_tokenizer(_source(x)[1], r, trust_remote_code, need_template=False)
+            for x, r in ((policy, revision), (ref, None)))
+    if a.get_vocab() != b.get_vocab():
+        only = sorted(set(a.get_vocab().items()) ^ set(b.get_vocab().items()))[:3]
+        raise ModelLoadError(f"--ref {ref}: its tokenizer is not the model's ({len(a.get_vocab()):,} against "
+                             f"{len(b.get_vocab()):,} entries; they differ at e.g. {only}): an implicit reward needs "
+                             "one vocabulary")

@@ -47,6 +47,12 @@ def coverage(meta: dict) -> tuple[bool, str]:
 def measured_box(meta: dict) -> str:
     mode = meta.get("score", {}).get("mode", "reward")
     name, words = MODE_WORDS.get(mode, (mode, ""))
+    ref = (meta.get("model") or {}).get("ref")
+    if ref:
+        name = f"implicit reward against {ref.get('id')} (beta {meta['model'].get('beta')})"
+        words = ("the DPO implicit reward: beta x the difference of the response's log-likelihood under the model and "
+                 "under the reference model, over the same ids. It is what DPO training optimised, read without a "
+                 "reward head.")
     whole, cover = coverage(meta)
     m = meta.get("model", {})
     source = m.get("source") or {}

@@ -43,6 +43,9 @@ def model_record(loaded, revision: str | None = None) -> dict:
         "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
         "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
         "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
+        **({"ref": model_record(loaded.ref), "beta": loaded.beta,
+            "score": "implicit reward: beta x (log p under the model - log p under ref) of the same response ids"}
+           if getattr(loaded, "ref", None) is not None else {}),
     }
 
 
@@ -52,9 +55,13 @@ def model_settings(loaded, revision: str | None, mode: str, head) -> dict:
     Sweeps and response runs add what they scored."""
     from probe.models.loading import weights_identity
 
-    return {"model": loaded.model_id, "weights": weights_identity(loaded), "revision": revision,
-            "spec": loaded.spec.name, "label_index": loaded.spec.label_index, "dtype": str(loaded.dtype),
-            "device_type": loaded.device.type, "mode": mode, "head": head.describe()}
+    out = {"model": loaded.model_id, "weights": weights_identity(loaded), "revision": revision,
+           "spec": loaded.spec.name, "label_index": loaded.spec.label_index, "dtype": str(loaded.dtype),
+           "device_type": loaded.device.type, "mode": mode, "head": head.describe()}
+    if getattr(loaded, "ref", None) is not None:  # an implicit reward: the reference model is part of what computed every number
+        out["ref"] = {"model": loaded.ref.model_id, "weights": weights_identity(loaded.ref)}
+        out["beta"] = loaded.beta
+    return out
 
 
 @dataclass

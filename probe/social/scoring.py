@@ -14,9 +14,9 @@ from collections import defaultdict
 import polars as pl
 
 from probe.config import ScoreMode, ScoringOptions
-from probe.core.engine import PrefixScorer, pad_rows
+from probe.core.engine import pad_rows
 from probe.core.paper_method import common_prefix
-from probe.core.scoring import AdaptiveBatcher, check_rows, conversation, make_head
+from probe.core.scoring import AdaptiveBatcher, build_scorer, check_rows, conversation, make_head
 from probe.models.loading import LoadedModel
 from probe.social.items import Item
 from probe.core.template import render, split_template
@@ -51,7 +51,7 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
     checked = 0
     for prefix, rows in groups.items():
         head = make_head(loaded, mode, opts)
-        scorer = PrefixScorer(loaded.model, head, list(prefix))
+        scorer = build_scorer(loaded, head, list(prefix))
         rows = sorted(rows, key=lambda r: len(r[2]))  # similar lengths together: less padding
         for s in range(0, len(rows), 256):
             part = rows[s : s + 256]

@@ -1,0 +1,150 @@
+"""Implicit (DPO) rewards against a reference model, ``--ref MODEL --beta B``: the score of a response is
+``B * (log p_model - log p_ref)`` over the same response ids. Checked against RewardBench's DPO scoring
+(``DPOInference`` of rewardbench 0.1.4 on the same ids), against the two models' own sweeps, and for the bad
+inputs (another vocabulary, --beta 0, a score mode with no log-ratio, GCG)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+import probe
+from probe.commands.score import main as score_main
+from tests import rewardbench_code as rb
+from tests import tiny
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+RESPONSES = ["Love", "Black people", "The Beatles", "nature and life"]
+
+
+@pytest.fixture(scope="module")
+def pair(tokenizers, tmp_path_factory):
+    """A tiny causal LM (the "policy"), a perturbed copy of it (the "reference"), and a model of another
+    vocabulary, saved as folders."""
+    from transformers import LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("pair")
+    tok = tokenizers["llama3"]
+    policy = tiny.build(LlamaForCausalLM, tiny.llama_config(tok))
+    ref = copy.deepcopy(policy)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    other_tok = tokenizers["gemma"]
+    other = tiny.build(LlamaForCausalLM, tiny.llama_config(other_tok))
+    out = {}
+    for name, model, t in (("policy", policy, tok), ("ref", ref, tok), ("other", other, other_tok)):
+        model.save_pretrained(root / name)
+        t.save_pretrained(root / name)
+        out[name] = str(root / name)
+    return out
+
+
+def test_sweep_is_beta_times_the_difference_of_the_two_models_sweeps(pair, tmp_path):
+    assert score_main(["--rm", pair["policy"], "--ref", pair["ref"], "--beta", "0.5", "--prompt", PROMPT,
+                       "--limit", "200", "--device", "cpu", "--output", str(tmp_path), "--no-progress"]) == 0
+    (run,) = list(tmp_path.glob("*/exhaustive_*"))
+    got = pl.read_parquet(run / "scores.parquet").sort("token_id")
+    sweeps = [probe.sweep(probe.load(pair[m], device="cpu", score="logprob"), None, PROMPT, limit=200).sort("token_id")
+              for m in ("policy", "ref")]
+    want = 0.5 * (sweeps[0]["score"].to_numpy().astype(np.float64) - sweeps[1]["score"].to_numpy())
+    np.testing.assert_allclose(got["score"].to_numpy(), want, rtol=1e-5, atol=1e-5)
+    assert np.ptp(want) > 1e-3
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["settings"]["ref"]["model"] == pair["ref"] and meta["settings"]["beta"] == 0.5
+    assert meta["model"]["ref"]["id"] == pair["ref"] and meta["model"]["beta"] == 0.5
+    assert meta["settings"]["model"] == pair["policy"] and "weights" in meta["settings"]["ref"]  # both in the fingerprint
+    check = meta["self_check"][next(iter(meta["self_check"]))]
+    assert check["max_abs_diff"] <= check["tolerance"]
+
+
+def test_whole_responses_equal_rewardbench_dpo_scoring(pair):
+    """RewardBench's DPOInference (policy minus reference, summed over the response's labels) on the same ids:
+    each conversation rendered whole by the chat template, the labels everything after the ids all renderings
+    share (the prompt and the assistant header), i.e. the response and the template's closing tokens."""
+    lm = probe.load(pair["policy"], device="cpu", ref=pair["ref"])
+    ours = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(ours["response"], ours["score"].to_numpy()))
+    tok = lm.tokenizer
+    rows = [torch.tensor(tok.apply_chat_template([{"role": "user", "content": PROMPT},
+                                                  {"role": "assistant", "content": r}], tokenize=True,
+                                                 return_dict=False)) for r in RESPONSES]
+    shared = 0
+    while all(len(x) > shared and x[shared] == rows[0][shared] for x in rows):
+        shared += 1
+    n_prompt = [shared] * len(rows)
+    dpo = rb.load_dpo().DPOInference(lm.model, lm.ref.model, tok, SimpleNamespace(device=torch.device("cpu")))
+
+    def batch(idx):
+        ids = [rows[i] for i in idx]
+        width = max(len(x) for x in ids)
+        pad = lambda x, v: torch.cat([x, torch.full((width - len(x),), v)])  # noqa: E731
+        labels = [pad(torch.where(torch.arange(len(x)) < n_prompt[i], -100, x), -100) for i, x in zip(idx, ids)]
+        return torch.stack([pad(x, tok.pad_token_id) for x in ids]), torch.stack(
+            [pad(torch.ones(len(x), dtype=torch.long), 0) for x in ids]), torch.stack(labels)
+
+    c_ids, c_mask, c_lab = batch([0, 1])
+    r_ids, r_mask, r_lab = batch([2, 3])
+    with torch.no_grad():
+        chosen, rejected = dpo.inference_step({"chosen_input_ids": c_ids, "chosen_attention_mask": c_mask,
+                                               "chosen_labels": c_lab, "rejected_input_ids": r_ids,
+                                               "rejected_attention_mask": r_mask, "rejected_labels": r_lab})
+    np.testing.assert_allclose([got[r] for r in RESPONSES], torch.cat([chosen, rejected]).numpy(), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_bad_reference_inputs_are_one_line(pair, tmp_path, capsys):
+    def run(*args):
+        code = score_main([*args, "--prompt", PROMPT, "--device", "cpu", "--output", str(tmp_path / "out"),
+                           "--no-progress"])
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+        assert not list((tmp_path / "out").rglob("meta.json"))
+        return lines[0]
+
+    assert "its tokenizer is not the model's" in run("--rm", pair["policy"], "--ref", pair["other"])
+    assert "--beta 0 makes every implicit reward 0" in run("--rm", pair["policy"], "--ref", pair["ref"], "--beta", "0")
+    assert "--score reward has no log-ratio" in run("--rm", pair["policy"], "--ref", pair["ref"], "--score", "reward")
+    assert "goes with --ref" in run("--rm", pair["policy"], "--beta", "0.1")
+    from probe.commands.gcg import main as gcg_main
+
+    assert gcg_main(["--rm", pair["policy"], "--ref", pair["ref"], "--device", "cpu"]) == 2
+    assert "GCG and the beam over an implicit reward are not supported yet" in capsys.readouterr().err
+
+
+def test_another_vocabulary_is_refused_before_any_weights_load(pair, monkeypatch):
+    from probe.errors import ModelLoadError
+    from probe.models import loading
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were loaded before the vocabularies were compared")
+
+    monkeypatch.setattr(loading, "_from_pretrained", no_weights)
+    with pytest.raises(ModelLoadError, match="its tokenizer is not the model's"):
+        probe.load(pair["policy"], device="cpu", ref=pair["other"])
+
+
+def test_social_benchmark_with_a_reference(pair, social_data, tmp_path):
+    """probe social --ref: every option's score is beta x the difference of the two models' own social scores,
+    and the run's fingerprint holds the reference."""
+    from probe.commands.social import main as social_main
+
+    data = ["--dataset", "crows_pairs", "--data", str(social_data / "crows_pairs" / "crows_pairs_anonymized.csv"),
+            "--limit", "4", "--device", "cpu", "--no-progress", "--score", "logprob"]
+    scores = {}
+    for name, extra in (("policy", ["--rm", pair["policy"]]), ("ref", ["--rm", pair["ref"]]),
+                        ("pair", ["--rm", pair["policy"], "--ref", pair["ref"], "--beta", "2"])):
+        assert social_main([*extra, *data, "--output", str(tmp_path / name)]) == 0
+        (run,) = list((tmp_path / name).glob("*/social_*"))
+        scores[name] = pl.read_parquet(run / "scores.parquet").sort("item_id", "option")["score"].to_numpy()
+        meta = json.loads((run / "meta.json").read_text())
+    np.testing.assert_allclose(scores["pair"], 2 * (scores["policy"].astype(np.float64) - scores["ref"]), rtol=1e-5,
+                               atol=1e-5)
+    assert meta["settings"]["ref"]["model"] == pair["ref"] and meta["settings"]["beta"] == 2.0
