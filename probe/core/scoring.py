@@ -27,6 +27,7 @@ from probe.core.template import (
 
 log = logging.getLogger(__name__)
 
+
 class PairScorer:
     """An implicit reward (DPO's): ``beta * (policy.score(rows) - reference.score(rows))``, each model on its own
     copy of the path (the shared-prefix cache for the fast path, the model's own forward for the reference)."""
