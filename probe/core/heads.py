@@ -381,19 +381,26 @@ class JudgeHead(ScoreHead):
 
 
 class OwnForwardHead(ScoreHead):
-    """For models with no cached reader: only the model's own forward, ``getattr(out, output)[:, label_index]``."""
+    """For models with no cached reader: only the model's own forward, ``getattr(out, output)[:, label_index]``.
+    ``pair_sep_id``: an encoder that reads a text pair ([CLS] prompt [SEP] response [SEP]) with segment ids, which
+    are given as the tokenizer gives them: 0 up to the first [SEP], 1 after it."""
 
     name = "reward"
 
-    def __init__(self, output: str = "logits", label_index: int = 0):
-        self.output, self.label_index = output, label_index
+    def __init__(self, output: str = "logits", label_index: int = 0, pair_sep_id: int | None = None):
+        self.output, self.label_index, self.pair_sep_id = output, label_index, pair_sep_id
 
     def score(self, hidden, cont, lengths, onehot=None):
         raise NotImplementedError("this model has no cached reader; use FullSequenceScorer")
 
     def own_forward(self, model, input_ids, n_prefix):
-        out = getattr(model(input_ids=input_ids), self.output)
+        kwargs = {}
+        if self.pair_sep_id is not None:
+            sep = (input_ids == self.pair_sep_id).long()
+            kwargs["token_type_ids"] = ((torch.cumsum(sep, 1) - sep) >= 1).long()
+        out = getattr(model(input_ids=input_ids, **kwargs), self.output)
         return out.reshape(out.shape[0], -1)[:, self.label_index].float()
 
     def describe(self):
-        return {"head": "reward (model's own forward)", "output": self.output, "label_index": self.label_index}
+        out = {"head": "reward (model's own forward)", "output": self.output, "label_index": self.label_index}
+        return out | ({"text_pair_sep_id": self.pair_sep_id} if self.pair_sep_id is not None else {})

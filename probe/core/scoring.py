@@ -65,7 +65,8 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
             return GatedRewardHead(model, pattern, spec.output)
         if spec.reader == "module":
             return ModuleRewardHead(model, spec.sign)
-        return OwnForwardHead(spec.output, spec.label_index)
+        segments = getattr(model.config, "type_vocab_size", 0) > 1 and spec.chat_template == "text-pair"
+        return OwnForwardHead(spec.output, spec.label_index, tok.sep_token_id if segments else None)
     if loaded.kind != "causal":
         raise ProbeError(f"--score {mode} needs a causal language model")
     if mode == "logprob":

@@ -17,7 +17,7 @@ import torch
 from probe.errors import ModelLoadError, TemplateError
 from probe.models.chat_templates import resolve_chat_template, template_names
 from probe.models.embedded import model_id_for, packaged, packaged_dir
-from probe.models.registry import REGISTRY, RewardModelSpec, lookup, structural_spec
+from probe.models.registry import ENCODER_TYPES, encoder_spec, REGISTRY, RewardModelSpec, lookup, structural_spec
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +235,11 @@ def load_model(
         spec, match = REGISTRY[spec_name], "--spec"
     else:
         spec, match = lookup(model_id, getattr(config, "architectures", None))
+    if kind == "reward" and match == "default" and getattr(config, "model_type", None) in ENCODER_TYPES:
+        spec, match = encoder_spec(config.model_type), "encoder config"
+    if kind == "reward" and spec.reader == "forward":
+        log.warning("%s: %s; no shared-prefix cache: every candidate runs through the model's own full forward "
+                    "(batched), which is exact and slower", model_id, spec.notes or spec.name)
     if kind == "reward" and match in ("default", "architecture"):
         log.warning("%s is not in the registry: using the %s spec %r (%s); every sweep re-checks it against the "
                     "model's own forward", model_id, "architecture" if match == "architecture" else "default",

@@ -144,6 +144,14 @@ REGISTRY: dict[str, RewardModelSpec] = {
         RewardModelSpec("ShikaiChen/LDL-Reward-Gemma-2-27B-v0.1", reader="module", layout="ldl", family="Gemma 2",
                         notes="LDLRewardModel27B: 10-bin distributions per objective, gated, expectation on [0, 1]; "
                               "heads in regression_layer.pt and gating_layer.pt"),
+        # Encoders (bidirectional: no shared-prefix cache), prompt and response as a text pair, as the model cards
+        # score them: tokenizer(question, answer) -> [CLS] question [SEP] answer [SEP]
+        *[RewardModelSpec(f"OpenAssistant/{name}", reader="forward", chat_template="text-pair", dtype="float32",
+                          family=fam, notes=f"{fam} sequence classifier on (question, answer) as a text pair; every "
+                                            "candidate through the model's own forward (bidirectional attention)")
+          for name, fam in (("reward-model-deberta-v3-large-v2", "DeBERTa-v3"), ("reward-model-deberta-v3-large", "DeBERTa-v3"),
+                            ("reward-model-deberta-v3-base", "DeBERTa-v3"),
+                            ("reward-model-electra-large-discriminator", "ELECTRA"))],
         RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya", dtype="float16", family="Llama",
                         notes="LlamaForSequenceClassification in float16 (as RewardBench runs it); dialogue "
                               "'\\n\\nHuman: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's Ziya template)"),
@@ -211,6 +219,18 @@ def lookup(model_ref: str, architectures: list[str] | None = None) -> tuple[Rewa
         if arch in REGISTRY:
             return REGISTRY[arch], "architecture"
     return DEFAULT, "default"
+
+
+# Encoder families: bidirectional attention, so no prefix can be shared; a text pair, not a chat
+ENCODER_TYPES = ("bert", "roberta", "xlm-roberta", "deberta", "deberta-v2", "electra", "distilbert", "albert", "mpnet",
+                 "modernbert")
+
+
+def encoder_spec(model_type: str) -> RewardModelSpec:
+    """For an encoder classifier the registry does not name: the text-pair input and the full-sequence path."""
+    return RewardModelSpec(f"encoder ({model_type}, by config)", reader="forward", chat_template="text-pair",
+                           family=model_type, notes="bidirectional encoder: (prompt, response) as a text pair; every "
+                                                    "candidate through the model's own forward, batched")
 
 
 # Where a gated head reads its gate, by base family: the end of the user turn in each family's template.

