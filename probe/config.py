@@ -207,9 +207,6 @@ class GCGConfig(ModelOptions):
 
     def __post_init__(self) -> None:
         self.check_reference()
-        if self.ref is not None:
-            raise ValueError("--ref: GCG and the beam over an implicit reward are not supported yet (they need the "
-                             "gradient of both models); use probe score --ref for sweeps and whole responses")
         check_at_least(self, 1, "length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs")
         check_at_least(self, 1, "beam")
         if self.n_replace > self.length:

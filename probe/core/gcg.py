@@ -26,8 +26,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from probe.config import GCGConfig, model_kind
-from probe.core.engine import FullSequenceScorer, PrefixScorer
-from probe.core.scoring import AdaptiveBatcher, make_head, n_scorable, prompt_split, sweep_rows
+from probe.core.engine import PrefixScorer
+from probe.core.scoring import (AdaptiveBatcher, PairScorer, build_scorer, full_sequence_scorer, make_head, n_scorable,
+                                prompt_split, reference_head, sweep_rows)
 from probe.core.template import TemplateSplit
 from probe.core.vocab import build_vocab_table
 from probe.errors import ProbeError
@@ -81,8 +82,18 @@ class GCG:
 
     def __init__(self, loaded: LoadedModel, head, split: TemplateSplit, config: GCGConfig, allowed: Tensor):
         self.loaded, self.config, self.split = loaded, config, split
-        self.scorer = PrefixScorer(loaded.model, head, split.prefix_ids)
-        self.device = self.scorer.device
+        policy = PrefixScorer(loaded.model, head, split.prefix_ids)
+        # the objective's terms: (scorer, model, factor); an implicit reward adds the reference with -beta
+        self.terms = [(policy, loaded.model, 1.0 if loaded.ref is None else loaded.beta)]
+        self.scorer = policy
+        if loaded.ref is not None:
+            ref = PrefixScorer(loaded.ref.model, reference_head(loaded, head), split.prefix_ids)
+            if embedding_matrix(loaded.ref.model)[0].shape != embedding_matrix(loaded.model)[0].shape:
+                raise ProbeError("--ref: the reference's embedding matrix is not the model's shape; GCG needs one "
+                                 "one-hot space for both")
+            self.terms.append((ref, loaded.ref.model, -loaded.beta))
+            self.scorer = PairScorer(policy, ref, loaded.beta)
+        self.device = policy.device
         self.weight, self.scale = embedding_matrix(loaded.model)
         self.allowed = allowed.to(self.device)
         self.suffix = torch.tensor(list(split.suffix_ids), device=self.device, dtype=torch.long)
@@ -106,11 +117,15 @@ class GCG:
         """The objective as a differentiable function of (relaxed) one-hot response rows; equals
         `objective(ids)` when ``onehot`` is exactly one-hot on ``ids``."""
         ids = ids.to(self.device)
-        resp = (onehot @ self.weight) * self.scale
-        inputs = torch.cat([resp, self.loaded.model.get_input_embeddings()(self.suffix).to(resp.dtype)], 0)[None]
-        n_in = inputs.shape[1] - int(self.scorer.head.drops_last_input)
-        score = self.scorer.score_embeds(inputs[:, :n_in], self.rows(ids[None]), onehot=onehot[None])
-        return self.config.sign * score.sum()
+        total = onehot.new_zeros(())
+        for scorer, model, factor in self.terms:
+            weight, scale = embedding_matrix(model)
+            resp = (onehot.to(weight.dtype) @ weight) * scale
+            inputs = torch.cat([resp, model.get_input_embeddings()(self.suffix).to(resp.dtype)], 0)[None]
+            n_in = inputs.shape[1] - int(scorer.head.drops_last_input)
+            score = scorer.score_embeds(inputs[:, :n_in], self.rows(ids[None]), onehot=onehot[None])
+            total = total + factor * score.sum()
+        return self.config.sign * total
 
     def token_gradient(self, ids: Int[Tensor, " n"]) -> Float[Tensor, "n v"]:
         """d objective / d one-hot(ids), through the same forward and head as `objective`."""
@@ -235,8 +250,9 @@ class GCGResult:
 
 
 def reference_score(loaded: LoadedModel, head, split: TemplateSplit, ids: list[int]) -> float:
-    """The plain full-sequence forward of prefix + ids + suffix through the model's own forward."""
-    return float(FullSequenceScorer(loaded.model, head, split.prefix_ids).score([ids + list(split.suffix_ids)])[0])
+    """The plain full-sequence forward of prefix + ids + suffix through the model's own forward (both models'
+    for an implicit reward)."""
+    return float(full_sequence_scorer(loaded, head, split.prefix_ids).score([ids + list(split.suffix_ids)])[0])
 
 
 def run(loaded: LoadedModel, config: GCGConfig, done: dict[int, GCGRun] | None = None,
@@ -295,7 +311,7 @@ def beam_search(loaded: LoadedModel, config: GCGConfig, split: TemplateSplit, al
         ids_all, scores_all = [], []
         for beam in beams:
             head = make_head(loaded, config.mode, opts, response_in_prefix=len(beam))
-            scorer = PrefixScorer(loaded.model, head, list(split.prefix_ids) + beam)
+            scorer = build_scorer(loaded, head, list(split.prefix_ids) + beam)
             scores_all.append(batcher.run(scorer.score, sweep_rows(cand.numpy(), split.suffix_ids),
                                           progress=bar.update))
             ids_all.extend(beam + [int(t)] for t in cand)

@@ -113,10 +113,49 @@ def test_bad_reference_inputs_are_one_line(pair, tmp_path, capsys):
     assert "--beta 0 makes every implicit reward 0" in run("--rm", pair["policy"], "--ref", pair["ref"], "--beta", "0")
     assert "--score reward has no log-ratio" in run("--rm", pair["policy"], "--ref", pair["ref"], "--score", "reward")
     assert "goes with --ref" in run("--rm", pair["policy"], "--beta", "0.1")
-    from probe.commands.gcg import main as gcg_main
 
-    assert gcg_main(["--rm", pair["policy"], "--ref", pair["ref"], "--device", "cpu"]) == 2
-    assert "GCG and the beam over an implicit reward are not supported yet" in capsys.readouterr().err
+
+def test_gcg_and_the_beam_on_an_implicit_reward(pair):
+    """GCG's objective and gradient take both models (the reference's term with -beta): the relaxed objective on
+    an exact one-hot equals the cached objective, its gradient matches finite differences, the reported best score
+    equals the two models' own forwards, and the exact beam's depth 1 is the --ref sweep."""
+    from probe.config import GCGConfig
+    from probe.core.gcg import GCG, allowed_tokens, beam_search, run
+    from probe.core.scoring import ScoringOptions, make_head, prompt_split
+    from probe.core.vocab import build_vocab_table
+
+    lm = probe.load(pair["policy"], device="cpu", ref=pair["ref"], beta=0.5)
+    cfg = GCGConfig(prompt=PROMPT, length=2, steps=3, search_width=16, topk=8, seed=1, progress=False, batch_size=32)
+    split = prompt_split(lm, "logprob", PROMPT, None, ScoringOptions(), len(lm.tokenizer))
+    allowed = allowed_tokens(build_vocab_table(lm.tokenizer), cfg.allowed, cfg.allow_special)
+    gcg = GCG(lm, make_head(lm, "logprob"), split, cfg, allowed)
+    ids = torch.tensor(lm.tokenizer.encode("Love peace", add_special_tokens=False)[:2])
+    base = gcg.onehot(ids)
+    with torch.no_grad():
+        assert float(gcg.relaxed_objective(base, ids)) == pytest.approx(float(gcg.objective(ids[None])[0]), abs=1e-4)
+    grad = gcg.token_gradient(ids)
+    d = torch.zeros_like(base)
+    d[0, 7] += 1
+    d[0, ids[0]] -= 1
+    with torch.no_grad():
+        fd = float(gcg.relaxed_objective(base + 1e-2 * d, ids) - gcg.relaxed_objective(base - 1e-2 * d, ids)) / 2e-2
+    assert fd == pytest.approx(float(grad[0, 7] - grad[0, ids[0]]), rel=2e-2, abs=1e-3)
+    res = run(lm, cfg)
+    # the best ids through each model's own forward, with the log-probabilities summed here from the logits
+    full = torch.tensor([list(split.prefix_ids) + res.best_ids + list(split.suffix_ids)])
+    n = len(split.prefix_ids)
+    own = []
+    for model in (lm.model, lm.ref.model):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=full).logits[0].double(), -1)
+        own.append(sum(float(logp[i - 1, full[0, i]]) for i in range(n, full.shape[1])))
+    assert res.best_score == pytest.approx(0.5 * (own[0] - own[1]), abs=1e-4)
+    assert res.search_score == pytest.approx(res.best_score, abs=1e-4)
+    (level,) = beam_search(lm, GCGConfig(prompt=PROMPT, length=1, beam=3, progress=False, batch_size=64), split, allowed)
+    sweep = probe.sweep(lm, None, PROMPT).sort("score", descending=True)
+    allowed_ids = set(torch.nonzero(allowed).flatten().tolist())
+    best = sweep.filter(sweep["token_id"].is_in(list(allowed_ids)))
+    assert [i[0] for i in level["ids"].to_list()] == best["token_id"].head(3).to_list()
 
 
 def test_another_vocabulary_is_refused_before_any_weights_load(pair, monkeypatch):
