@@ -170,7 +170,6 @@ def family_model(layout_name: str, config):
     class FamilyRewardModel(PreTrainedModel):
         config_class = AutoConfig
         base_model_prefix = layout.backbone
-        locals().update({flag: getattr(backbone_cls, flag) for flag in SUPPORT_FLAGS if hasattr(backbone_cls, flag)})
 
         def __init__(self, config):
             super().__init__(config)
@@ -203,6 +202,9 @@ def family_model(layout_name: str, config):
             pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), pos.to(hidden.device)]
             return SequenceClassifierOutput(logits=self.reward_head(pooled)[:, None])
 
+    for flag in SUPPORT_FLAGS:  # the backbone's attention support is the model's
+        if hasattr(backbone_cls, flag):
+            setattr(FamilyRewardModel, flag, getattr(backbone_cls, flag))
     FamilyRewardModel.__name__ = FamilyRewardModel.__qualname__ = f"{layout_name.capitalize()}RewardModel"
     return FamilyRewardModel
 
