@@ -158,6 +158,8 @@ class ScoreVocabConfig(ModelOptions):
         key = {f: getattr(self, f) for f in JOB_FIELDS} | {"prompt": list(self.prompt)}
         if self.responses:
             key |= {"responses": self.responses, "response_column": self.response_column}
+        if self.ref is not None:  # likewise: an implicit reward is another job than the model's log-probabilities
+            key |= {"ref": self.ref, "beta": self.beta}
         return key
 
 

@@ -187,3 +187,13 @@ def test_social_benchmark_with_a_reference(pair, social_data, tmp_path):
     np.testing.assert_allclose(scores["pair"], 2 * (scores["policy"].astype(np.float64) - scores["ref"]), rtol=1e-5,
                                atol=1e-5)
     assert meta["settings"]["ref"]["model"] == pair["ref"] and meta["settings"]["beta"] == 2.0
+
+
+def test_a_reference_makes_another_batch_job():
+    """probe batch must not skip an implicit-reward job because the model's plain job is done (and old job keys,
+    without a reference, stay as they were)."""
+    from probe.config import ScoreVocabConfig
+
+    plain = ScoreVocabConfig(rm="org/dpo-model", prompt=(PROMPT,)).job_key()
+    implicit = ScoreVocabConfig(rm="org/dpo-model", prompt=(PROMPT,), ref="org/sft-model", beta=0.1).job_key()
+    assert "ref" not in plain and implicit == plain | {"ref": "org/sft-model", "beta": 0.1}
