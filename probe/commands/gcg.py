@@ -25,10 +25,14 @@ def _settings(config: GCGConfig, loaded) -> dict:
     from probe.models.loading import weights_identity
 
     skip = {"output", "progress", "resume", "batch_size"}
+    if config.ref is None:  # runs made before --ref existed keep their fingerprints
+        skip |= {"ref", "beta"}
     # "beam": 0 when off, as runs made before --beam took None recorded it (their fingerprints stay valid)
-    return {**{k: v for k, v in asdict(config).items() if k not in skip}, "beam": config.beam or 0,
-            "date": resolve_date(config.date),
-            "model": loaded.model_id, "weights": weights_identity(loaded)}
+    out = {**{k: v for k, v in asdict(config).items() if k not in skip}, "beam": config.beam or 0,
+           "date": resolve_date(config.date), "model": loaded.model_id, "weights": weights_identity(loaded)}
+    if loaded.ref is not None:
+        out["ref_weights"] = weights_identity(loaded.ref)
+    return out
 
 
 def main_from_args(ns: argparse.Namespace) -> int:
