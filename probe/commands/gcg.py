@@ -23,16 +23,14 @@ def _settings(config: GCGConfig, loaded) -> dict:
     """What changes a result: every option but the output folder, progress and resume; the weights by content."""
     from probe.core.template import resolve_date
     from probe.models.loading import weights_identity
+    from probe.runs.meta import reference_settings
 
     skip = {"output", "progress", "resume", "batch_size"}
-    if config.ref is None:  # runs made before --ref existed keep their fingerprints
-        skip |= {"ref", "beta"}
+    skip |= {"ref", "beta"}  # the reference enters with its weights below, and only when set
     # "beam": 0 when off, as runs made before --beam took None recorded it (their fingerprints stay valid)
-    out = {**{k: v for k, v in asdict(config).items() if k not in skip}, "beam": config.beam or 0,
-           "date": resolve_date(config.date), "model": loaded.model_id, "weights": weights_identity(loaded)}
-    if loaded.ref is not None:
-        out["ref_weights"] = weights_identity(loaded.ref)
-    return out
+    return {**{k: v for k, v in asdict(config).items() if k not in skip}, "beam": config.beam or 0,
+            "date": resolve_date(config.date), "model": loaded.model_id, "weights": weights_identity(loaded),
+            **reference_settings(loaded)}
 
 
 def main_from_args(ns: argparse.Namespace) -> int:

@@ -58,7 +58,7 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     from probe.core.responses import prepare, ranked_responses, response_batch_size, score_rows
     from probe.core.scoring import AdaptiveBatcher, make_head
     from probe.core.sweep import load_for
-    from probe.runs.meta import new_meta
+    from probe.runs.meta import new_meta, score_label
     from probe.runs.rundir import check_resume_target, open_or_resume, writable_dir
     from probe.runs.timing import now_iso
 
@@ -93,8 +93,8 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     done = {(p.key, s): run_dir.read_shard(p.key, s, len(responses[s * k:(s + 1) * k]))
             for p in prompts for s in range(n_shards)}  # a resumed run's finished shards, read once
     total = sum(len(responses[s * k:(s + 1) * k]) for (_, s), arr in done.items() if arr is None)
-    label = mode if loaded.ref is None else f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}"
-    print(f"rm-probe: {loaded.model_id} [{label}, {loaded.dtype}, {loaded.device}]: {len(responses):,} responses x "
+    print(f"rm-probe: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]: "
+          f"{len(responses):,} responses x "
           f"{len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
     batcher = AdaptiveBatcher(batch_size)
     tables = []

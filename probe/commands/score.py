@@ -69,8 +69,9 @@ def run(config: ScoreVocabConfig) -> RunDir:
         from probe.report.text import model_label
 
         run_dir.write_table("vocab.parquet", vocab)
-        mode = config.mode if loaded.ref is None else f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}"
-        print(f"rm-probe: {model_label(meta)} [{mode}, {loaded.dtype}, {loaded.device}]: "
+        from probe.runs.meta import score_label
+
+        print(f"rm-probe: {model_label(meta)} [{score_label(loaded, config.mode)}, {loaded.dtype}, {loaded.device}]: "
               f"{sweep.token_ids.size:,} tokens x {len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
     tables = []
     for i, p in enumerate(prompts):

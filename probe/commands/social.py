@@ -177,6 +177,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
 
         torch.manual_seed(cfg.seed)  # a randomly initialised head is drawn from --seed: the null model is reproducible
     from probe.models.loading import load_for_config, weights_identity
+    from probe.runs.meta import reference_settings
     from probe.social.scoring import score_items
 
     loaded = load_for_config(mcfg, model_kind(mode), rm=rm)
@@ -188,8 +189,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
                 # set only when given, so that runs made before these options existed still resume
                 **{k: getattr(mcfg, k) for k in ("revision", "spec", "label_index", "chat_template")
                    if getattr(mcfg, k) is not None}}
-    if loaded.ref is not None:  # an implicit reward: the reference model is part of every number
-        settings |= {"ref": {"model": loaded.ref.model_id, "weights": weights_identity(loaded.ref)}, "beta": loaded.beta}
+    settings |= reference_settings(loaded)  # an implicit reward: the reference is part of every number
     run, meta = _open_run(cfg, loaded, model, mode, settings)
     if meta.get("status") == "complete":  # --resume on a finished run: its results as they are
         import json

@@ -83,18 +83,20 @@ class GCG:
     def __init__(self, loaded: LoadedModel, head, split: TemplateSplit, config: GCGConfig, allowed: Tensor):
         self.loaded, self.config, self.split = loaded, config, split
         policy = PrefixScorer(loaded.model, head, split.prefix_ids)
-        # the objective's terms: (scorer, model, factor); an implicit reward adds the reference with -beta
-        self.terms = [(policy, loaded.model, 1.0 if loaded.ref is None else loaded.beta)]
+        self.weight, self.scale = embedding_matrix(loaded.model)
+        # the objective's terms: (scorer, model, embedding matrix, its scale, factor); an implicit reward adds the
+        # reference with -beta
+        self.terms = [(policy, loaded.model, self.weight, self.scale, 1.0 if loaded.ref is None else loaded.beta)]
         self.scorer = policy
         if loaded.ref is not None:
             ref = PrefixScorer(loaded.ref.model, reference_head(loaded, head), split.prefix_ids)
-            if embedding_matrix(loaded.ref.model)[0].shape != embedding_matrix(loaded.model)[0].shape:
+            ref_weight, ref_scale = embedding_matrix(loaded.ref.model)
+            if ref_weight.shape != self.weight.shape:
                 raise ProbeError("--ref: the reference's embedding matrix is not the model's shape; GCG needs one "
                                  "one-hot space for both")
-            self.terms.append((ref, loaded.ref.model, -loaded.beta))
+            self.terms.append((ref, loaded.ref.model, ref_weight, ref_scale, -loaded.beta))
             self.scorer = PairScorer(policy, ref, loaded.beta)
         self.device = policy.device
-        self.weight, self.scale = embedding_matrix(loaded.model)
         self.allowed = allowed.to(self.device)
         self.suffix = torch.tensor(list(split.suffix_ids), device=self.device, dtype=torch.long)
         self.batcher = AdaptiveBatcher(batch_size(config, self.device))
@@ -118,8 +120,7 @@ class GCG:
         `objective(ids)` when ``onehot`` is exactly one-hot on ``ids``."""
         ids = ids.to(self.device)
         total = onehot.new_zeros(())
-        for scorer, model, factor in self.terms:
-            weight, scale = embedding_matrix(model)
+        for scorer, model, weight, scale, factor in self.terms:
             resp = (onehot.to(weight.dtype) @ weight) * scale
             inputs = torch.cat([resp, model.get_input_embeddings()(self.suffix).to(resp.dtype)], 0)[None]
             n_in = inputs.shape[1] - int(scorer.head.drops_last_input)

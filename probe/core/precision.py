@@ -17,15 +17,13 @@ and the model's own bf16 forward was 0.29-0.62 times it away from float32 (measu
 social benchmark checks: at most 0.72), while the noise itself ranged from 0.005 to 1.6 over those models (the
 old rule, 0.05 x (1 + spread), was 22 x the real disagreement on the tiny log-prob model and 2 x on SmolLM2, and
 about 0.1 on the 8-row check of the tiny reward model, under the 0.117 the first shared-prefix kernel reached
-there with AVX2 kernels). `HALF_TOLERANCE` = 2 x noise keeps a margin of 2.8 over
-the worst ratio seen.
+there with AVX2 kernels). `HALF_TOLERANCE` = 2 x noise keeps a margin of 2.8 over the worst ratio seen.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -39,7 +37,7 @@ def is_half(dtype: torch.dtype) -> bool:
     return dtype in (torch.float16, torch.bfloat16)
 
 
-@contextmanager
+@contextlib.contextmanager
 def simulated_rounding(model: torch.nn.Module, seed: int) -> Iterator[None]:
     """Inside: every floating-point tensor a module of ``model`` returns is moved by ``x * U(-u, u)``, ``u`` the
     unit roundoff of its dtype, so that each value may land on either neighbour when it is stored, as another

@@ -58,10 +58,24 @@ def model_settings(loaded, revision: str | None, mode: str, head) -> dict:
     out = {"model": loaded.model_id, "weights": weights_identity(loaded), "revision": revision,
            "spec": loaded.spec.name, "label_index": loaded.spec.label_index, "dtype": str(loaded.dtype),
            "device_type": loaded.device.type, "mode": mode, "head": head.describe()}
-    if getattr(loaded, "ref", None) is not None:  # an implicit reward: the reference model is part of what computed every number
-        out["ref"] = {"model": loaded.ref.model_id, "weights": weights_identity(loaded.ref)}
-        out["beta"] = loaded.beta
-    return out
+    return out | reference_settings(loaded)
+
+
+def reference_settings(loaded) -> dict:
+    """An implicit reward's reference model and beta, for a run's settings (empty without ``--ref``, so that runs
+    made before it existed keep their fingerprints)."""
+    from probe.models.loading import weights_identity
+
+    if getattr(loaded, "ref", None) is None:
+        return {}
+    return {"ref": {"model": loaded.ref.model_id, "weights": weights_identity(loaded.ref)}, "beta": loaded.beta}
+
+
+def score_label(loaded, mode: str) -> str:
+    """The score mode as a run's first line names it: the mode, or the implicit reward and its reference."""
+    if getattr(loaded, "ref", None) is None:
+        return mode
+    return f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}"
 
 
 @dataclass
