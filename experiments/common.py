@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from probe.analysis.sweeps import Sweep, load_sweep, short_name
+from probe.analysis.sweeps import Sweep, load_sweep, mode_name, short_name
 from probe.runs.rundir import run_metas
 
 FIGURES = Path(__file__).resolve().parents[1] / "figures"
@@ -54,7 +54,7 @@ def nickname(model_id: str) -> str:
 
 def sweep_label(sweep: Sweep) -> str:
     """Nickname plus the score mode when it is not a reward (e.g. SmolLM2-135M-Instruct [logprob])."""
-    mode = sweep.meta.get("score", {}).get("mode", "reward")
+    mode = mode_name(sweep.meta, default="reward")
     method = sweep.meta.get("settings", {}).get("input_method", "ids")
     tag = [m for m in (mode if mode != "reward" else "", "paper inputs" if method == "paper" else "") if m]
     return nickname(sweep.model) + (f" [{', '.join(tag)}]" if tag else "")

@@ -126,10 +126,18 @@ def short_name(model_id: str) -> str:
     return model_id.rstrip("/").split("/")[-1]
 
 
+def mode_name(meta: dict, default: str = "?") -> str:
+    """A run's score mode in a label: ``logprob``, ``reward``, ``judge``, or for an implicit reward ``implicit vs
+    <reference>``."""
+    ref = (meta.get("model") or {}).get("ref")
+    if ref:
+        return f"implicit vs {short_name(ref.get('id', '?'))}"
+    return meta.get("score", {}).get("mode", default)
+
+
 def run_labels(sweeps: list[Sweep], with_mode: bool = True) -> list[str]:
     """One label per run: model and score mode (``SmolLM2-135M-Instruct [judge]``; without ``with_mode`` the
     mode only where a model repeats), numbered where labels still repeat."""
     base = [short_name(s.model) for s in sweeps]
-    names = [f"{b} [{s.meta.get('score', {}).get('mode', '?')}]" if with_mode or base.count(b) > 1 else b
-             for b, s in zip(base, sweeps)]
+    names = [f"{b} [{mode_name(s.meta)}]" if with_mode or base.count(b) > 1 else b for b, s in zip(base, sweeps)]
     return [n if names.count(n) == 1 else f"{n} #{i + 1}" for i, n in enumerate(names)]

@@ -106,7 +106,9 @@ def format_top_bottom(df: pl.DataFrame, key: str, text: str, meta: dict, n: int)
     """``df``: one prompt's rows of scores.parquet."""
     words = df.filter(pl.col("is_word")).sort("score", descending=True).with_row_index("word_rank", offset=1)
     raw = df.sort("score", descending=True).with_columns(pl.col("rank").alias("r"))
-    mode = meta.get("score", {}).get("mode", "?")
+    from probe.analysis.sweeps import mode_name
+
+    mode = mode_name(meta)
     parts = [f"\n== {key}: {text!r}  [{model_label(meta)}, {mode}, {df.height:,} tokens] ==", LEGEND]
     parts.append(_side_by_side(_lines(raw.head(n), "r"), _lines(words.head(n), "word_rank"),
                                (f"best {n} (all tokens)", f"best {n} (words only)")))

@@ -63,6 +63,14 @@ def test_sweep_is_beta_times_the_difference_of_the_two_models_sweeps(pair, tmp_p
     assert meta["settings"]["model"] == pair["policy"] and "weights" in meta["settings"]["ref"]  # both in the fingerprint
     check = meta["self_check"][next(iter(meta["self_check"]))]
     assert check["max_abs_diff"] <= check["tolerance"]
+    # the reports and tables name it as what it is, not as the model's log-probability
+    from probe.analysis.sweeps import load_sweep, run_labels
+    from probe.report.text import format_top_bottom
+
+    assert run_labels([load_sweep(run)]) == ["policy [implicit vs ref]"]
+    key = next(iter(meta["prompts"]))
+    assert ", implicit vs ref, 200 tokens]" in format_top_bottom(got.filter(pl.col("prompt_key") == key), key, PROMPT,
+                                                                 meta, 3)
 
 
 def test_whole_responses_equal_rewardbench_dpo_scoring(pair):
