@@ -29,11 +29,13 @@ from probe.errors import ProbeError
 def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dtype: str = "auto",
          revision: str | None = None, trust_remote_code: bool = False, chat_template: str | None = None,
          spec: str | None = None, label_index: int | None = None, device_map: str | None = None,
-         allow_random_head: bool = False, ref: str | None = None, beta: float = 1.0):
+         allow_random_head: bool = False, ref: str | None = None, beta: float = 1.0,
+         reference_response: str | None = None):
     """Load a model as the commands do (Hugging Face id, local folder, cache snapshot, or a packaged model:
     ``None``/``"smollm2"``, ``"gemma3-270m"``), with its registry spec. Returns a ``LoadedModel``
     (``.model``, ``.tokenizer``, ``.spec``, ...), which every other function here also accepts as ``model``.
     ``ref``: a reference model; every score is then ``beta * (log p_rm - log p_ref)`` of the same response ids.
+    ``reference_response``: a pairwise model's (PairRM, ...) fixed response each candidate is compared with.
 
     >>> lm = probe.load("smollm2")                   # doctest: +SKIP
     >>> lm.spec.name, lm.kind                        # doctest: +SKIP
@@ -43,7 +45,8 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
 
     options = ModelOptions(rm=rm, device=device, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
                            chat_template=chat_template, spec=spec, label_index=label_index, device_map=device_map,
-                           allow_random_head=allow_random_head, ref=ref, beta=beta)
+                           allow_random_head=allow_random_head, ref=ref, beta=beta,
+                           reference_response=reference_response)
     options.check_reference()
     return load_for_config(options, model_kind(resolve_score_mode(score, rm, ref)))
 

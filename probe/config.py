@@ -76,6 +76,9 @@ class ModelOptions:
                 "minus the same under --ref), over the same response ids; both causal LMs with one vocabulary",
         "metavar": "MODEL"})
     beta: float = field(default=1.0, metadata={"help": "with --ref: the scale of the log-ratio (DPO's beta)"})
+    reference_response: str | None = field(default=None, metadata={
+        "help": "pairwise preference models (PairRM, RLHFlow's pair-preference LMs): the response every candidate is "
+                "compared with, in both orders (default: \"I don't know.\"; recorded in the run)", "metavar": "TEXT"})
 
     def check_reference(self) -> None:
         """--beta 0 and --beta without --ref are errors (one line, before anything loads)."""
@@ -85,6 +88,8 @@ class ModelOptions:
             raise ValueError("--beta scales the log-ratio to a reference model: it goes with --ref MODEL")
         if self.ref is not None:
             resolve_score_mode(getattr(self, "score", "auto"), None, self.ref)  # --score reward/judge: one line
+        if self.reference_response is not None and not self.reference_response.strip():
+            raise ValueError("--reference-response is empty: a pairwise model compares each candidate with it")
 
 
 @dataclass(frozen=True)
@@ -160,6 +165,8 @@ class ScoreVocabConfig(ModelOptions):
             key |= {"responses": self.responses, "response_column": self.response_column}
         if self.ref is not None:  # likewise: an implicit reward is another job than the model's log-probabilities
             key |= {"ref": self.ref, "beta": self.beta}
+        if self.reference_response is not None:  # a pairwise model's reference is part of every score
+            key |= {"reference_response": self.reference_response}
         return key
 
 

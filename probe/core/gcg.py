@@ -261,6 +261,10 @@ def run(loaded: LoadedModel, config: GCGConfig, done: dict[int, GCGRun] | None =
     """Front door: ``config.runs`` GCG restarts; returns the best response over all of them. ``done``: restarts
     already finished (a resumed search); ``on_restart(k, run)`` is called after each new one."""
     opts = config.scoring_options()
+    if loaded.pairwise is not None and config.mode == "reward":
+        raise ProbeError(f"{loaded.model_id} is a pairwise preference model: GCG's gradients need one sequence per "
+                         "candidate, and a pairwise score takes two (both orders); score responses with "
+                         "--responses or a sweep instead")
     split = prompt_split(loaded, config.mode, config.prompt, config.system, opts, len(loaded.tokenizer))
     vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
     allowed = allowed_tokens(vocab, config.allowed, config.allow_special)

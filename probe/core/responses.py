@@ -53,8 +53,10 @@ class ResponseRows:
         return out
 
 
-def _change(text: str, slot: str, slot_ids: Sequence[int], control: set[int]) -> str | None:
-    if slot == text:
+def _change(text: str, slot: str, slot_ids: Sequence[int], control: set[int], template_space: bool = False) -> str | None:
+    """How the text in the response slot differs from the response given. ``template_space``: the template writes
+    a space before the slot that the tokenizer joins to the response's first word (not a change of the response)."""
+    if slot == text or (template_space and slot == " " + text):
         return None
     if slot == text.strip() or slot.strip() == text.strip():
         return "trimmed"
@@ -63,14 +65,24 @@ def _change(text: str, slot: str, slot_ids: Sequence[int], control: set[int]) ->
     return "other"
 
 
+def _joins_space(tok, build, prefix: tuple[int, ...], suffix: tuple[int, ...]) -> bool:
+    """Whether the template ends the text before the slot with a space the tokenizer joins to the response: the
+    slot of the response 'Love' holds the ids of ' Love', not those of 'Love'."""
+    ids = render(tok, build, "Love")
+    middle = ids[len(prefix): len(ids) - len(suffix)]
+    spaced, plain = (tok.encode(w, add_special_tokens=False) for w in (" Love", "Love"))
+    return ids[: len(prefix)] == list(prefix) and middle == spaced != plain
+
+
 def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, responses: Sequence[str],
             opts: ScoringOptions = ScoringOptions(), system: str | None = None) -> ResponseRows:
     """Render every response under ``prompt`` and split the renderings into shared prefix + continuation."""
     tok = loaded.tokenizer
-    build = conversation(mode, prompt, system, opts)
+    build = conversation(mode, prompt, system, opts, loaded)
     split = split_template(tok, build, n_verify=0, own_tokens=False)
     prefix, suffix = tuple(split.prefix_ids), tuple(split.suffix_ids)
     control = control_token_ids(tok)
+    template_space = _joins_space(tok, build, prefix, suffix)
     rows = ResponseRows(prompt_key, list(responses), prefix, suffix, [], [], [], [], [])
     for k, text in enumerate(responses):
         if not isinstance(text, str) or text == "":
@@ -91,7 +103,7 @@ def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, 
         rows.continuations.append(cont)
         rows.n_tokens.append(len(slot_ids))
         rows.slot_text.append(slot)
-        rows.change.append(_change(text, slot, slot_ids, control))
+        rows.change.append(_change(text, slot, slot_ids, control, template_space))
     return rows
 
 

@@ -3,6 +3,7 @@ score many rows in OOM-adaptive batches, and self-check the fast path against th
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -12,6 +13,7 @@ import torch
 
 from probe.config import ScoreMode, ScoringOptions, model_kind, resolve_score_mode  # noqa: F401 (re-exported)
 from probe.core.engine import FullSequenceScorer, PrefixScorer
+from probe.core.pairwise import OrderedPair, PairwiseConversation, second_prefix
 from probe.errors import ProbeError
 from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
 from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, ModuleRewardHead,
@@ -40,7 +42,7 @@ class PairScorer:
         return self.beta * (a - self.reference.score(cont, lengths).to(a.device))
 
 
-Scorer = PrefixScorer | FullSequenceScorer | PairScorer
+Scorer = PrefixScorer | FullSequenceScorer | PairScorer | OrderedPair
 
 
 def reference_head(loaded: LoadedModel, head: ScoreHead) -> ScoreHead:
@@ -55,6 +57,8 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
     """A fresh head (heads keep per-prefix state). ``response_in_prefix``: the last k prefix ids are already
     response tokens (beam extension); only the log-probability head needs to know."""
     model, spec, tok = loaded.model, loaded.spec, loaded.tokenizer
+    if mode == "reward" and loaded.pairwise is not None:
+        return pairwise_head(loaded)
     if mode == "reward":
         if loaded.kind != "reward":
             raise ProbeError("--score reward needs a sequence-classification model")
@@ -80,14 +84,32 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
     return JudgeHead(model, yes[0], no[0])
 
 
-def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: ScoringOptions) -> ConversationBuilder:
+def pairwise_head(loaded: LoadedModel) -> ScoreHead:
+    """One order's output of a pairwise model (probe/core/pairwise.py): PairRM's own forward (its logit), or the
+    LM's logit of "A" minus that of "B" at the last position (SlicPairPM)."""
+    if loaded.pairwise.format == "pairrm":
+        return OwnForwardHead("logits", 0)
+    a, b = (loaded.tokenizer.encode(w, add_special_tokens=False) for w in ("A", "B"))
+    if len(a) != 1 or len(b) != 1:
+        raise ProbeError(f"'A'/'B' are not single tokens for this tokenizer ({a}, {b}); the pairwise model needs them")
+    return JudgeHead(loaded.model, a[0], b[0])
+
+
+def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: ScoringOptions,
+                 loaded: LoadedModel | None = None) -> ConversationBuilder:
+    """The conversation around the response slot; a pairwise model's (``loaded.pairwise``) holds its reference."""
+    if mode == "reward" and loaded is not None and loaded.pairwise is not None:
+        return PairwiseConversation(prompt, loaded.pairwise, system, 0, opts.date_string)
     if mode == "judge":
         return judge_conversation(prompt, system, opts.judge_question, opts.date_string)
     return response_conversation(prompt, system, opts.date_string)
 
 
 def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True) -> Scorer:
-    """The fast path for ``head`` on ``prefix_ids``; with a reference model (``--ref``), the pair of them."""
+    """The fast path for ``head`` on ``prefix_ids``; with a reference model (``--ref``), the pair of them; for a
+    pairwise model, both orders of candidate and reference response."""
+    if loaded.pairwise is not None:
+        return _ordered_pair(loaded, head, prefix_ids, lambda *a: build_scorer(*a, use_cache))
     if loaded.ref is not None:
         ref = replace(loaded.ref, ref=None)
         return PairScorer(build_scorer(replace(loaded, ref=None), head, prefix_ids, use_cache),
@@ -99,11 +121,22 @@ def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int]
 
 def full_sequence_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int]) -> Scorer:
     """The reference path of `build_scorer`: each model's own forward, one sequence at a time."""
+    if loaded.pairwise is not None:
+        return _ordered_pair(loaded, head, prefix_ids, full_sequence_scorer)
     own = FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=1)
     if loaded.ref is None:
         return own
     ref_own = FullSequenceScorer(loaded.ref.model, reference_head(loaded, head), prefix_ids, batch_size=1)
     return PairScorer(own, ref_own, loaded.beta)
+
+
+def _ordered_pair(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], make) -> OrderedPair:
+    """A pairwise model's two orders, each through ``make(loaded, head, prefix)`` (the fast or the reference path)
+    with its own head (heads keep per-prefix state)."""
+    plain = replace(loaded, pairwise=None)
+    prefix2, suffix1, suffix2 = second_prefix(loaded.pairwise, prefix_ids)
+    return OrderedPair(loaded.pairwise.format, make(plain, head, prefix_ids), make(plain, copy.copy(head), prefix2),
+                       suffix1, suffix2)
 
 
 class TemplateRows:
@@ -120,7 +153,7 @@ class TemplateRows:
 
 def prompt_split(loaded: LoadedModel, mode: ScoreMode, prompt: str, system: str | None, opts: ScoringOptions,
                  n_ids: int) -> TemplateSplit:
-    build = conversation(mode, prompt, system, opts)
+    build = conversation(mode, prompt, system, opts, loaded)
     return split_template(loaded.tokenizer, build, candidates=range(n_ids))
 
 

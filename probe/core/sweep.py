@@ -97,6 +97,8 @@ class VocabSweep:
             return TemplateRows(split)
         from probe.core.paper_method import PaperRows
 
+        if self.loaded.pairwise is not None:
+            raise ProbeError("--input-method text re-tokenizes a chat template; a pairwise model's input is not one")
         build = conversation(self.config.mode, prompt.text, self.config.system, self.config.scoring_options())
         source = PaperRows(self.loaded.tokenizer, build, self.token_ids, split)
         self.paper_info[prompt.key] = {"prefix_ids": source.prefix_ids,

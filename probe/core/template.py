@@ -121,12 +121,15 @@ class TemplateSplit:
     suffix_ids: tuple[int, ...]
     prefix_text: str
     suffix_text: str
-    leading_space: str  # "kept" | "stripped" | "changed": what the template does to a response's leading space
+    leading_space: str  # "kept" | "stripped" | "changed": what the template does to a response's leading space;
+    # "joined": the template writes a space before the response that the tokenizer joins to its first word, so a
+    # candidate id stands in place of both (' Love' is the response 'Love'; an id without a space is glued on)
     trailing_space: str
     bos_count: int  # BOS ids at the start of the prefix (1 for Llama-3/Gemma, 0 for ChatML)
     verified_tokens: int  # how many vocabulary tokens the split was checked on
     date_string: str = DEFAULT_DATE  # passed to the template as ``date_string``
     date_sensitive: bool = False  # the template writes that date into the conversation (Llama 3.1/3.2)
+    second_order: dict | None = None  # a pairwise model: the split with candidate and reference swapped
 
     def full_ids(self, response_ids: Sequence[int]) -> list[int]:
         return [*self.prefix_ids, *response_ids, *self.suffix_ids]
@@ -136,6 +139,11 @@ class TemplateSplit:
 
 
 def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
+    """The ids of the conversation with ``response`` in its slot: the tokenizer's chat template, or a builder's own
+    ``render_ids`` (a family whose input is not a chat, e.g. a pairwise model's, probe/core/pairwise.py)."""
+    own = getattr(build, "render_ids", None)
+    if own is not None:
+        return [int(i) for i in own(tokenizer, response)]
     messages, gen = build(response)
     try:
         out = tokenizer.apply_chat_template(
@@ -183,20 +191,23 @@ def split_template(
     rendered = [render(tokenizer, build, word) for word, _ in probes]
     n_pre = _common_prefix_len(rendered)
     n_suf = _common_prefix_len([r[::-1] for r in rendered])
-    for (word, tid), ids in zip(probes, rendered):
-        middle = ids[n_pre : len(ids) - n_suf]
-        if own_tokens and middle != [tid]:
+    middles = [ids[n_pre : len(ids) - n_suf] for ids in rendered]
+    joined = own_tokens and _joined(tokenizer, probes, middles)
+    for (word, tid), middle in zip(probes, middles):
+        if own_tokens and not joined and middle != [tid]:
             raise TemplateError(
                 f"the chat template does not keep the response as its own tokens: response {word!r} (id {tid}) "
                 f"rendered as ids {middle}"
             )
     prefix, suffix = tuple(rendered[0][:n_pre]), tuple(rendered[0][len(rendered[0]) - n_suf :])
+    lead = "joined" if joined else _space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0],
+                                                     side="lead")
     split = TemplateSplit(
         prefix_ids=prefix,
         suffix_ids=suffix,
         prefix_text=tokenizer.decode(list(prefix)),
         suffix_text=tokenizer.decode(list(suffix)),
-        leading_space=_space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0], side="lead"),
+        leading_space=lead,
         trailing_space=_space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0], side="trail"),
         bos_count=_bos_count(tokenizer, prefix),
         verified_tokens=0,
@@ -205,9 +216,22 @@ def split_template(
     )
     if split.bos_count > 1:
         raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
-    sample = _verification_sample(tokenizer, n_verify, seed, candidates)
-    _verify(tokenizer, build, split, sample)
-    return TemplateSplit(**{**asdict(split), "verified_tokens": len(sample) + len(probes)})
+    sample = _verification_sample(tokenizer, n_verify, seed, candidates, spaced=joined)
+    _verify(tokenizer, build, split, sample, joined=joined)
+    split = replace(split, verified_tokens=len(sample) + len(probes))
+    if getattr(build, "order", None) == 0 and hasattr(build, "swapped"):  # a pairwise model: both orders
+        other = split_template(tokenizer, build.swapped(), n_verify=n_verify, seed=seed, candidates=candidates,
+                               own_tokens=own_tokens)
+        build.pairwise.register(split, other)
+        split = replace(split, second_order=other.to_json())
+    return split
+
+
+def _joined(tokenizer, probes: list[tuple[str, int]], middles: list[list[int]]) -> bool:
+    """Whether every probe word sits in its slot as the one id of the word with a space before it: the template
+    ends the text before the slot with a space that the tokenizer joins to the response ("[RESPONSE A] Love")."""
+    return all(m != [tid] and m == tokenizer.encode(" " + word, add_special_tokens=False)
+               for (word, tid), m in zip(probes, middles))
 
 
 def _date_sensitive(tokenizer, build, word: str, ids: list[int]) -> bool:
@@ -240,8 +264,10 @@ def _space_treatment(tokenizer, build, *, split_ids, word: str, side: str) -> st
     return "changed"
 
 
-def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int] | None) -> list[int]:
-    """Ordinary tokens: alphabetic text with no surrounding space, not special, surviving decode -> encode."""
+def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int] | None,
+                         spaced: bool = False) -> list[int]:
+    """Ordinary tokens: alphabetic text with no surrounding space (``spaced``: one leading space), not special,
+    surviving decode -> encode."""
     special = control_token_ids(tokenizer)
     pool = list(candidates) if candidates is not None else list(range(len(tokenizer)))
     rng = random.Random(seed)
@@ -253,15 +279,17 @@ def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int]
         if tid in special:
             continue
         text = tokenizer.decode([tid])
-        if text.isalpha() and text.isascii() and tokenizer.encode(text, add_special_tokens=False) == [tid]:
+        word = text[1:] if spaced and text.startswith(" ") else None if spaced else text
+        if word and word.isalpha() and word.isascii() and tokenizer.encode(text, add_special_tokens=False) == [tid]:
             chosen.append(tid)
     return chosen
 
 
-def _verify(tokenizer, build, split: TemplateSplit, sample: list[int]) -> None:
+def _verify(tokenizer, build, split: TemplateSplit, sample: list[int], joined: bool = False) -> None:
     bad = []
     for tid in sample:
         text = tokenizer.decode([tid])
+        text = text[1:] if joined else text  # joined: ' word' is the response 'word' after the template's space
         if render(tokenizer, build, text) != split.full_ids([tid]):
             bad.append(f"{tid} ({text!r})")
     if bad:

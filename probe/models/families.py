@@ -12,6 +12,7 @@ models (tests/unit/test_rewardbench_families.py):
 | ``starling`` | Starling-RM-34B (its ``LlamaForSequenceClassification``) | ``transformer`` | ``v_head``: linear, no bias | token before the first id 0, else last |
 | ``beaver`` | Beaver reward/cost (``LlamaForScore``) | ``model`` | ``score_head`` (+ the config's normaliser when ``do_normalize``) | last real token |
 | ``ldl`` | LDL-Reward (``LDLRewardModel27B``) | ``model`` | ``regression_layer`` (10-bin distributions) and ``gating_layer``, in their own ``.pt`` files | token before the first pad id, else last |
+| ``pairrm`` | PairRM (``DebertaV2PairRM``; pairwise) | ``pretrained_model`` | ``head_layer`` on (source, candidate) pairs | the source and candidate prefix ids |
 
 `family_model(layout)` builds a ``PreTrainedModel`` whose modules carry the checkpoint's own names, so the
 weights load by name (a missing head weight is an error, not a random head), and whose ``forward`` reads the
@@ -43,6 +44,7 @@ LAYOUTS = {layout.name: layout for layout in [
     HeadLayout("starling", "transformer", "before_first_pad", pad_id=0),
     HeadLayout("beaver", "model", "last"),
     HeadLayout("ldl", "model", "before_first_pad"),
+    HeadLayout("pairrm", "pretrained_model", "prefix_ids"),  # a pairwise model (pairrm_model below)
 ]}
 
 
@@ -226,3 +228,57 @@ def load_side_files(model, path: str | Path) -> list[str]:
         getattr(model, name).float()
         loaded.append(file.name)
     return loaded
+
+
+# --- PairRM (a pairwise model: probe/core/pairwise.py) ---------------------------------------------------------
+def pairrm_model(config):
+    """``DebertaV2PairRM`` (llm-blender's PairRM, as RewardBench's pairrm.py defines it): a DeBERTa-v2 encoder as
+    ``pretrained_model``; ``head_layer`` (Dropout, Linear 2d->d, Tanh, Dropout, Linear d->n_tasks) on the hidden
+    states at the source prefix id concatenated with each candidate prefix id; ``logits`` = the mean over tasks of
+    head(source, candidate 1) - head(source, candidate 2).
+
+    Each prefix id is read where the input's structure puts it: its occurrence right after the row's first id
+    ([CLS]), as each of the three encodings starts. PairRM's own code takes every occurrence (and fails on a
+    response that holds a prefix id); on any other input the two read the same positions."""
+    from transformers import AutoConfig, AutoModel, PreTrainedModel
+    from transformers.modeling_outputs import SequenceClassifierOutput
+
+    class PairRMModel(PreTrainedModel):
+        config_class = AutoConfig
+        base_model_prefix = "pretrained_model"
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.pretrained_model = AutoModel.from_config(config)
+            d, drop = config.hidden_size, getattr(config, "drop_out", 0.0)
+            self.head_layer = nn.Sequential(nn.Dropout(drop), nn.Linear(2 * d, d), nn.Tanh(), nn.Dropout(drop),
+                                            nn.Linear(d, getattr(config, "n_tasks", 1)))
+            self.layout = LAYOUTS["pairrm"]
+            self.post_init()
+
+        def _init_weights(self, module):
+            if isinstance(module, nn.Linear):
+                module.weight.data.normal_(0.0, getattr(self.config, "initializer_range", 0.02))
+                if module.bias is not None:
+                    module.bias.data.zero_()
+
+        def get_input_embeddings(self):
+            return self.pretrained_model.get_input_embeddings()
+
+        def prefix_positions(self, input_ids: torch.Tensor, prefix_id: int) -> torch.Tensor:
+            after_cls = torch.eq(input_ids[:, 1:], prefix_id) & torch.eq(input_ids[:, :-1], input_ids[:, :1])
+            if not bool(after_cls.any(1).all()):
+                raise ValueError(f"PairRM: a row lacks its prefix id {prefix_id} after [CLS]")
+            return after_cls.int().argmax(1) + 1
+
+        def forward(self, input_ids=None, attention_mask=None, **kwargs):
+            hidden = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            src, c1, c2 = (hidden[rows, self.prefix_positions(input_ids, getattr(self.config, name)).to(hidden.device)]
+                           for name in ("source_prefix_id", "cand1_prefix_id", "cand2_prefix_id"))
+            left = self.head_layer(torch.cat([src, c1], -1))
+            right = self.head_layer(torch.cat([src, c2], -1))
+            return SequenceClassifierOutput(logits=(left - right).mean(-1).float())
+
+    PairRMModel.__name__ = PairRMModel.__qualname__ = "PairRMModel"
+    return PairRMModel

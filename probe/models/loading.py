@@ -10,13 +10,15 @@ import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
 from probe.errors import ModelLoadError, TemplateError
 from probe.models.chat_templates import resolve_chat_template, template_names
 from probe.models.embedded import model_id_for, packaged, packaged_dir
+if TYPE_CHECKING:
+    from probe.core.pairwise import Pairwise
 from probe.models.registry import ENCODER_TYPES, encoder_spec, REGISTRY, RewardModelSpec, lookup, structural_spec
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,7 @@ class LoadedModel:
     source: dict | None = None  # packaged models: the package, GGUF file and quantization really run
     ref: LoadedModel | None = None  # reference model of an implicit reward (--ref)
     beta: float = 1.0  # the implicit reward's scale
+    pairwise: Pairwise | None = None  # a pairwise preference model: its format and reference response
 
     @property
     def device(self) -> torch.device:
@@ -225,8 +228,11 @@ def load_model(
     device_map: str | None = None,
     allow_random_head: bool = False,
     need_template: bool = True,
+    reference_response: str | None = None,
 ) -> LoadedModel:
-    """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head."""
+    """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head.
+    ``reference_response``: what a pairwise model compares each response with (default `pairwise.DEFAULT_REFERENCE`);
+    an error for any other model."""
     model_id, path = _source(ref)
     config = _read_config(path, revision, trust_remote_code)
     if spec_name is not None:
@@ -237,7 +243,7 @@ def load_model(
         spec, match = lookup(model_id, getattr(config, "architectures", None))
     if kind == "reward" and match == "default" and getattr(config, "model_type", None) in ENCODER_TYPES:
         spec, match = encoder_spec(config.model_type), "encoder config"
-    if kind == "reward" and spec.reader == "forward":
+    if kind == "reward" and (spec.reader == "forward" or spec.layout == "pairrm"):
         log.warning("%s: %s; no shared-prefix cache: every candidate runs through the model's own full forward "
                     "(batched), which is exact and slower", model_id, spec.notes or spec.name)
     if kind == "reward" and match in ("default", "architecture"):
@@ -246,10 +252,12 @@ def load_model(
                     spec.name, spec.notes or spec.reader)
     if label_index is not None:
         spec = replace(spec, label_index=label_index)
+    pairwise = _pairwise(model_id, spec, kind, reference_response)
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
+    own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template,
-                               spec.chat_template if kind == "reward" else None, need_template)
+                               spec.chat_template if kind == "reward" else None, need_template and not own_format)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
     apply_shims(spec, trust_remote_code)
@@ -271,7 +279,24 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     source = pkg.source() if (pkg := packaged(ref)) is not None else None
-    return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source)
+    return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise)
+
+
+def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_response: str | None):
+    """A pairwise model's setting (its format and the reference response), before any weights load; a reference
+    response for a model that scores responses on their own is an error."""
+    from probe.core.pairwise import DEFAULT_REFERENCE, Pairwise
+
+    if kind != "reward" or spec.reader != "pairwise":
+        if reference_response is not None:
+            raise ModelLoadError(f"--reference-response: {model_id} is not a pairwise preference model (spec "
+                                 f"{spec.name!r}); it scores each response on its own")
+        return None
+    found = Pairwise(spec.pairwise, DEFAULT_REFERENCE if reference_response is None else reference_response)
+    log.warning("%s is a pairwise preference model: every response is scored against the reference response %r in "
+                "both orders (%s)%s", model_id, found.reference, found.describe()["score"],
+                "" if reference_response is not None else "; the default reference: pass --reference-response TEXT")
+    return found
 
 
 def model_class(auto, config, path: str, revision: str | None, trust_remote_code: bool):
@@ -294,7 +319,8 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
 
     if kind == "reward" and spec.layout is not None:
         return _load_family(path, spec, revision, dtype, device_map, allow_random_head, config)
-    auto = AutoModelForSequenceClassification if kind == "reward" else AutoModelForCausalLM
+    seq_cls = kind == "reward" and spec.pairwise != "slicpairpm"  # a pair-preference LM reads its LM head
+    auto = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
     kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype)
     if kind == "reward" and allow_random_head:
         kwargs["num_labels"] = 1
@@ -337,7 +363,7 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
 def _load_family(path, spec, revision, dtype, device_map, allow_random_head, config):
     """A family's backbone and head by their checkpoint names (probe/models/families.py): a head weight the
     checkpoint lacks is an error, not a random head."""
-    from probe.models.families import LAYOUTS, family_model, load_side_files
+    from probe.models.families import LAYOUTS, family_model, load_side_files, pairrm_model
 
     kwargs: dict = dict(revision=revision, dtype=dtype)
     if spec.attn_implementation:
@@ -345,7 +371,8 @@ def _load_family(path, spec, revision, dtype, device_map, allow_random_head, con
     if device_map is not None:
         kwargs["device_map"] = device_map
     try:
-        model, info = family_model(spec.layout, config).from_pretrained(path, output_loading_info=True, **kwargs)
+        cls = pairrm_model(config) if spec.layout == "pairrm" else family_model(spec.layout, config)
+        model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
     except torch.OutOfMemoryError:
         raise ModelLoadError(f"out of GPU memory while loading {path}: use --device-map auto") from None
     except (OSError, ValueError, KeyError, ImportError) as err:
@@ -370,6 +397,7 @@ def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> Loaded
         get("rm") if rm is _CONFIG_RM else rm, kind=kind, device=get("device", "auto"), dtype=get("dtype", "auto"), revision=get("revision"),
         trust_remote_code=get("trust_remote_code", False), chat_template=get("chat_template"), spec_name=get("spec"),
         label_index=get("label_index"), device_map=get("device_map"), allow_random_head=get("allow_random_head", False),
+        reference_response=get("reference_response"),
     )
 
 

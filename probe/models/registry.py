@@ -10,6 +10,9 @@ A `RewardModelSpec` says how to load a model and how to read one score from it:
                 ``layout`` names it, probe/models/families.py), read at the family's pooling position;
   ``"forward"`` no cached reader is known: every candidate goes through the model's own full forward
                 (exact, slower).
+  ``"pairwise"`` a pairwise preference model (``pairwise`` names its input format, probe/core/pairwise.py): each
+                candidate is scored against a reference response in both orders; PairRM (an encoder, ``layout``
+                ``pairrm``) through its own forward, RLHFlow's pair-preference LMs on the shared-prefix cache.
 * ``output`` / ``label_index`` say where the model's *own* forward puts the score (``outputs.logits[:, 0]``
   or ``outputs.score``). That forward is the reference path: every sweep re-scores a few tokens through it
   and stops if the cached reader disagrees, so a wrong entry here cannot silently produce wrong numbers.
@@ -27,7 +30,7 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-Reader = Literal["linear", "gated", "module", "forward"]
+Reader = Literal["linear", "gated", "module", "forward", "pairwise"]
 
 LLAMA3_ASSISTANT_HEADER = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
@@ -50,6 +53,8 @@ class RewardModelSpec:
     )
     layout: str | None = field(default=None, metadata={
         "help": "module reader: the family's backbone and head layout (probe/models/families.py)"})
+    pairwise: str | None = field(default=None, metadata={
+        "help": "pairwise reader: the input format, 'pairrm' or 'slicpairpm' (probe/core/pairwise.py)"})
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
@@ -60,8 +65,10 @@ class RewardModelSpec:
     def __post_init__(self) -> None:
         if self.reader == "gated" and not self.gating_pattern:
             raise ValueError(f"spec {self.name!r}: the gated reader needs a gating_pattern")
-        if (self.reader == "module") != (self.layout is not None):
+        if (self.reader == "module") != (self.layout is not None) and self.layout != "pairrm":
             raise ValueError(f"spec {self.name!r}: a layout goes with the module reader, and only with it")
+        if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "slicpairpm")):
+            raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm or slicpairpm")
         if self.label_index < 0:
             raise ValueError(f"spec {self.name!r}: label_index must be >= 0")
 
@@ -152,6 +159,15 @@ REGISTRY: dict[str, RewardModelSpec] = {
           for name, fam in (("reward-model-deberta-v3-large-v2", "DeBERTa-v3"), ("reward-model-deberta-v3-large", "DeBERTa-v3"),
                             ("reward-model-deberta-v3-base", "DeBERTa-v3"),
                             ("reward-model-electra-large-discriminator", "ELECTRA"))],
+        # Pairwise preference models: each candidate against a reference response, both orders
+        *[RewardModelSpec(name, reader="pairwise", pairwise="pairrm", layout="pairrm", dtype="float32",
+                          family="DeBERTa-v3", notes="DebertaV2PairRM: logit(candidate over reference) - logit(reference "
+                          "over candidate), RewardBench's PairRMPipeline; an encoder: full sequences, batched")
+          for name in ("llm-blender/PairRM-hf", "DebertaV2PairRM")],
+        *[RewardModelSpec(name, reader="pairwise", pairwise="slicpairpm", family="Llama 3",
+                          notes="a causal LM judging '[CONTEXT] .. [RESPONSE A] .. [RESPONSE B] ..': mean over both "
+                                "orders of P(candidate) from the 'A'/'B' logits (RewardBench's SlicPairPMPipeline)")
+          for name in ("RLHFlow/pair-preference-model-LLaMA3-8B",)],
         RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya", dtype="float16", family="Llama",
                         notes="LlamaForSequenceClassification in float16 (as RewardBench runs it); dialogue "
                               "'\\n\\nHuman: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's Ziya template)"),

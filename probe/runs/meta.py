@@ -43,6 +43,7 @@ def model_record(loaded, revision: str | None = None) -> dict:
         "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
         "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
         "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
+        **(loaded.pairwise.describe() if getattr(loaded, "pairwise", None) is not None else {}),
         **({"ref": model_record(loaded.ref), "beta": loaded.beta,
             "score": "implicit reward: beta x (log p under the model - log p under ref) of the same response ids"}
            if getattr(loaded, "ref", None) is not None else {}),
@@ -62,10 +63,12 @@ def model_settings(loaded, revision: str | None, mode: str, head) -> dict:
 
 
 def reference_settings(loaded) -> dict:
-    """An implicit reward's reference model and beta, for a run's settings (empty without ``--ref``, so that runs
-    made before it existed keep their fingerprints)."""
+    """An implicit reward's reference model and beta, or a pairwise model's reference response, for a run's
+    settings (empty otherwise, so that runs made before these existed keep their fingerprints)."""
     from probe.models.loading import weights_identity
 
+    if getattr(loaded, "pairwise", None) is not None:
+        return loaded.pairwise.describe()
     if getattr(loaded, "ref", None) is None:
         return {}
     return {"ref": {"model": loaded.ref.model_id, "weights": weights_identity(loaded.ref)}, "beta": loaded.beta}
@@ -73,6 +76,8 @@ def reference_settings(loaded) -> dict:
 
 def score_label(loaded, mode: str) -> str:
     """The score mode as a run's first line names it: the mode, or the implicit reward and its reference."""
+    if getattr(loaded, "pairwise", None) is not None and mode == "reward":
+        return f"pairwise vs the reference response {loaded.pairwise.reference!r}"
     if getattr(loaded, "ref", None) is None:
         return mode
     return f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}"

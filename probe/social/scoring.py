@@ -28,7 +28,7 @@ def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: Scori
     prefixes: dict[str, tuple[int, ...]] = {}
     groups: dict[tuple[int, ...], list] = defaultdict(list)
     for i, item in enumerate(items):
-        build = conversation(mode, item.prompt, system, opts)
+        build = conversation(mode, item.prompt, system, opts, loaded)
         if item.prompt not in prefixes:
             prefixes[item.prompt] = split_template(tok, build, n_verify=0).prefix_ids
         prefix = prefixes[item.prompt]

@@ -1,0 +1,196 @@
+"""Pairwise preference models: a response has no score of its own, only a preference over another response.
+rm-probe scores each candidate against one fixed reference response (``--reference-response``), in both orders,
+combined as the family's own pipeline combines them (RewardBench 0.1.4, ``rewardbench/models/``):
+
+| format | family (RewardBench pipeline) | input | one order gives | score of a candidate |
+|---|---|---|---|---|
+| ``pairrm`` | PairRM (``PairRMPipeline``, ``DebertaV2PairRM``) | ``<|source|>`` instruction + prompt, ``<|candidate1|>`` and ``<|candidate2|>`` responses, each encoded with [CLS]/[SEP] | the model's logit of "1 beats 2" | logit(cand, ref) - logit(ref, cand), RewardBench's delta; > 0: preferred to the reference |
+| ``slicpairpm`` | RLHFlow pair-preference models (``SlicPairPMPipeline``) | one user turn ``[CONTEXT] ... [RESPONSE A] a [RESPONSE B] b \\n`` in the tokenizer's chat template, BOS removed | P(A) = softmax of the LM's logits for "A" and "B" at the last position | the mean of P(candidate chosen) over both orders, in [0, 1]; > 0.5: preferred |
+
+The candidate's slot is the first order's response slot (the template split, `probe/core/template.py`); the
+second order is its own split, registered with the first (`Pairwise.register`). `OrderedPair` scores a row in
+the first order, moves its response ids into the second order's slot, scores that, and combines the two; the
+reference path (the self-check) does the same through each order's full forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import torch
+
+from probe.core.engine import pad_rows
+from probe.core.template import DEFAULT_DATE, Messages
+from probe.errors import ProbeError, TemplateError
+
+PairwiseFormat = Literal["pairrm", "slicpairpm"]
+
+# the default reference response when none is given: a reply to any question that commits to nothing
+DEFAULT_REFERENCE = "I don't know."
+
+# PairRM (llm-blender): its instruction, verbatim (the typo is the model's training data)
+PAIRRM_INSTRUCTION = "Finish the following coversation in each i-th turn by filling in <Response i> with your response."
+PAIRRM_PREFIXES = ("<|source|>", "<|candidate1|>", "<|candidate2|>")
+PAIRRM_SOURCE_MAX, PAIRRM_CANDIDATE_MAX = 1224, 412
+
+# RLHFlow's pair-preference models: the context is rendered by this template (the pipeline's own), then shown in
+# one user turn of the model's chat template
+SLIC_CONTEXT_TEMPLATE = (
+    "\n{% for message in messages %}{% if loop.index0 % 2 == 0 %}\n\n<turn> user"
+    "\n {{ message['content'] }}{% else %}\n\n<turn> assistant\n"
+    " {{ message['content'] }}{% endif %}{% endfor %}\n\n\n"
+)
+SLIC_PROMPT = "[CONTEXT] {context} [RESPONSE A] {response_A} [RESPONSE B] {response_B} \n"
+
+
+@dataclass
+class Pairwise:
+    """A pairwise model's setting: its input format and the reference response every candidate is compared with.
+    ``orders`` holds, per first-order split, the second order's (``register``)."""
+
+    format: PairwiseFormat
+    reference: str = DEFAULT_REFERENCE
+    orders: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(
+        default_factory=list, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.reference.strip():
+            raise ProbeError("--reference-response is empty: a pairwise model compares each candidate with it; give "
+                             f"a response text (default {DEFAULT_REFERENCE!r})")
+
+    def describe(self) -> dict:
+        rule = ("logit(candidate over reference) - logit(reference over candidate) (RewardBench's PairRM delta)"
+                if self.format == "pairrm" else
+                "mean over both orders of P(candidate chosen) = softmax of the 'A'/'B' logits (RewardBench's SlicPairPM)")
+        return {"pairwise": self.format, "reference_response": self.reference, "score": rule}
+
+    def register(self, first, second) -> None:
+        """The two orders' splits of one prompt (`TemplateSplit`s: the candidate first, then second)."""
+        entry = (tuple(first.prefix_ids), tuple(first.suffix_ids), tuple(second.prefix_ids), tuple(second.suffix_ids))
+        if entry not in self.orders:
+            self.orders.append(entry)
+
+    def second_order(self, prefix_ids) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The registered orders whose first prefix ``prefix_ids`` continues or shortens (a beam, a merged slot)."""
+        prefix_ids = tuple(prefix_ids)
+        fits = [e for e in self.orders if prefix_ids[: len(e[0])] == e[0] or e[0][: len(prefix_ids)] == prefix_ids]
+        if not fits:
+            raise ProbeError("internal: no second order registered for this prefix (split the template first)")
+        return max(fits, key=lambda e: len(e[0]))
+
+
+@dataclass(frozen=True)
+class PairwiseConversation:
+    """The conversation builder of a pairwise format (see `probe/core/template.py`): ``render_ids(tok, response)``
+    gives the ids the family's pipeline gives for (prompt, response, reference) in ``order`` 0 (the response
+    first) or 1 (the reference first)."""
+
+    prompt: str
+    pairwise: Pairwise
+    system: str | None = None
+    order: int = 0
+    date_string: str = DEFAULT_DATE
+
+    def __post_init__(self) -> None:
+        if not self.prompt.strip():
+            raise TemplateError("the prompt is empty; give a non-empty --prompt")
+        if self.system and self.pairwise.format == "pairrm":
+            raise TemplateError("PairRM reads user and assistant turns only: --system has no place in its input")
+
+    def __call__(self, response: str) -> tuple[Messages, bool]:
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        return msgs + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}], False
+
+    @property
+    def template_kwargs(self) -> dict[str, str]:
+        return {"date_string": self.date_string}
+
+    def swapped(self) -> PairwiseConversation:
+        return replace(self, order=1 - self.order)
+
+    def pair(self, response: str) -> tuple[str, str]:
+        ref = self.pairwise.reference
+        return (response, ref) if self.order == 0 else (ref, response)
+
+    def render_ids(self, tokenizer, response: str) -> list[int]:
+        if self.pairwise.format == "pairrm":
+            return self._pairrm(tokenizer, *self.pair(response))
+        return self._slic(tokenizer, *self.pair(response))
+
+    def _pairrm(self, tok, first: str, second: str) -> list[int]:
+        """PairRM's ``tokenize_conv_pair`` for one turn: three encodings (each with [CLS] and [SEP]), truncated as
+        its ``tokenize_pair`` truncates them (source to 1,224 ids, each candidate to half of what is left of 2,048)."""
+        source, c1, c2 = PAIRRM_PREFIXES
+        text = f"{source}{PAIRRM_INSTRUCTION}USER: {self.prompt}\nAssistant: <Response 1>"
+        src = tok.encode(text, max_length=PAIRRM_SOURCE_MAX, truncation=True)
+        room = (PAIRRM_SOURCE_MAX + 2 * PAIRRM_CANDIDATE_MAX - len(src)) // 2
+        return src + [i for prefix, cand in ((c1, first), (c2, second))
+                      for i in tok.encode(f"{prefix}<Response 1>: {cand}", max_length=room, truncation=True)]
+
+    def _slic(self, tok, first: str, second: str) -> list[int]:
+        """SlicPairPM's input: the context by its template, both responses in its prompt, one user turn of the
+        model's chat template, its BOS text removed, encoded without special tokens."""
+        msgs = self(first)[0][:-1]
+        try:
+            context = tok.apply_chat_template(msgs, tokenize=False, chat_template=SLIC_CONTEXT_TEMPLATE)
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": SLIC_PROMPT.format(context=context, response_A=first, response_B=second)}],
+                tokenize=False, **self.template_kwargs)
+        except Exception as err:  # jinja2's own errors
+            raise TemplateError(f"the chat template failed to render: {type(err).__name__}: {err}") from None
+        if tok.bos_token:
+            text = text.replace(tok.bos_token, "")
+        return tok.encode(text, add_special_tokens=False)
+
+
+def combine(fmt: PairwiseFormat, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """One score from the two orders' outputs (the candidate first, then second): PairRM's logit difference;
+    SlicPairPM's mean probability of the candidate, its outputs being logit("A") - logit("B")."""
+    if fmt == "pairrm":
+        return first - second
+    return 0.5 * (torch.sigmoid(first) + torch.sigmoid(-second))
+
+
+def second_prefix(pairwise: Pairwise, prefix_ids) -> tuple[list[int], tuple[int, ...], tuple[int, ...]]:
+    """For rows continuing ``prefix_ids`` in the first order: the second order's prefix and both suffixes. A prefix
+    longer than the split's (a beam's fixed response ids) carries its extra ids over; a shorter one (a response
+    merged with the ids before its slot) drops as many from the second prefix, which must end in the same ids."""
+    p1, s1, p2, s2 = pairwise.second_order(prefix_ids)
+    prefix_ids = list(prefix_ids)
+    if len(prefix_ids) >= len(p1):
+        return list(p2) + prefix_ids[len(p1):], s1, s2
+    k = len(p1) - len(prefix_ids)
+    if p1[-k:] != p2[-k:]:
+        raise ProbeError("a response merges with the ids before its slot, and the two orders end those ids "
+                         "differently: this response cannot be moved into the second order by ids")
+    return list(p2[:-k]), s1, s2
+
+
+class OrderedPair:
+    """Scores rows of the first order (the candidate's response ids, then the first suffix) through ``first``;
+    the same response ids in the second order's slot through ``second``; `combine`s the two."""
+
+    def __init__(self, fmt: PairwiseFormat, first, second, suffix_first, suffix_second):
+        self.fmt, self.first, self.second = fmt, first, second
+        self.suffix_first, self.suffix_second = list(suffix_first), list(suffix_second)
+
+    def second_rows(self, cont, lengths=None):
+        """Each row's response ids (the slot), in the second order: ``slot + suffix_second``."""
+        if isinstance(cont, torch.Tensor):
+            lengths = [cont.shape[1]] * cont.shape[0] if lengths is None else torch.as_tensor(lengths).tolist()
+            cont = [r[:n] for r, n in zip(cont.tolist(), lengths)]
+        n = len(self.suffix_first)
+        out = []
+        for row in cont:
+            row = list(row)
+            if row[len(row) - n:] != self.suffix_first or len(row) - n < 1:
+                raise ProbeError("a pairwise row does not end with its order's closing ids: the response slot is "
+                                 "not where the split put it")
+            out.append(row[: len(row) - n] + self.suffix_second)
+        return pad_rows(out)
+
+    def score(self, cont, lengths=None):
+        a = self.first.score(cont, lengths)
+        rows, lens = self.second_rows(cont, lengths)
+        return combine(self.fmt, a, self.second.score(rows, lens).to(a.device))

