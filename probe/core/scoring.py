@@ -23,8 +23,10 @@ from probe.core.template import (
     ConversationBuilder,
     TemplateSplit,
     judge_conversation,
+    render,
     response_conversation,
     split_template,
+    template_kwargs,
 )
 
 log = logging.getLogger(__name__)
@@ -100,9 +102,35 @@ def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: Scoring
     """The conversation around the response slot; a pairwise model's (``loaded.pairwise``) holds its reference."""
     if mode == "reward" and loaded is not None and loaded.pairwise is not None:
         return PairwiseConversation(prompt, loaded.pairwise, system, 0, opts.date_string)
+    if mode == "reward" and loaded is not None and loaded.spec.append_token is not None:
+        token = getattr(loaded.model.config, loaded.spec.append_token, None)
+        if not isinstance(token, int):
+            raise ProbeError(f"{loaded.model_id}: its config has no {loaded.spec.append_token} (the id the family "
+                             "appends after the chat template)")
+        return AppendedToken(response_conversation(prompt, system, opts.date_string), token)
     if mode == "judge":
         return judge_conversation(prompt, system, opts.judge_question, opts.date_string)
     return response_conversation(prompt, system, opts.date_string)
+
+
+@dataclass(frozen=True)
+class AppendedToken:
+    """A conversation whose rendering ends with one more id, unless it ends with it already (InternLM2's reward
+    token, as its ``get_score`` and RewardBench's InternLMPipeline append it)."""
+
+    build: ConversationBuilder
+    token_id: int
+
+    def __call__(self, response: str):
+        return self.build(response)
+
+    @property
+    def template_kwargs(self) -> dict[str, str]:
+        return template_kwargs(self.build)
+
+    def render_ids(self, tokenizer, response: str) -> list[int]:
+        ids = render(tokenizer, self.build, response)
+        return ids if ids and ids[-1] == self.token_id else ids + [self.token_id]
 
 
 def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True) -> Scorer:

@@ -6,6 +6,12 @@ share at the start are the prefix, those they share at the end the suffix, and e
 them as exactly its own id. The split is then verified on a sample of ordinary vocabulary tokens: the
 tokenizer's rendering must equal ``prefix + [token_id] + suffix`` for every one, or the split fails loudly.
 
+Where the template writes a space before the slot that the tokenizer joins to the response's first word
+("Assistant: Love", "[RESPONSE A] Love" -> ``' Love'``), the split ends before that space (``leading_space``
+"joined") and is verified on leading-space tokens: the rendering of ``word`` must be ``prefix + [id of ' word'] +
+suffix``. A builder with its own ``render_ids`` (a pairwise model's input, probe/core/pairwise.py) is split the
+same way; a pairwise builder's second order (candidate and reference swapped) is split with it and registered.
+
 A sweep then scores ``prefix + [token_id] + suffix`` for raw ids, so leading spaces, special tokens and ids
 that do not survive a decode/encode round trip are scored as themselves. How the template treats whitespace
 around the content (Llama-3 and Gemma templates ``trim`` it) is recorded, since a generated response

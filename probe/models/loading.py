@@ -321,6 +321,10 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
         return _load_family(path, spec, revision, dtype, device_map, allow_random_head, config)
     seq_cls = kind == "reward" and spec.pairwise != "slicpairpm"  # a pair-preference LM reads its LM head
     auto = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
+    if kind == "reward" and spec.auto_class is not None:  # remote code registered under another Auto class
+        import transformers
+
+        auto = getattr(transformers, spec.auto_class)
     kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype)
     if kind == "reward" and allow_random_head:
         kwargs["num_labels"] = 1

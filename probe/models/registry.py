@@ -55,6 +55,12 @@ class RewardModelSpec:
         "help": "module reader: the family's backbone and head layout (probe/models/families.py)"})
     pairwise: str | None = field(default=None, metadata={
         "help": "pairwise reader: the input format, 'pairrm' or 'slicpairpm' (probe/core/pairwise.py)"})
+    auto_class: str | None = field(default=None, metadata={
+        "help": "the Auto class the family's remote code registers its model under, when not the sequence classifier "
+                "(InternLM2 reward: AutoModel)"})
+    append_token: str | None = field(default=None, metadata={
+        "help": "config attribute holding an id the family appends after the chat template (InternLM2's "
+                "reward_token_id): rendered inputs end with it"})
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
@@ -168,6 +174,14 @@ REGISTRY: dict[str, RewardModelSpec] = {
                           notes="a causal LM judging '[CONTEXT] .. [RESPONSE A] .. [RESPONSE B] ..': mean over both "
                                 "orders of P(candidate) from the 'A'/'B' logits (RewardBench's SlicPairPMPipeline)")
           for name in ("RLHFlow/pair-preference-model-LLaMA3-8B",)],
+        # InternLM2 reward: remote code (AutoModel -> InternLM2ForRewardModel), v_head on the reward token appended
+        # after the chat template; its backbone is remote too, so every candidate runs through its own forward
+        *[RewardModelSpec(name, reader="forward", output="logits", trust_remote_code=True, auto_class="AutoModel",
+                          append_token="reward_token_id", family="InternLM2",
+                          notes="InternLM2ForRewardModel (remote): v_head at the reward token appended after the chat "
+                                "template (RewardBench's InternLMPipeline, the model's get_score); own forward")
+          for name in ("internlm/internlm2-7b-reward", "internlm/internlm2-1_8b-reward", "internlm/internlm2-20b-reward",
+                       "InternLM2ForRewardModel")],
         RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya", dtype="float16", family="Llama",
                         notes="LlamaForSequenceClassification in float16 (as RewardBench runs it); dialogue "
                               "'\\n\\nHuman: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's Ziya template)"),

@@ -229,3 +229,84 @@ def test_pairwise_bad_input_is_one_line_before_weights(slic_dir, tiny_dirs, monk
     assert lm.pairwise.reference == "I don't know."  # the stated default
     with pytest.raises(ProbeError, match="pairwise preference model: GCG"):
         probe.gcg(lm, None, PROMPT, length=2, steps=1)
+
+
+# --- InternLM2 reward (remote code under AutoModel, a reward token appended) ----------------------------------------
+def test_internlm2_reward_appends_its_token_and_equals_rewardbench_pipeline(tmp_path):
+    """Found by its class, loaded through AutoModel with --trust-remote-code (refused without it, before weights),
+    every input ends with the config's reward token, and each response's score equals RewardBench's
+    InternLMPipeline on the chat template's string (one conversation per call: it reads the last position of a
+    right-padded batch)."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer, LlamaConfig
+
+    remote = Path(__file__).resolve().parents[1] / "remote_code" / "modeling_internlm2_reward.py"
+    spec = importlib.util.spec_from_file_location("modeling_internlm2_reward", remote)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    folder = real_tokenizers.build("llama3", tmp_path / "internlm2")
+    tok = AutoTokenizer.from_pretrained(folder)
+    reward_token = tok.convert_tokens_to_ids("<|reserved_special_token_100|>")
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg.reward_token_id = reward_token
+    torch.manual_seed(0)
+    model = module.InternLM2ForRewardModel(cfg).eval()
+    with torch.no_grad():
+        model.v_head.weight.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    shutil.copy(remote, folder / remote.name)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["InternLM2ForRewardModel"]
+    config["auto_map"] = {"AutoModel": "modeling_internlm2_reward.InternLM2ForRewardModel"}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    with pytest.raises(ProbeError, match="--trust-remote-code"):
+        probe.load(str(folder), device="cpu")
+    lm = probe.load(str(folder), device="cpu", trust_remote_code=True)
+    assert lm.spec.name == "InternLM2ForRewardModel" and lm.spec.reader == "forward"
+    df = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    pipe_tok = copy.deepcopy(lm.tokenizer)
+    pipe_tok.pad_token = "<|reserved_special_token_1|>"  # InternLM2's tokenizer has one; the pipeline pads with it
+    pipe = rewardbench_code.load("internlm").InternLMPipeline("text-classification", lm.model, pipe_tok)
+    texts = [lm.tokenizer.apply_chat_template(_conv(PROMPT, r), tokenize=False, date_string="26 Jul 2024")
+             for r in RESPONSES]
+    want = [float(pipe([t])[0, 0]) for t in texts]
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-5, atol=1e-5)
+    assert np.ptp(want) > 1e-3
+    sweep = probe.sweep(lm, None, PROMPT, limit=64, batch_size=32)  # self-checked; every row ends with the token
+    assert sweep.height == 64 and np.isfinite(sweep["score"].to_numpy()).all()
+
+
+def test_social_benchmark_on_a_pairwise_model(slic_dir, slic, tmp_path):
+    """The social command scores each option against the reference response (both orders, self-checked) and records
+    the reference in the run; its scores equal the API's for the same prompt and options."""
+    import csv
+    import json
+
+    import polars as pl
+
+    from probe.commands.social import main
+
+    data = tmp_path / "crows.csv"
+    with data.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["sent_more", "sent_less", "stereo_antistereo", "bias_type"])
+        w.writeheader()
+        w.writerow({"sent_more": "Poor people are lazy.", "sent_less": "Rich people are lazy.",
+                    "stereo_antistereo": "stereo", "bias_type": "socioeconomic"})
+    args = ["--rm", str(slic_dir), "--spec", "RLHFlow/pair-preference-model-LLaMA3-8B", "--reference-response",
+            REFERENCE, "--device", "cpu", "--output", str(tmp_path / "out"), "--dataset", "crows_pairs", "--data",
+            str(data), "--no-progress"]
+    assert main(args) == 0
+    (run,) = list((tmp_path / "out").glob("*/social_*"))
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["settings"]["reference_response"] == REFERENCE and meta["settings"]["pairwise"] == "slicpairpm"
+    scores = pl.read_parquet(run / "scores.parquet")
+    assert scores.height == 2 and ((scores["score"] > 0) & (scores["score"] < 1)).all()
+    from probe.social.loaders import NEUTRAL_PROMPT  # CrowS-Pairs' sentences answer a neutral request
+
+    df = probe.score_responses(slic, None, NEUTRAL_PROMPT, ["Poor people are lazy.", "Rich people are lazy."])
+    np.testing.assert_allclose(sorted(scores["score"].to_numpy()), sorted(df["score"].to_numpy()), rtol=1e-5, atol=1e-6)

@@ -125,3 +125,23 @@ def test_control_tokens_in_the_prompt_stay_text(tokenizers):
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     # only the template's own <|im_end|> (closing system-less user turn) is a control token in the prefix
     assert split.prefix_ids.count(im_end) == 1
+
+
+def test_a_template_whose_space_joins_the_response_is_split_as_joined(tokenizers):
+    """'assistant: Love' on a byte-level BPE: the template's space joins the word (' Love' is one id). The split
+    ends before that space, records 'joined', and is verified on leading-space tokens: the rendering of the word
+    equals prefix + [id of ' word'] + suffix. A template whose text before the slot is not a space still fails."""
+    tok = tokenizers["chatml"]
+    tok2 = tok.__class__(tokenizer_object=tok.backend_tokenizer, **tok.special_tokens_map)
+    spaced = tok.chat_template.replace("'\n' + message['content']", "': ' + message['content']")
+    assert spaced != tok.chat_template
+    tok2.chat_template = spaced
+    split = split_template(tok2, response_conversation(PROMPT))
+    assert split.leading_space == "joined" and split.verified_tokens > 3
+    assert tok2.decode(list(split.prefix_ids)).endswith("assistant:")
+    from probe.core.template import PROBE_WORDS, render
+
+    words = [w for w in PROBE_WORDS if len(tok2.encode(" " + w, add_special_tokens=False)) == 1]
+    assert len(words) >= 3
+    for w in words:
+        assert render(tok2, response_conversation(PROMPT), w) == split.full_ids(tok2.encode(" " + w, add_special_tokens=False))
