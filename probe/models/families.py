@@ -154,6 +154,15 @@ def pooled_index(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, l
     return first % n
 
 
+def _init_linear(model, module) -> None:
+    """``_init_weights`` of the family models: Linear layers drawn as the config's ``initializer_range`` says (a
+    checkpoint's weights replace them; a head it lacks is an error, never these)."""
+    if isinstance(module, nn.Linear):
+        module.weight.data.normal_(0.0, getattr(model.config, "initializer_range", 0.02))
+        if module.bias is not None:
+            module.bias.data.zero_()
+
+
 SUPPORT_FLAGS = ("_supports_sdpa", "_supports_flash_attn", "_supports_flex_attn", "_supports_attention_backend",
                  "_no_split_modules", "_can_compile_fullgraph")
 
@@ -181,11 +190,7 @@ def family_model(layout_name: str, config):
             self.layout = layout
             self.post_init()
 
-        def _init_weights(self, module):
-            if isinstance(module, nn.Linear):
-                module.weight.data.normal_(0.0, getattr(self.config, "initializer_range", 0.02))
-                if module.bias is not None:
-                    module.bias.data.zero_()
+        _init_weights = _init_linear
 
         def get_input_embeddings(self):
             return getattr(self, layout.backbone).get_input_embeddings()
@@ -256,11 +261,7 @@ def pairrm_model(config):
             self.layout = LAYOUTS["pairrm"]
             self.post_init()
 
-        def _init_weights(self, module):
-            if isinstance(module, nn.Linear):
-                module.weight.data.normal_(0.0, getattr(self.config, "initializer_range", 0.02))
-                if module.bias is not None:
-                    module.bias.data.zero_()
+        _init_weights = _init_linear
 
         def get_input_embeddings(self):
             return self.pretrained_model.get_input_embeddings()
