@@ -288,6 +288,9 @@ def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_r
     from probe.core.pairwise import DEFAULT_REFERENCE, Pairwise
 
     if kind != "reward" or spec.reader != "pairwise":
+        if reference_response is not None and spec.reader == "pairwise":
+            raise ModelLoadError(f"--reference-response: {model_id} is read as a pairwise model by --score reward "
+                                 "only; other score modes read it as a language model, without a reference")
         if reference_response is not None:
             raise ModelLoadError(f"--reference-response: {model_id} is not a pairwise preference model (spec "
                                  f"{spec.name!r}); it scores each response on its own")

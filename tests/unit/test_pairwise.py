@@ -225,6 +225,9 @@ def test_pairwise_bad_input_is_one_line_before_weights(slic_dir, tiny_dirs, monk
             probe.load(tiny_dirs["rm"], device="cpu", reference_response="Nothing.")
     with pytest.raises((ProbeError, ValueError), match="--reference-response is empty"):
         probe.load(str(slic_dir), device="cpu", spec="RLHFlow/pair-preference-model-LLaMA3-8B", reference_response=" ")
+    with pytest.raises(ProbeError, match="by --score reward only"):
+        probe.load(str(slic_dir), device="cpu", spec="RLHFlow/pair-preference-model-LLaMA3-8B", score="judge",
+                   reference_response="Nothing.")
     lm = probe.load(str(slic_dir), device="cpu", spec="RLHFlow/pair-preference-model-LLaMA3-8B")
     assert lm.pairwise.reference == "I don't know."  # the stated default
     with pytest.raises(ProbeError, match="pairwise preference model: GCG"):
