@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 
 from probe.core.engine import pad_rows
-from probe.core.template import DEFAULT_DATE, Messages
+from probe.core.template import DEFAULT_DATE, Messages, _check_prompt, response_conversation
 from probe.errors import ProbeError, TemplateError
 
 PairwiseFormat = Literal["pairrm", "slicpairpm"]
@@ -53,11 +53,6 @@ class Pairwise:
     reference: str = DEFAULT_REFERENCE
     orders: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = field(
         default_factory=list, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not self.reference.strip():
-            raise ProbeError("--reference-response is empty: a pairwise model compares each candidate with it; give "
-                             f"a response text (default {DEFAULT_REFERENCE!r})")
 
     def describe(self) -> dict:
         rule = ("logit(candidate over reference) - logit(reference over candidate) (RewardBench's PairRM delta)"
@@ -93,14 +88,12 @@ class PairwiseConversation:
     date_string: str = DEFAULT_DATE
 
     def __post_init__(self) -> None:
-        if not self.prompt.strip():
-            raise TemplateError("the prompt is empty; give a non-empty --prompt")
+        _check_prompt(self.prompt)
         if self.system and self.pairwise.format == "pairrm":
             raise TemplateError("PairRM reads user and assistant turns only: --system has no place in its input")
 
     def __call__(self, response: str) -> tuple[Messages, bool]:
-        msgs = [{"role": "system", "content": self.system}] if self.system else []
-        return msgs + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}], False
+        return response_conversation(self.prompt, self.system, self.date_string)(response)
 
     @property
     def template_kwargs(self) -> dict[str, str]:

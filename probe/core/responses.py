@@ -65,15 +65,6 @@ def _change(text: str, slot: str, slot_ids: Sequence[int], control: set[int], te
     return "other"
 
 
-def _joins_space(tok, build, prefix: tuple[int, ...], suffix: tuple[int, ...]) -> bool:
-    """Whether the template ends the text before the slot with a space the tokenizer joins to the response: the
-    slot of the response 'Love' holds the ids of ' Love', not those of 'Love'."""
-    ids = render(tok, build, "Love")
-    middle = ids[len(prefix): len(ids) - len(suffix)]
-    spaced, plain = (tok.encode(w, add_special_tokens=False) for w in (" Love", "Love"))
-    return ids[: len(prefix)] == list(prefix) and middle == spaced != plain
-
-
 def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, responses: Sequence[str],
             opts: ScoringOptions = ScoringOptions(), system: str | None = None) -> ResponseRows:
     """Render every response under ``prompt`` and split the renderings into shared prefix + continuation."""
@@ -82,7 +73,7 @@ def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, 
     split = split_template(tok, build, n_verify=0, own_tokens=False)
     prefix, suffix = tuple(split.prefix_ids), tuple(split.suffix_ids)
     control = control_token_ids(tok)
-    template_space = _joins_space(tok, build, prefix, suffix)
+    template_space = split.leading_space == "joined"
     rows = ResponseRows(prompt_key, list(responses), prefix, suffix, [], [], [], [], [])
     for k, text in enumerate(responses):
         if not isinstance(text, str) or text == "":

@@ -80,10 +80,15 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
         # vocabulary logits) is faster than the plain one at 49k and 262k tokens of vocabulary on CPU and needs far
         # less memory (experiments/results/bench_kernels_cpu_float32.md); GCG's soft one-hot rows use the plain one
         return LogprobHead(model, opts.logprob_reduce, response_in_prefix=response_in_prefix, fused=True)
-    yes, no = (tok.encode(w, add_special_tokens=False) for w in ("Yes", "No"))
-    if len(yes) != 1 or len(no) != 1:
-        raise ProbeError(f"'Yes'/'No' are not single tokens for this tokenizer ({yes}, {no}); the judge needs them")
-    return JudgeHead(model, yes[0], no[0])
+    return label_head(loaded, "Yes", "No", "the judge")
+
+
+def label_head(loaded: LoadedModel, first: str, second: str, who: str) -> JudgeHead:
+    """The LM's logit of ``first`` minus that of ``second`` at the last position; both must be single tokens."""
+    a, b = (loaded.tokenizer.encode(w, add_special_tokens=False) for w in (first, second))
+    if len(a) != 1 or len(b) != 1:
+        raise ProbeError(f"'{first}'/'{second}' are not single tokens for this tokenizer ({a}, {b}); {who} needs them")
+    return JudgeHead(loaded.model, a[0], b[0])
 
 
 def pairwise_head(loaded: LoadedModel) -> ScoreHead:
@@ -91,10 +96,7 @@ def pairwise_head(loaded: LoadedModel) -> ScoreHead:
     LM's logit of "A" minus that of "B" at the last position (SlicPairPM)."""
     if loaded.pairwise.format == "pairrm":
         return OwnForwardHead("logits", 0)
-    a, b = (loaded.tokenizer.encode(w, add_special_tokens=False) for w in ("A", "B"))
-    if len(a) != 1 or len(b) != 1:
-        raise ProbeError(f"'A'/'B' are not single tokens for this tokenizer ({a}, {b}); the pairwise model needs them")
-    return JudgeHead(loaded.model, a[0], b[0])
+    return label_head(loaded, "A", "B", "the pairwise model")
 
 
 def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: ScoringOptions,

@@ -198,7 +198,7 @@ def split_template(
     n_pre = _common_prefix_len(rendered)
     n_suf = _common_prefix_len([r[::-1] for r in rendered])
     middles = [ids[n_pre : len(ids) - n_suf] for ids in rendered]
-    joined = own_tokens and _joined(tokenizer, probes, middles)
+    joined = _joined(tokenizer, probes, middles)
     for (word, tid), middle in zip(probes, middles):
         if own_tokens and not joined and middle != [tid]:
             raise TemplateError(
@@ -285,8 +285,10 @@ def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int]
         if tid in special:
             continue
         text = tokenizer.decode([tid])
-        word = text[1:] if spaced and text.startswith(" ") else None if spaced else text
-        if word and word.isalpha() and word.isascii() and tokenizer.encode(text, add_special_tokens=False) == [tid]:
+        if spaced and not text.startswith(" "):
+            continue
+        word = text[1:] if spaced else text
+        if word.isalpha() and word.isascii() and tokenizer.encode(text, add_special_tokens=False) == [tid]:
             chosen.append(tid)
     return chosen
 

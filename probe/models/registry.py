@@ -71,8 +71,10 @@ class RewardModelSpec:
     def __post_init__(self) -> None:
         if self.reader == "gated" and not self.gating_pattern:
             raise ValueError(f"spec {self.name!r}: the gated reader needs a gating_pattern")
-        if (self.reader == "module") != (self.layout is not None) and self.layout != "pairrm":
-            raise ValueError(f"spec {self.name!r}: a layout goes with the module reader, and only with it")
+        if (self.reader == "module" and self.layout is None) or (
+                self.layout is not None and self.reader not in ("module", "pairwise")):
+            raise ValueError(f"spec {self.name!r}: a layout goes with the module reader (or a pairwise model's class), "
+                             "and the module reader needs one")
         if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "slicpairpm")):
             raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm or slicpairpm")
         if self.label_index < 0:
