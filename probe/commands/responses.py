@@ -96,7 +96,9 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     print(f"rm-probe: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]: "
           f"{len(responses):,} responses x "
           f"{len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
-    batcher = AdaptiveBatcher(batch_size)
+    from probe.runs.meta import batch_size_recorder
+
+    batcher = AdaptiveBatcher(batch_size, on_change=batch_size_recorder(run_dir, meta, meta))
     tables = []
     with tqdm(total=total, desc="responses", unit="resp", disable=not config.progress, file=sys.stderr,
               dynamic_ncols=True, smoothing=0.1) as bar:

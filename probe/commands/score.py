@@ -34,18 +34,28 @@ def run(config: ScoreVocabConfig) -> RunDir:
 
     Under torchrun every rank loads the model and scores its share of the shards; rank 0 writes the results.
     """
+    from probe.runs.distributed import destroy, init
+    from probe.runs.timing import now_iso
+
+    t_start, started = time.perf_counter(), now_iso()
+    dist = init(config.device, config.device_map)
+    try:
+        return _run(config, dist, t_start, started)
+    finally:
+        destroy(dist)
+
+
+def _run(config: ScoreVocabConfig, dist, t_start: float, started: str) -> RunDir:
     import polars as pl
 
     from probe.core.prompts import resolve_prompts
     from probe.core.scoring import n_scorable
     from probe.core.sweep import VocabSweep, load_for, ranked_table
     from probe.core.vocab import build_vocab_table
-    from probe.runs.distributed import barrier, broadcast, device_for, init
+    from probe.runs.distributed import barrier, broadcast, device_for
     from probe.runs.rundir import check_resume_target, writable_dir
     from probe.runs.timing import SessionTiming, now_iso
 
-    t_start, started = time.perf_counter(), now_iso()
-    dist = init()
     if dist.enabled:
         config = replace(config, device=device_for(dist, config.device), progress=config.progress and dist.main)
     prompts = resolve_prompts(config.prompt, config.prompts)  # inputs and the output folder before the model
@@ -59,6 +69,10 @@ def run(config: ScoreVocabConfig) -> RunDir:
     if not dist.main:
         run_dir = RunDir(run_dir.path)
     sweep.batch_size = meta["settings"]["batch_size"]  # a resumed run keeps its batch size: identical batches
+    if dist.main:
+        from probe.runs.meta import batch_size_recorder
+
+        sweep.on_batch_size = batch_size_recorder(run_dir, meta, meta["settings"])
     if meta.get("status") == "complete":  # --resume on a finished run: nothing to do, nothing rewritten
         log.warning("%s is already complete; nothing to resume", run_dir.path)
         barrier(dist)

@@ -187,17 +187,28 @@ def prompt_split(loaded: LoadedModel, mode: ScoreMode, prompt: str, system: str 
     return split_template(loaded.tokenizer, build, candidates=range(n_ids))
 
 
+# what an allocation failure says when it reaches Python as a plain RuntimeError: the CPU allocator, a CUDA kernel
+# launch or cuBLAS/cuDNN workspace that failed to allocate ("CUDA error: out of memory", CUBLAS_STATUS_ALLOC_FAILED)
+_OOM_MESSAGES = ("can't allocate memory", "out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                 "CUDNN_STATUS_NOT_ENOUGH_WORKSPACE")
+
+
 def is_oom(err: BaseException) -> bool:
-    if isinstance(err, torch.OutOfMemoryError):
+    """Whether ``err`` is an allocation failure that a smaller batch may avoid."""
+    # torch.OutOfMemoryError is torch >= 2.5; torch.cuda.OutOfMemoryError (its alias since) exists from 1.13 on
+    types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
+                  if t is not None)
+    if isinstance(err, types):
         return True
-    return isinstance(err, RuntimeError) and "can't allocate memory" in str(err)
+    return isinstance(err, RuntimeError) and any(m in str(err) for m in _OOM_MESSAGES)
 
 
 class AdaptiveBatcher:
     """Scores rows in batches; on out-of-memory, halves the batch and retries the same rows.
 
-    The batch size stays halved for the rest of the run (and is recorded), and memory is released once
-    per failure, not after every batch.
+    The batch size stays halved for the rest of the run; ``on_change(new size)`` is told (the commands record it
+    in meta.json, and ``--resume`` continues with it). Memory is released once per failure, after the failed
+    batch's exception (and the tensors its traceback holds) is gone, not after every batch.
     """
 
     def __init__(self, batch_size: int, on_change: Callable[[int], None] | None = None):
@@ -217,22 +228,29 @@ class AdaptiveBatcher:
                 part = score(rows[start:stop]) if lengths is None else score(rows[start:stop], lengths[start:stop])
                 out[start:stop] = part.cpu().numpy()
             except Exception as err:
-                if not is_oom(err) or self.batch_size == 1:
-                    if is_oom(err):
-                        raise ProbeError("out of memory even at batch size 1: use a smaller dtype, "
-                                         "--device-map auto over several GPUs, or a bigger device") from None
+                if not is_oom(err):
                     raise
-                self.batch_size //= 2
-                log.warning("out of memory: batch size halved to %d", self.batch_size)
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-                if self.on_change:
-                    self.on_change(self.batch_size)
+                if self.batch_size == 1:
+                    raise ProbeError("out of memory even at batch size 1: use a smaller dtype, "
+                                     "--device-map auto over several GPUs, or a bigger device") from None
+                failed = True
+            else:
+                failed = False
+            if failed:  # outside the except block: the traceback's frames (and the failed batch) are freed
+                self._halve()
                 continue
             if progress:
                 progress(stop - start)
             start = stop
         return out
+
+    def _halve(self) -> None:
+        self.batch_size //= 2
+        log.warning("out of memory: batch size halved to %d", self.batch_size)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if self.on_change:
+            self.on_change(self.batch_size)
 
 
 def sweep_rows(token_ids: Sequence[int] | np.ndarray, suffix_ids: Sequence[int]) -> torch.Tensor:

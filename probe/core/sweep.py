@@ -74,6 +74,7 @@ class VocabSweep:
         first = self.splits[prompts[0].key]
         self.batch_size = config.batch_size or default_batch_size(
             loaded, len(first.prefix_ids), 1 + len(first.suffix_ids), config.mode)
+        self.on_batch_size: Callable[[int], None] | None = None  # told when out-of-memory halves the batch
         self.checks: dict[str, dict] = {}
         self.paper_info: dict[str, dict] = {}
         self.timing: dict[str, dict] = {}
@@ -90,6 +91,11 @@ class VocabSweep:
             # the date changes a number only where a template writes it (its ids are in "prompts" too)
             "date": next((s.date_string for s in self.splits.values() if s.date_sensitive), None),
         }
+
+    def _batch_size_changed(self, size: int) -> None:
+        self.batch_size = size  # the next prompt starts at the size that fitted
+        if self.on_batch_size:
+            self.on_batch_size(size)
 
     def row_source(self, prompt: Prompt):
         split = self.splits[prompt.key]
@@ -120,7 +126,7 @@ class VocabSweep:
             rng = np.random.default_rng(self.config.seed)
             sample = rng.choice(self.token_ids, size=min(self.config.verify, self.token_ids.size), replace=False)
             self.checks[prompt.key] = self_check(self.loaded, self.head, source, scorer, sample.tolist()).to_json()
-        batcher = AdaptiveBatcher(self.batch_size)
+        batcher = AdaptiveBatcher(self.batch_size, on_change=self._batch_size_changed)
         k = self.config.shard_size
         n_shards = -(-self.token_ids.size // k)
         out = np.empty(self.token_ids.size, dtype=np.float32)
@@ -161,7 +167,6 @@ class VocabSweep:
                 if shard is None:
                     raise ProbeError(f"shard {s} of {prompt.key} is missing after the barrier; resume the run")
                 out[s * k : s * k + ids.size] = shard
-        self.batch_size = batcher.batch_size
         self.timing[prompt.key] = shard_timing(t0, t1, time.perf_counter(), n_todo)
         return out
 

@@ -4,6 +4,12 @@ Rank r scores the checkpoint shards s with s % world == r and writes them into t
 rank 0 creates (or resumes) the directory, broadcasts its path, and after a barrier assembles the results from
 the shard files, exactly as a single process would. Batches never cross shard boundaries, so every score is
 computed on the same batch as in a single-process run.
+
+Devices: a rank that scores on CUDA makes ``cuda:{LOCAL_RANK}`` its *current* device before the process group
+starts (``torch.cuda.set_device``). NCCL's collectives, ``broadcast_object_list`` among them, build their tensors
+on the current device; without it every rank would use ``cuda:0`` ("Duplicate GPU detected", or a hang). NCCL
+is the backend only when the ranks score on CUDA; ``--device cpu`` uses gloo even where CUDA is visible.
+One rank per GPU: ``--device-map`` (one model over several GPUs) cannot be combined with torchrun.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import os
 from dataclasses import dataclass
 
 import torch
+
+from probe.errors import ProbeError
 
 
 @dataclass(frozen=True)
@@ -32,15 +40,41 @@ class Dist:
         return shard % self.world == self.rank
 
 
-def init() -> Dist:
+def uses_cuda(requested: str) -> bool:
+    """Whether ``--device`` puts the ranks on CUDA."""
+    return requested.startswith("cuda") or (requested == "auto" and torch.cuda.is_available())
+
+
+def init(requested: str = "auto", device_map: str | None = None) -> Dist:
+    """The process group of a torchrun launch (a plain ``Dist()`` otherwise), on the backend that fits
+    ``requested`` (the ``--device`` the ranks score on)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return Dist()
+    if device_map is not None:
+        raise ProbeError("--device-map spreads one model over several GPUs in one process; under torchrun each "
+                         "rank holds a whole model on its own GPU. Use one or the other")
     import torch.distributed as dist
 
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = uses_cuda(requested)
+    if cuda:
+        if requested.startswith("cuda:"):
+            raise ProbeError(f"--device {requested}: under torchrun each rank picks its GPU from LOCAL_RANK; "
+                             "pass --device cuda")
+        torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def destroy(d: Dist) -> None:
+    """Ends the process group ``init`` started (torch warns at exit about one left open, and NCCL may hang)."""
+    if d.enabled:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def barrier(d: Dist) -> None:
@@ -65,6 +99,6 @@ def broadcast(d: Dist, obj):
 
 
 def device_for(d: Dist, requested: str) -> str:
-    if d.enabled and requested in ("auto", "cuda") and torch.cuda.is_available():
+    if d.enabled and uses_cuda(requested):
         return f"cuda:{d.local_rank}"
     return requested

@@ -120,3 +120,16 @@ def new_meta(experiment: str, fingerprint: str, settings: dict, config: Any, loa
         model = model_record(loaded, revision)
     cfg = asdict(config) if is_dataclass(config) else dict(config or {})
     return RunMeta(experiment, fingerprint, settings, cfg, model, environment=environment, extra=extra).to_json()
+
+
+def batch_size_recorder(run_dir, meta: dict, holder: dict):
+    """A callback for `AdaptiveBatcher(on_change=)`: a batch size halved after an out-of-memory error is stored in
+    ``holder["batch_size"]`` (where this run's meta.json keeps it) and in ``meta["oom_halvings"]``, and written at
+    once, so that ``--resume`` continues with the size that fitted instead of the one that failed."""
+
+    def record(size: int) -> None:
+        holder["batch_size"] = size
+        meta.setdefault("oom_halvings", []).append({"batch_size": size, "at": now_iso()})
+        run_dir.write_meta(meta)
+
+    return record
