@@ -46,6 +46,7 @@ def fused_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
         new_max = torch.maximum(running_max, logits.amax(0))
         running_sum = running_sum * torch.exp(running_max - new_max) + logits.sub_(new_max).exp_().sum(0)
         running_max = new_max
+        del logits  # before the next chunk's product: one chunk alive at a time (probe/models/memory.py counts one)
     target_logit = (hidden.float() * weight[targets].float()).sum(-1)
     if bias is not None:
         target_logit = target_logit + bias[targets].float()

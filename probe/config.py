@@ -140,10 +140,12 @@ class ScoreVocabConfig(ModelOptions):
                 "row and the batch size it would pick, and stop"})
     device_memory: float | None = field(default=None, metadata={
         "help": "GiB of device memory for --dry-run (default: the visible GPU's, else 80)"})
+    devices: int | None = field(default=None, metadata={
+        "help": "GPUs that --device-map spreads the model over, for --dry-run (default: the visible ones, else 1)"})
 
     def __post_init__(self) -> None:
         self.check_reference()
-        check_at_least(self, 1, "shard_size", "top", "batch_size", "limit")
+        check_at_least(self, 1, "shard_size", "top", "batch_size", "limit", "devices")
         check_at_least(self, 0, "verify")
         resolve_date(self.date)  # a bad --date fails before any model loads
         if self.responses and self.input_method != "ids":

@@ -317,14 +317,60 @@ def n_scorable(loaded: LoadedModel) -> int:
     return min(len(loaded.tokenizer), loaded.model.get_input_embeddings().num_embeddings)
 
 
-def default_batch_size(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode) -> int:
-    """CPU: 256 (measured best on 2 cores for SmolLM2). GPU: what fits in 70% of free memory, at most 4096."""
-    dev = loaded.device
-    if dev.type != "cuda":
-        return 256
-    from probe.models.memory import row_bytes
+def scoring_path(loaded: LoadedModel, head: ScoreHead | None = None) -> str:
+    """Which path `build_scorer` takes for this model, as the memory plan names it (probe/models/memory.py)."""
+    from probe.kernels.prefix_attention import supported
 
-    free, _ = torch.cuda.mem_get_info(dev)
-    per_row = row_bytes(loaded.model.config, n_prefix, n_new, loaded.dtype, mode)
-    size = int(0.7 * free // max(per_row, 1))
-    return max(1, min(4096, 1 << max(0, size.bit_length() - 1)))
+    if isinstance(head, OwnForwardHead) or (loaded.pairwise is not None and loaded.pairwise.format == "pairrm"):
+        return "full"
+    if loaded.kind == "reward" and loaded.spec.reader == "forward":
+        return "full"
+    return "shared" if supported(loaded.model) else "cache"
+
+
+def device_shares(model: torch.nn.Module) -> tuple[dict[torch.device, float], torch.device]:
+    """The fraction of ``model``'s parameters on each device (one device unless ``--device-map`` spread it) and
+    the device of its head (the output embeddings, else the last parameter: where the final hidden states are
+    read)."""
+    count: dict[torch.device, int] = {}
+    last = None
+    for param in model.parameters():
+        count[param.device] = count.get(param.device, 0) + param.numel()
+        last = param.device
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = out.weight.device if out is not None and getattr(out, "weight", None) is not None else last
+    total = sum(count.values())
+    return {d: n / total for d, n in count.items()}, head
+
+
+def batch_parts(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
+                head: ScoreHead | None = None) -> dict:
+    """Per device, the memory plan's `Part` of each model that runs on a batch: the model, its ``--ref``
+    reference, a pairwise model's second order (each with its own prefix cache)."""
+    from probe.models.memory import Part, fixed_bytes, row_cost
+
+    fused = not isinstance(head, LogprobHead) or head.fused
+    parts: dict = {}
+    models = [loaded] + ([loaded.ref] if loaded.ref is not None else [])
+    models += [loaded] if loaded.pairwise is not None else []
+    for m in models:
+        path = scoring_path(m, head if m is loaded else None)
+        cost = row_cost(m.model.config, n_prefix, n_new, m.dtype, mode, path, fused)
+        fixed = fixed_bytes(m.model.config, n_prefix, m.dtype, path)
+        shares, head_device = device_shares(m.model)
+        for device, share in shares.items():
+            parts.setdefault(device, []).append(Part(cost, fixed, share, device == head_device))
+    return parts
+
+
+def default_batch_size(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
+                       head: ScoreHead | None = None) -> int:
+    """CPU: 256 (measured best on 2 cores for SmolLM2). GPU: what fits in 70% of the free memory of every GPU the
+    model (and its reference) is on, at most 4096 (probe/models/memory.py)."""
+    if loaded.device.type != "cuda":
+        return 256
+    from probe.models.memory import plan_devices
+
+    parts = batch_parts(loaded, n_prefix, n_new, mode, head)
+    free = {d: torch.cuda.mem_get_info(d)[0] for d in parts if d.type == "cuda"}
+    return max(1, plan_devices(free, {d: p for d, p in parts.items() if d in free}))

@@ -73,7 +73,7 @@ class VocabSweep:
         self.splits = {p.key: prompt_split(loaded, config.mode, p.text, config.system, opts, n) for p in prompts}
         first = self.splits[prompts[0].key]
         self.batch_size = config.batch_size or default_batch_size(
-            loaded, len(first.prefix_ids), 1 + len(first.suffix_ids), config.mode)
+            loaded, len(first.prefix_ids), 1 + len(first.suffix_ids), config.mode, self.head)
         self.on_batch_size: Callable[[int], None] | None = None  # told when out-of-memory halves the batch
         self.checks: dict[str, dict] = {}
         self.paper_info: dict[str, dict] = {}

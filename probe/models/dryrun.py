@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from probe.errors import ModelLoadError
-from probe.models.memory import kv_bytes_per_token, row_bytes
+from probe.models.memory import Part, fixed_bytes, plan_devices, row_cost
 from probe.models.shapes import PAPER_RM_SHAPES, config_for
 
 
@@ -48,29 +48,56 @@ def meta_parameters(config, kind: str = "reward") -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def path_for_config(config, mode: str) -> str:
+    """The scoring path (probe/models/memory.py) a model of this config takes: encoders run whole sequences, the
+    families of the shared-prefix attention share it, other causal models replicate the prefix cache."""
+    from probe.kernels.prefix_attention import SUPPORTED_MODEL_TYPES
+    from probe.models.registry import ENCODER_TYPES
+
+    model_type = getattr(config.get_text_config(), "model_type", None)
+    if mode == "reward" and getattr(config, "model_type", None) in ENCODER_TYPES:
+        return "full"
+    return "shared" if model_type in SUPPORTED_MODEL_TYPES else "cache"
+
+
 def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: str = "reward", n_prefix: int = 48,
-         n_new: int = 3, n_prompts: int = 3, tflops: float | None = None, device_type: str = "cuda") -> dict:
-    """The memory plan on ``device_memory_gib`` of a ``device_type`` device; on a CPU the batch size is the one a
-    run uses there (256), when it fits."""
+         n_new: int = 3, n_prompts: int = 3, tflops: float | None = None, device_type: str = "cuda",
+         reference: str | None = None, n_devices: int = 1) -> dict:
+    """The memory plan on ``n_devices`` devices of ``device_memory_gib`` each (``--device-map`` spreads the weights
+    and layers evenly over them, the head on the last); ``reference``: ``--ref``'s model, on the same devices. On a
+    CPU the batch size is the one a run uses there (256), when it fits."""
     config, source = resolve_config(ref)
     text = config.get_text_config()
-    n_params = meta_parameters(config, "reward" if mode == "reward" else "causal")
     elem = torch.empty((), dtype=dtype).element_size()
-    weights = n_params * elem
-    per_row = row_bytes(config, n_prefix, n_new, dtype, mode)
-    prefix_cache = kv_bytes_per_token(config, dtype) * n_prefix
-    free = device_memory_gib * 2**30 * 0.9 - weights - prefix_cache
-    batch = 0 if free <= 0 else max(1, min(4096, 1 << max(0, int(0.7 * free // per_row).bit_length() - 1)))
+    models = [(config, mode)]
+    if reference is not None:
+        models.append((resolve_config(reference)[0], "logprob"))
+    free_each = device_memory_gib * 2**30 * 0.9
+    parts: dict[int, list[Part]] = {d: [] for d in range(n_devices)}
+    n_params = weights = 0
+    costs = []
+    for cfg, m in models:
+        params = meta_parameters(cfg, "reward" if m == "reward" else "causal")
+        n_params, weights = (n_params or params), weights + params * elem
+        free_each -= params * elem / n_devices
+        path = path_for_config(cfg, m)
+        cost = row_cost(cfg, n_prefix, n_new, dtype, m, path)
+        costs.append((path, cost))
+        for d in range(n_devices):
+            parts[d].append(Part(cost, fixed_bytes(cfg, n_prefix, dtype, path), 1 / n_devices, d == n_devices - 1))
+    batch = plan_devices(dict.fromkeys(parts, free_each), parts) if free_each > 0 else 0
     if device_type == "cpu" and batch:
         batch = min(batch, 256)  # probe.core.scoring.default_batch_size: the CPU runs use 256
     emb = text.vocab_size * text.hidden_size
     tied = getattr(text, "tie_word_embeddings", False) or mode == "reward"
     non_embedding = n_params - emb - (0 if tied else emb)
     flops = 2 * non_embedding * n_new * text.vocab_size * n_prompts
+    path, cost = costs[0]
     out = {"model": ref or "embedded", "config_source": source, "architecture": type(config).__name__,
            "parameters": n_params, "weights_gib": weights / 2**30, "dtype": str(dtype), "device_memory_gib": device_memory_gib,
-           "device_type": device_type,
-           "prefix_tokens": n_prefix, "new_tokens_per_row": n_new, "bytes_per_row": per_row,
+           "device_type": device_type, "devices": n_devices, "reference": reference, "path": path,
+           "prefix_tokens": n_prefix, "new_tokens_per_row": n_new, "bytes_per_row": cost.total,
+           "prefix_cache_bytes": fixed_bytes(config, n_prefix, dtype, path),
            "batch_size": batch, "fits": batch > 0, "vocab_size": text.vocab_size,
            "sweep_flops": flops}
     if tflops:
@@ -79,11 +106,14 @@ def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: st
 
 
 def describe(p: dict) -> str:
+    devices = p.get("devices", 1)
+    on = f"{devices} x {p['device_memory_gib']:g}" if devices > 1 else f"{p['device_memory_gib']:g}"
     lines = [f"{p['model']}: {p['architecture']} ({p['config_source']}), {p['parameters'] / 1e9:.2f} B parameters, "
-             f"{p['weights_gib']:.1f} GiB of weights in {p['dtype']}",
-             f"  per batch row ({p['prefix_tokens']} prefix + {p['new_tokens_per_row']} new tokens): "
-             f"{p['bytes_per_row'] / 2**20:.2f} MiB",
-             f"  on {p['device_memory_gib']:g} GiB of {p.get('device_type', 'cuda')} memory: "
+             f"{p['weights_gib']:.1f} GiB of weights in {p['dtype']}"
+             + (f" (with the reference {p['reference']})" if p.get("reference") else ""),
+             f"  per batch row ({p['prefix_tokens']} prefix + {p['new_tokens_per_row']} new tokens, "
+             f"{p.get('path', 'shared')} path): {p['bytes_per_row'] / 2**20:.2f} MiB",
+             f"  on {on} GiB of {p.get('device_type', 'cuda')} memory: "
              + (f"batch size {p['batch_size']}" if p["fits"] else
                                                          "does NOT fit: use --device-map auto over several GPUs"),
              f"  one prompt over {p['vocab_size']:,} tokens: {p['sweep_flops'] / 3 / 1e15:.2f} PFLOP"]
@@ -105,5 +135,8 @@ def plan_for_config(config) -> dict:
         memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
     spec, _ = lookup(config.rm or "embedded")
     dtype = resolve_dtype(config.dtype, torch.device("cuda" if wants_gpu else "cpu"), spec)
+    n_devices = 1
+    if config.device_map is not None and wants_gpu:
+        n_devices = config.devices or (torch.cuda.device_count() if torch.cuda.is_available() else 1)
     return plan(config.rm, dtype, memory, config.mode, n_prompts=len(resolve_prompts(config.prompt, config.prompts)),
-                device_type="cuda" if wants_gpu else "cpu")
+                device_type="cuda" if wants_gpu else "cpu", reference=config.ref, n_devices=n_devices)

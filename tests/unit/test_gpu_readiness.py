@@ -6,6 +6,7 @@ a host round trip, and the half-precision tolerance of a CUDA forward."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -235,3 +236,162 @@ def test_a_responses_run_records_its_halved_batch_size(tiny_dirs, tmp_path, monk
     meta = out.read_meta()
     assert meta["batch_size"] == 20 and meta["oom_halvings"][0]["batch_size"] == 20
     assert out.read_table("scores.parquet").height == 2 * 32
+
+
+# ---------------------------------------------------------------- 3 and 6. the memory plan
+
+
+def test_the_plan_of_llama_8b_counted_by_hand():
+    """Llama-3.1-8B shape in bf16, 48 prefix + 3 new tokens, reward head, shared-prefix path (module doc of
+    probe/models/memory.py): hidden 4096, MLP 14336, 32 heads, 8 KV heads of 128, 32 layers."""
+    from probe.models.memory import fixed_bytes, row_cost
+    from probe.models.shapes import config_for
+
+    config = config_for("llama-3.1-8b")
+    n, keys, h, inner, heads, kv, d = 3, 51, 4096, 14336, 32, 8, 128
+    stream = n * 4 * h * 2  # 98,304
+    mlp = stream + n * 3 * inner * 2  # + 258,048 = 356,352
+    # + float32 q/k/v 147,456 + four float32 score tensors 78,336 + float32 outputs 147,456 = 471,552
+    attn = stream + 2 * 4 * (heads + 2 * kv) * n * d + 4 * 4 * heads * n * keys + 3 * 4 * heads * n * d
+    cost = row_cost(config, 48, 3, torch.bfloat16, "reward", "shared")
+    assert (cost.layers, cost.transient, cost.head) == (0, max(attn, mlp), 0) and cost.total == 471_552
+    # the prefix cache (bf16) and its float32 working copy, once: 32 layers x K and V x 8 heads x 128 x 48 tokens
+    assert fixed_bytes(config, 48, torch.bfloat16, "shared") == 32 * 2 * 8 * 128 * 48 * (2 + 4)
+    # the plain cache path keeps a copy of the prefix per row in every layer
+    plain = row_cost(config, 48, 3, torch.bfloat16, "reward", "cache")
+    assert plain.layers == 32 * 2 * 8 * 128 * 51 * 2
+    # the fused log-probability head: one 4,096-entry vocabulary chunk per position, bf16 and its float32 copy
+    lp = row_cost(config, 48, 3, torch.bfloat16, "logprob", "shared")
+    assert lp.head == 2 * 4096 * (2 + 4)
+    assert row_cost(config, 48, 3, torch.bfloat16, "logprob", "shared", fused=False).head == 2 * 3 * 128256 * 4
+
+
+def _memory_model(cls_name: str, mode: str):
+    import transformers
+
+    config_cls = {"Llama": transformers.LlamaConfig, "Mistral": transformers.MistralConfig}[cls_name]
+    config = config_cls(vocab_size=8192, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+                        num_attention_heads=8, num_key_value_heads=2, pad_token_id=0, num_labels=1)
+    suffix = "ForSequenceClassification" if mode == "reward" else "ForCausalLM"
+    torch.manual_seed(0)
+    return config, getattr(transformers, cls_name + suffix)(config).eval()
+
+
+@pytest.mark.parametrize("family,path", [("Llama", "shared"), ("Mistral", "cache")])
+@pytest.mark.parametrize("mode", ["reward", "logprob"])
+def test_the_plan_covers_the_counted_peak_of_a_batch(family, path, mode):
+    """What a batch row really allocates (counted tensor by tensor, 64 rows minus 32 rows) is at most the plan's
+    bytes per row, and the plan is not wasteful (under 1.5x). Llama runs the shared-prefix attention, Mistral the
+    plain cache path (each row's copy of the prefix in every layer)."""
+    from probe.core.engine import PrefixScorer
+    from probe.core.heads import LinearRewardHead, LogprobHead
+    from probe.kernels.prefix_attention import supported
+    from probe.models.memory import row_cost
+    from tests.memory_count import peak_bytes
+
+    config, model = _memory_model(family, mode)
+    assert supported(model) == (path == "shared")
+    head = LinearRewardHead(model) if mode == "reward" else LogprobHead(model, fused=True)
+    n_prefix, n_new = 64, 4
+    scorer = PrefixScorer(model, head, list(range(1, n_prefix + 1)))
+    gen = torch.Generator().manual_seed(0)
+    peaks = {b: peak_bytes(lambda b=b: scorer.score(torch.randint(1, 8000, (b, n_new), generator=gen)))
+             for b in (32, 64)}
+    measured = (peaks[64] - peaks[32]) / 32
+    planned = row_cost(config, n_prefix, n_new, torch.float32, mode, path).total
+    assert measured <= planned <= 1.5 * measured, (measured, planned)
+
+
+def _config_dirs(tmp_path):
+    """config.json of every family a user may bring, at their libraries' default sizes."""
+    import transformers
+
+    configs = {"gpt2": transformers.GPT2Config(), "opt": transformers.OPTConfig(),
+               "falcon": transformers.FalconConfig(), "gemma2": transformers.Gemma2Config(),
+               "gemma3_text": transformers.Gemma3TextConfig(), "qwen2": transformers.Qwen2Config(),
+               "qwen3": transformers.Qwen3Config(), "llama": transformers.LlamaConfig(),
+               "mistral": transformers.MistralConfig(), "bert": transformers.BertConfig(),
+               "deberta-v2": transformers.DebertaV2Config()}
+    out = {}
+    for name, config in configs.items():
+        config.num_labels = 1
+        config.save_pretrained(tmp_path / name)
+        out[name] = str(tmp_path / name)
+    return out
+
+
+def test_dry_run_plans_every_config_family_for_a_cuda_card(tmp_path, capsys):
+    """From the config alone: GPT-2 (n_inner None), OPT (ffn_dim), Falcon (ffn_hidden_size, one KV head under
+    multi-query), Gemma 2/3, Qwen 2/3, Llama, Mistral and encoders; each path named as the engine would take it."""
+    from probe.commands.score import dry_run
+    from probe.models.dryrun import plan
+
+    want_path = {"gpt2": "cache", "opt": "cache", "falcon": "cache", "mistral": "cache", "bert": "full",
+                 "deberta-v2": "full"}
+    for name, path in _config_dirs(tmp_path).items():
+        mode = "reward" if name in ("bert", "deberta-v2") else "logprob"
+        p = plan(path, torch.bfloat16, 80.0, mode)
+        assert p["fits"] and p["batch_size"] >= 1 and p["bytes_per_row"] > 0, name
+        assert p["path"] == want_path.get(name, "shared"), name
+        dry_run(ScoreVocabConfig(rm=path, device="cuda", dry_run=True, score=mode))
+        assert "batch size" in capsys.readouterr().out
+    from probe.models.memory import attention_heads, mlp_width
+    from transformers import FalconConfig, GPT2Config, OPTConfig
+
+    assert attention_heads(FalconConfig()) == (71, 1, 64) and mlp_width(FalconConfig()) == 4 * 4544
+    assert mlp_width(GPT2Config()) == 4 * 768 and mlp_width(OPTConfig()) == 3072
+
+
+def test_dry_run_counts_the_reference_model_and_the_devices_of_a_device_map():
+    from probe.models.dryrun import plan
+
+    one = plan("shape:llama-3.1-8b", torch.bfloat16, 24.0, "logprob", n_prefix=2048)
+    with_ref = plan("shape:llama-3.1-8b", torch.bfloat16, 24.0, "logprob", n_prefix=2048,
+                    reference="shape:llama-3.1-8b")
+    assert with_ref["weights_gib"] == pytest.approx(2 * one["weights_gib"])
+    assert not with_ref["fits"] and one["fits"]  # 2 x 15 GiB of weights do not fit in 24 GiB
+    spread = plan("shape:llama-3.1-8b", torch.bfloat16, 24.0, "logprob", n_prefix=2048,
+                  reference="shape:llama-3.1-8b", n_devices=4)
+    assert spread["fits"] and spread["devices"] == 4
+    cfg = ScoreVocabConfig(rm="shape:gemma-2-27b", device="cuda", device_map="auto", devices=2, device_memory=40.0)
+    from probe.models.dryrun import plan_for_config
+
+    assert plan_for_config(cfg)["devices"] == 2 and plan_for_config(replace(cfg, device_map=None))["devices"] == 1
+    with pytest.raises(ValueError, match="--devices"):
+        ScoreVocabConfig(devices=0)
+
+
+def test_every_device_of_a_spread_model_is_planned_with_its_own_free_memory():
+    """Under --device-map, the layers (and their per-row prefix copies) are divided over the GPUs, the head sits on
+    the last one; the batch is what fits on the fullest device, not what the first GPU has free."""
+    from probe.models.memory import Part, RowCost, plan_devices
+
+    cost = RowCost(layers=4 << 20, transient=1 << 20, head=3 << 20)
+    a, b = torch.device("cuda:0"), torch.device("cuda:1")
+    parts = {a: [Part(cost, 0, 0.5, False)], b: [Part(cost, 0, 0.5, True)]}
+    # per row: 2 MiB + 1 MiB on cuda:0, 2 MiB + max(1, 3) MiB on cuda:1
+    assert plan_devices({a: 10 * 3 << 20, b: 10 * 5 << 20}, parts) == 4  # 0.7 x 10 = 7 rows -> 4 on both
+    assert plan_devices({a: 100 << 30, b: 10 * 5 << 20}, parts) == 4  # the second GPU limits
+    assert plan_devices({a: 10 * 3 << 20, b: 100 << 30}, parts) == 4  # and so does the first
+
+
+def test_batch_parts_count_the_reference_and_a_model_split_over_devices(tiny_models):
+    """The loaded model's parts: its path, its prefix cache, the reference model's part beside it, and the
+    fraction of parameters and the head's device read from where the weights are."""
+    import copy
+
+    from probe.core.scoring import batch_parts, device_shares
+
+    lm = tiny_models["llama-lm"]
+    (only,) = batch_parts(lm, 40, 3, "logprob").values()
+    assert len(only) == 1 and only[0].layer_share == 1 and only[0].has_head and only[0].fixed > 0
+    with_ref = replace(lm, ref=lm, beta=1.0)
+    (both,) = batch_parts(with_ref, 40, 3, "logprob").values()
+    assert len(both) == 2
+    split = copy.deepcopy(lm.model)
+    split.model.layers[1].to("meta")
+    split.model.norm.to("meta")
+    split.lm_head = torch.nn.Linear(split.config.hidden_size, split.config.vocab_size, bias=False, device="meta")
+    shares, head = device_shares(split)
+    assert head.type == "meta" and set(shares) == {torch.device("cpu"), torch.device("meta")}
+    assert sum(shares.values()) == pytest.approx(1.0) and 0 < shares[torch.device("meta")] < 1
