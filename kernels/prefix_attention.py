@@ -102,13 +102,18 @@ def ensure_registered() -> None:
 
 
 @contextmanager
-def using_shared_prefix(backbone):
-    """Switch the backbone's attention implementation for the duration of one forward."""
-    ensure_registered()
+def using_attention(backbone, name: str):
+    """The backbone's attention implementation switched to ``name`` for the duration of the block."""
     config = backbone.config
     before = config._attn_implementation
-    config._attn_implementation = NAME
+    config._attn_implementation = name
     try:
         yield
     finally:
         config._attn_implementation = before
+
+
+def using_shared_prefix(backbone):
+    """Switch the backbone's attention implementation to the shared-prefix one for the duration of one forward."""
+    ensure_registered()
+    return using_attention(backbone, NAME)

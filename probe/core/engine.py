@@ -40,6 +40,12 @@ def _as_batch(cont: Tensor | Sequence[Sequence[int]], lengths, device) -> tuple[
     return cont, torch.as_tensor(lengths, device=device, dtype=torch.long)
 
 
+def _on(hidden: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """``tensors`` on the device of the final hidden states: the last layers' device when ``--device-map`` spread
+    the model over several GPUs (the backbone's outputs stay where its last layer ran), where the heads read."""
+    return tuple(t.to(hidden.device) for t in tensors)
+
+
 def input_device(model: torch.nn.Module) -> torch.device:
     return model.get_input_embeddings().weight.device
 
@@ -123,7 +129,7 @@ class PrefixScorer:
         n_in = cont.shape[1] - int(self.head.drops_last_input)
         with torch.inference_mode():
             hidden = self.hidden(input_ids=cont[:, :n_in])
-            return self.head.score(hidden, cont, lengths).float()
+            return self.head.score(hidden, *_on(hidden, cont, lengths)).float()
 
     def score_embeds(
         self,
@@ -133,9 +139,20 @@ class PrefixScorer:
         onehot: Float[Tensor, "b k v"] | None = None,
     ) -> Float[Tensor, " b"]:
         """Differentiable twin of `score`: the model's input given as embeddings (its first ``n`` rows are the
-        continuation's first ``n`` tokens; GCG passes ``onehot @ W_E`` for the optimised ones)."""
+        continuation's first ``n`` tokens; GCG passes ``onehot @ W_E`` for the optimised ones). Families outside
+        the shared-prefix attention run eager attention here, whose backward is deterministic."""
         cont, lengths = _as_batch(cont, lengths, self.device)
-        return self.head.score(self.hidden(inputs_embeds=embeds), cont, lengths, onehot=onehot).float()
+        if self.shared is None and self.use_cache:
+            # the model's own attention (SDPA) has a non-deterministic backward on CUDA (same-seed GCG runs would
+            # differ); eager attention's matmuls and softmax are deterministic
+            from probe.kernels.prefix_attention import using_attention
+
+            with using_attention(self.backbone, "eager"):
+                hidden = self.hidden(inputs_embeds=embeds)
+        else:
+            hidden = self.hidden(inputs_embeds=embeds)
+        cont, lengths = _on(hidden, cont, lengths)
+        return self.head.score(hidden, cont, lengths, onehot=None if onehot is None else onehot.to(hidden.device)).float()
 
 
 class FullSequenceScorer:

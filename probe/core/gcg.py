@@ -67,6 +67,29 @@ def embedding_matrix(model: torch.nn.Module) -> tuple[Tensor, float]:
     return weight, scale
 
 
+class OneHotEmbedding(torch.autograd.Function):
+    """``(onehot @ weight) * scale`` in the weight's dtype, with the gradient for ``onehot`` computed in float32:
+    ``(grad * scale) @ weight.T`` over vocabulary chunks (no float32 copy of the whole matrix). Autograd's own
+    backward would compute it in the weight's dtype and round each of the vocabulary's gradients to bf16."""
+
+    CHUNK = 16384
+
+    @staticmethod
+    def forward(ctx, onehot: Tensor, weight: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(weight)
+        ctx.scale = scale
+        return (onehot.to(weight.dtype) @ weight) * scale
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (weight,) = ctx.saved_tensors
+        g = grad.float() * ctx.scale
+        out = torch.empty(g.shape[0], weight.shape[0], device=g.device, dtype=torch.float32)
+        for start in range(0, weight.shape[0], OneHotEmbedding.CHUNK):
+            out[:, start : start + OneHotEmbedding.CHUNK] = g @ weight[start : start + OneHotEmbedding.CHUNK].float().T
+        return out, None, None
+
+
 @dataclass
 class GCGRun:
     seed: int
@@ -111,7 +134,9 @@ class GCG:
         return self.config.sign * torch.from_numpy(scores)
 
     def onehot(self, ids: Int[Tensor, " n"]) -> Float[Tensor, "n v"]:
-        out = torch.zeros(len(ids), self.weight.shape[0], device=self.device, dtype=self.weight.dtype)
+        """float32 whatever the model's dtype: its gradient ranks the whole vocabulary (top-k), and bf16 would round
+        it to 8 bits and tie many candidates."""
+        out = torch.zeros(len(ids), self.weight.shape[0], device=self.device, dtype=torch.float32)
         out[torch.arange(len(ids)), ids.to(self.device)] = 1
         return out
 
@@ -119,13 +144,14 @@ class GCG:
         """The objective as a differentiable function of (relaxed) one-hot response rows; equals
         `objective(ids)` when ``onehot`` is exactly one-hot on ``ids``."""
         ids = ids.to(self.device)
-        total = onehot.new_zeros(())
+        total = None  # on the device of the first term's score (the last GPU under --device-map)
         for scorer, model, weight, scale, factor in self.terms:
-            resp = (onehot.to(weight.dtype) @ weight) * scale
+            resp = OneHotEmbedding.apply(onehot.to(weight.device), weight, scale)
             inputs = torch.cat([resp, model.get_input_embeddings()(self.suffix).to(resp.dtype)], 0)[None]
             n_in = inputs.shape[1] - int(scorer.head.drops_last_input)
             score = scorer.score_embeds(inputs[:, :n_in], self.rows(ids[None]), onehot=onehot[None])
-            total = total + factor * score.sum()
+            term = factor * score.sum()
+            total = term if total is None else total + term.to(total.device)
         return self.config.sign * total
 
     def token_gradient(self, ids: Int[Tensor, " n"]) -> Float[Tensor, "n v"]:

@@ -76,10 +76,9 @@ def pool_positions(
     if rule == "last_non_pad":
         idx = torch.arange(m, device=cont.device)[None, :].expand_as(cont)
         cand = torch.where(real & ~is_pad, idx + p, torch.full_like(idx, -1)).amax(1)
-        if (cand < 0).any():  # every continuation token is pad: fall back into the prefix
-            in_prefix = max((i for i, t in enumerate(prefix_ids) if t != pad_id), default=0)
-            cand = torch.where(cand < 0, torch.full_like(cand, in_prefix), cand)
-        return cand
+        # every continuation token is pad: fall back into the prefix (no host sync to test whether any row is)
+        in_prefix = max((i for i, t in enumerate(prefix_ids) if t != pad_id), default=0)
+        return torch.where(cand < 0, torch.full_like(cand, in_prefix), cand)
     if rule == "before_first_pad":
         if prefix_pads:
             first = torch.full_like(last, prefix_pads[0])
@@ -96,10 +95,8 @@ def gather_rows(
     p = prefix_hidden.shape[0]
     rel = (pos - p).clamp(min=0, max=hidden.shape[1] - 1)
     out = hidden[torch.arange(hidden.shape[0], device=hidden.device), rel]
-    in_prefix = pos < p
-    if in_prefix.any():
-        out = torch.where(in_prefix[:, None], prefix_hidden[pos.clamp(max=p - 1)].to(out.dtype), out)
-    return out
+    # rows read inside the prefix take its hidden state (always computed: no host sync to test whether any row does)
+    return torch.where((pos < p)[:, None], prefix_hidden[pos.clamp(max=p - 1)].to(out.dtype), out)
 
 
 class LinearRewardHead(ScoreHead):
@@ -172,27 +169,39 @@ class GatedRewardHead(ScoreHead):
         return None
 
     def _gate_positions(self, cont: Tensor, lengths: Tensor) -> Tensor:
+        """Per row, the start of the pattern's last occurrence that ends inside the row's real tokens (the last k-1
+        prefix ids included, so an occurrence may straddle the boundary), else the prefix's own; on the rows' device,
+        without copying them to the host."""
         k, p = len(self.pattern), len(self.prefix_ids)
-        tail = self.prefix_ids[max(0, p - k + 1) :]
-        out = []
-        for row, n in zip(cont.tolist(), lengths.tolist()):
-            j = self._last_match(tail + row[:n])
-            out.append(p - len(tail) + j if j is not None else self.prefix_gate)
-        if any(o is None for o in out):
+        tail = torch.tensor(self.prefix_ids[max(0, p - k + 1) :], dtype=cont.dtype, device=cont.device)
+        seq = torch.cat([tail[None].expand(cont.shape[0], -1), cont], 1)  # [b, t + m]
+        fallback = -1 if self.prefix_gate is None else self.prefix_gate
+        if seq.shape[1] < k:
+            found = torch.full_like(lengths, -1)
+        else:
+            pattern = torch.tensor(self.pattern, dtype=cont.dtype, device=cont.device)
+            match = (seq.unfold(1, k, 1) == pattern).all(-1)  # [b, t + m - k + 1]: an occurrence starts at j
+            starts = torch.arange(match.shape[1], device=cont.device)[None]
+            inside = starts + k <= tail.numel() + lengths[:, None]  # it ends within the real tokens
+            found = torch.where(match & inside, starts, torch.full_like(starts, -1)).amax(1)
+        out = torch.where(found >= 0, p - tail.numel() + found, torch.full_like(found, fallback))
+        if self.prefix_gate is None and bool((out < 0).any()):
             raise ProbeError("the gating pattern does not occur in the templated conversation; check the chat template")
-        return torch.tensor(out, device=cont.device)
+        return out
 
     def _combine(self, h_last: Tensor, h_gate: Tensor) -> Tensor:
         reg = self.model.regression_layer
         bias = None if reg.bias is None else reg.bias.float()
-        rewards = F.linear(h_last.float(), reg.weight.float(), bias)
+        # everything on the hidden states' device (the weights may sit elsewhere under --device-map)
+        dev = h_last.device
+        rewards = F.linear(h_last.float(), reg.weight.float().to(dev), None if bias is None else bias.to(dev))
         if self.n_quantiles:
             rewards = rewards.reshape(rewards.shape[0], -1, self.n_quantiles).mean(2)
         transform = getattr(self.model, "reward_transform_matrix", None)  # ArmoRM, QRM-Llama; not QRM-Gemma
         if transform is not None:
-            rewards = rewards @ transform.float()
+            rewards = rewards @ transform.float().to(dev)
         gating = self.model.gating
-        gate = gating(h_gate.to(next(gating.parameters()).dtype)).float()
+        gate = gating(h_gate.to(next(gating.parameters()).dtype)).float().to(dev)
         return (gate * rewards).sum(1)
 
     def score(self, hidden, cont, lengths, onehot=None):
@@ -265,7 +274,7 @@ def lm_logits(model: torch.nn.Module, hidden: Tensor, rows: Sequence[int] | None
     else:
         idx = torch.tensor(list(rows), device=head.weight.device)
         bias = None if head.bias is None else head.bias[idx]
-        logits = F.linear(hidden.to(head.weight.dtype), head.weight[idx], bias)
+        logits = F.linear(hidden.to(head.weight.device, head.weight.dtype), head.weight[idx], bias).to(hidden.device)
     transform = logit_transform(model)
     return logits if transform is None else transform(logits)
 
@@ -293,7 +302,8 @@ class LogprobHead(ScoreHead):
         self.fused = fused  # kernels/fused_logprob: no rows x vocabulary logits (hard targets only)
 
     def prepare(self, prefix_ids, prefix_hidden):
-        self.first = torch.log_softmax(lm_logits(self.model, prefix_hidden[-1:]).float(), -1)[0]
+        # on the hidden states' device, where the rows are read (the LM head may sit on another GPU)
+        self.first = torch.log_softmax(lm_logits(self.model, prefix_hidden[-1:]).float(), -1)[0].to(prefix_hidden.device)
         self.offset = torch.zeros((), device=self.first.device)
         k = self.k_fixed
         if k:
@@ -310,14 +320,16 @@ class LogprobHead(ScoreHead):
         if self.fused and onehot is None:
             from probe.kernels.fused_logprob import fused_token_logprobs
 
-            flat = fused_token_logprobs(hidden.reshape(b * n, -1).to(head.weight.dtype), head.weight,
-                                        targets.reshape(-1), head.bias, logit_transform(self.model))
-            return flat.reshape(b, n)
+            # on the head's device (tied embeddings may live on the first GPU), the result back where the rows are
+            dev = head.weight.device
+            flat = fused_token_logprobs(hidden.reshape(b * n, -1).to(dev, head.weight.dtype), head.weight,
+                                        targets.reshape(-1).to(dev), head.bias, logit_transform(self.model))
+            return flat.reshape(b, n).to(hidden.device)
         vocab = head.weight.shape[0]
         rows = max(1, self.logits_budget // max(1, n * vocab))
         out = []
         for s in range(0, b, rows):
-            logp = torch.log_softmax(lm_logits(self.model, hidden[s : s + rows]).float(), -1)
+            logp = torch.log_softmax(lm_logits(self.model, hidden[s : s + rows]).float(), -1).to(hidden.device)
             tok = logp.gather(-1, targets[s : s + rows, :, None])[..., 0]
             if onehot is not None and onehot.shape[1]:
                 k = onehot.shape[1]

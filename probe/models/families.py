@@ -102,8 +102,10 @@ def _heads(layout: HeadLayout, config) -> dict[str, nn.Module]:
 
 
 def _linear_in_dtype(module: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """``module(h)`` in the module's dtype, on its device: called directly, a head's inner module gets no device hook
+    from accelerate under --device-map, so ``h`` (on the last layers' device) is moved here."""
     first = next(m for m in module.modules() if isinstance(m, nn.Linear))
-    return module(h.to(first.weight.dtype)).float()
+    return module(h.to(first.weight.device, first.weight.dtype)).float()
 
 
 def _beaver(model, h: torch.Tensor) -> torch.Tensor:
@@ -121,8 +123,9 @@ def _beaver(model, h: torch.Tensor) -> torch.Tensor:
 def _ldl(model, h: torch.Tensor) -> torch.Tensor:
     """The gated mixture of 10-bin distributions, weighted by linspace(0, 1, 10); in float32."""
     h = h.float()
-    dist = torch.softmax(model.regression_layer.network(h).view(h.shape[0], -1, 10), -1)
-    w = model.gating_layer.network(h)
+    regression, gating = model.regression_layer.network, model.gating_layer.network  # each on its own device
+    dist = torch.softmax(regression(h.to(next(regression.parameters()).device)).view(h.shape[0], -1, 10), -1)
+    w = gating(h.to(next(gating.parameters()).device)).to(dist.device)
     if getattr(model.config, "softmax", False):
         w = torch.softmax(w / getattr(model.config, "temperature", 1.0), dim=1)
     mix = torch.bmm(w[:, None], dist)[:, 0]

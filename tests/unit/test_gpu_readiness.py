@@ -395,3 +395,177 @@ def test_batch_parts_count_the_reference_and_a_model_split_over_devices(tiny_mod
     shares, head = device_shares(split)
     assert head.type == "meta" and set(shares) == {torch.device("cpu"), torch.device("meta")}
     assert sum(shares.values()) == pytest.approx(1.0) and 0 < shares[torch.device("meta")] < 1
+
+
+# ---------------------------------------------------------------- 2. a model spread over devices (--device-map)
+
+SPLIT_CASES = [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("qwen3-rm", "reward"), ("armo-like", "reward"),
+               ("qrm-like", "reward"), ("llama-lm", "logprob"), ("gemma2-lm", "logprob"), ("llama-lm", "judge"),
+               ("gemma3-lm", "logprob")]
+
+
+def _split_rows(lm, mode):
+    from probe.core.scoring import ScoringOptions, prompt_split
+
+    split = prompt_split(lm, mode, PROMPTS[0], None, ScoringOptions(), len(lm.tokenizer))
+    pad = lm.model.config.get_text_config().pad_token_id or 0
+    rows = torch.tensor([[5, 9, *split.suffix_ids], [7, pad, *split.suffix_ids], [11, 3, *split.suffix_ids]])
+    return list(split.prefix_ids), rows, torch.tensor([rows.shape[1], 1 + len(split.suffix_ids), rows.shape[1]])
+
+
+@pytest.mark.parametrize("name,mode", SPLIT_CASES)
+def test_every_head_keeps_to_one_device_when_the_last_layers_sit_elsewhere(tiny_models, name, mode):
+    """The backbone's hidden states come out on the last layers' device while the rows were made on the first; the
+    heads (the positions, the gated head's gate, the log-probability head's first token, mask and fused chunks,
+    the judge's two rows) must not mix them."""
+    from probe.core.engine import PrefixScorer
+    from probe.core.scoring import make_head
+    from tests.placement import StrictDevices, split_model
+
+    lm = tiny_models[name]
+    split = replace(lm, model=split_model(lm.model))
+    prefix, rows, lengths = _split_rows(lm, mode)
+    for shared in (True, False):
+        scorer = PrefixScorer(split.model, make_head(split, mode), prefix, shared_attention=shared)
+        with StrictDevices():
+            out = scorer.score(rows, lengths)
+        assert out.device.type == "meta" and out.shape == (3,)
+
+
+def test_a_family_head_keeps_to_one_device(tiny_models):
+    """A family's own head module (ModuleRewardHead: GRM, INF-ORM, ...) on the last device."""
+    from probe.core.engine import PrefixScorer
+    from probe.core.heads import ModuleRewardHead
+    from probe.models.families import family_model
+    from tests.placement import StrictDevices, split_model
+
+    lm = tiny_models["llama-rm"]
+    torch.manual_seed(0)
+    model = family_model("grm", lm.model.config)(lm.model.config).float().eval()
+    split = split_model(model)
+    prefix, rows, lengths = _split_rows(lm, "reward")
+    with StrictDevices():
+        out = PrefixScorer(split, ModuleRewardHead(split), prefix).score(rows, lengths)
+    assert out.device.type == "meta" and out.shape == (3,)
+
+
+def test_gcgs_relaxed_objective_keeps_to_one_device(tiny_models):
+    """GCG's differentiable forward on a spread model: one-hot rows on the embeddings' device, the score (and the
+    soft targets of the log-probability head) on the last device."""
+    from probe.config import GCGConfig
+    from probe.core.gcg import GCG
+    from probe.core.scoring import ScoringOptions, make_head, prompt_split
+    from tests.placement import StrictDevices, split_model
+
+    lm = tiny_models["llama-lm"]
+    split_lm = replace(lm, model=split_model(lm.model))
+    split = prompt_split(lm, "logprob", PROMPTS[0], None, ScoringOptions(), len(lm.tokenizer))
+    gcg = GCG(split_lm, make_head(split_lm, "logprob"), split, GCGConfig(score="logprob", length=3),
+              torch.ones(len(lm.tokenizer), dtype=torch.bool))
+    ids = torch.tensor([5, 9, 11])
+    with StrictDevices():
+        value = gcg.relaxed_objective(gcg.onehot(ids).requires_grad_(True), ids)
+    assert value.device.type == "meta" and value.shape == ()
+
+
+# ---------------------------------------------------------------- 9. the gated head on the device; GCG's gradient
+
+
+def _gate_reference(pattern, prefix_ids, row, n, prefix_gate):
+    """The gate position as the Python loop had it: the last occurrence in (last k-1 prefix ids + the row's real
+    tokens), else the prefix's."""
+    k, p = len(pattern), len(prefix_ids)
+    tail = list(prefix_ids[max(0, p - k + 1):])
+    seq = tail + list(row[:n])
+    for j in range(len(seq) - k, -1, -1):
+        if seq[j:j + k] == list(pattern):
+            return p - len(tail) + j
+    return prefix_gate
+
+
+def test_the_gate_positions_equal_the_python_loop_and_stay_on_the_device(tiny_models):
+    lm = tiny_models["armo-like"]
+    from probe.core.scoring import make_head
+    from tests.placement import StrictDevices
+
+    head = make_head(lm, "reward")
+    pat = head.pattern
+    prefix = [3, 4] + pat + [8, 9] + pat[:-1]  # the prefix ends inside a pattern occurrence
+    head.prepare(prefix, torch.zeros(len(prefix), 4))
+    gen = torch.Generator().manual_seed(0)
+    rows, lengths = [], []
+    for i in range(40):
+        m = 16
+        row = torch.randint(20, 200, (m,), generator=gen).tolist()
+        if i % 4 == 1:
+            row[0] = pat[-1]  # completes the occurrence that straddles the boundary
+        if i % 4 == 2:
+            row[3:3 + len(pat)] = pat  # inside the row
+        if i % 4 == 3:
+            row[8:8 + len(pat)] = pat  # inside, but partly past the row's real length when n < 8 + k
+        rows.append(row[:m])
+        lengths.append(int(torch.randint(1, m + 1, (1,), generator=gen)))
+    cont, lens = torch.tensor(rows), torch.tensor(lengths)
+    got = head._gate_positions(cont, lens)
+    want = [_gate_reference(pat, prefix, r, n, head.prefix_gate) for r, n in zip(rows, lengths)]
+    assert got.tolist() == want
+    assert len(set(want)) >= 4  # prefix, straddling, and two places inside: really different positions
+    with StrictDevices():  # on the device: a host copy (.tolist()) of a meta tensor would fail
+        assert head._gate_positions(cont.to("meta"), lens.to("meta")).device.type == "meta"
+
+
+def test_gcgs_one_hot_gradient_is_float32_in_a_bf16_model(tiny_models):
+    """The gradient over the vocabulary is computed in float32 from the bf16 weights (not rounded to bf16), equal to
+    (d objective / d embedding) @ W.T in float64."""
+    import copy
+
+    from probe.core.gcg import OneHotEmbedding
+
+    weight = copy.deepcopy(tiny_models["llama-lm"].model.get_input_embeddings().weight).to(torch.bfloat16)
+    onehot = torch.zeros(3, weight.shape[0], requires_grad=True)
+    with torch.no_grad():
+        onehot[torch.arange(3), torch.tensor([5, 9, 11])] = 1
+    out = OneHotEmbedding.apply(onehot, weight, 1.5)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, weight[[5, 9, 11]] * 1.5)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    out.backward(g)
+    want = (g.double() * 1.5) @ weight.double().T
+    assert onehot.grad.dtype == torch.float32
+    torch.testing.assert_close(onehot.grad.double(), want, rtol=1e-6, atol=1e-6)
+    rounded = onehot.grad.to(torch.bfloat16).float()
+    assert (rounded != onehot.grad).float().mean() > 0.5  # bf16 would have rounded most of them
+
+
+def test_gcgs_gradient_runs_eager_attention_outside_the_kernel(tokenizers):
+    """A family the shared-prefix attention does not support (Mistral) back-propagates through eager attention
+    (deterministic on CUDA), not SDPA, and the gradient equals SDPA's."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from probe.core.engine import PrefixScorer
+    from probe.core.heads import LogprobHead
+    from probe.kernels.prefix_attention import supported
+    from tests import tiny
+
+    tok = tokenizers["llama3"]
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(**tiny._common(tok))).eval().requires_grad_(False)
+    assert not supported(model)
+    seen = []
+    model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda mod, args: seen.append(model.config._attn_implementation))
+    scorer = PrefixScorer(model, LogprobHead(model), list(range(3, 20)))
+    emb = model.get_input_embeddings()(torch.tensor([[5, 9]])).detach()
+
+    def grad():
+        x = emb.clone().requires_grad_(True)
+        scorer.score_embeds(x[:, :1], torch.tensor([[5, 9]])).sum().backward()
+        return x.grad
+
+    eager = grad()
+    assert seen[-1] == "eager" and model.config._attn_implementation != "eager"  # switched back after
+    scorer.score(torch.tensor([[5, 9]]))
+    assert seen[-1] == model.config._attn_implementation  # scoring keeps the model's own
+    x = emb.clone().requires_grad_(True)  # the same gradient through the model's own attention (what it was)
+    scorer.head.score(scorer.hidden(inputs_embeds=x[:, :1]), torch.tensor([[5, 9]]), torch.tensor([2])).sum().backward()
+    assert seen[-1] != "eager" and eager.abs().sum() > 0
+    torch.testing.assert_close(eager, x.grad, rtol=1e-4, atol=1e-6)
