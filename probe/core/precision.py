@@ -37,11 +37,37 @@ def is_half(dtype: torch.dtype) -> bool:
     return dtype in (torch.float16, torch.bfloat16)
 
 
+def roundings_per_output(device_type: str, dtype: torch.dtype) -> int:
+    """How many roundings of unit size a module's output carries on this device, beyond what the module outputs
+    themselves show. On a CPU, 1: the store of the output (the CPU kernels the model runs accumulate in float32 and
+    round once). On CUDA in half precision, roundings happen inside functions that are no modules, so the hooks of
+    `simulated_rounding` cannot see them; from the kernels' documented precision:
+
+    * attention: FlashAttention (SDPA's flash and memory-efficient kernels) rounds the softmax probabilities to the
+      input dtype before multiplying them with the values; the eager path (Gemma 2's soft-capped scores) rounds
+      the scores and the probabilities to bf16: one more rounding of the attention's output (a weighted mean of
+      values whose weights each carry one rounding moves by at most one unit roundoff).
+    * cuBLAS reduced-precision reductions: with ``torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction``
+      (``allow_fp16_...`` for float16; both on by default) a split-K GEMM may sum its partial products in the half
+      dtype: one more rounding of each linear layer's output.
+
+    Each is counted as a unit of amplitude at every module output (a bound: it also widens modules that do
+    neither). The first GPU runs must measure how far the real disagreement stays below the tolerance
+    (experiments/bf16_tolerance.py on CUDA)."""
+    if device_type != "cuda" or not is_half(dtype):
+        return 1
+    matmul = torch.backends.cuda.matmul
+    reduced = (matmul.allow_bf16_reduced_precision_reduction if dtype == torch.bfloat16
+               else matmul.allow_fp16_reduced_precision_reduction)
+    return 2 + int(bool(reduced))
+
+
 @contextlib.contextmanager
-def simulated_rounding(model: torch.nn.Module, seed: int) -> Iterator[None]:
-    """Inside: every floating-point tensor a module of ``model`` returns is moved by ``x * U(-u, u)``, ``u`` the
-    unit roundoff of its dtype, so that each value may land on either neighbour when it is stored, as another
-    correct order of computation may round it. Seeded: the same ``seed`` gives the same perturbation."""
+def simulated_rounding(model: torch.nn.Module, seed: int, units: float | int = 1) -> Iterator[None]:
+    """Inside: every floating-point tensor a module of ``model`` returns is moved by ``x * U(-units u, units u)``,
+    ``u`` the unit roundoff of its dtype, so that each value may land on either neighbour when it is stored, as
+    another correct order of computation may round it (``units`` > 1: roundings the module does inside, see
+    `roundings_per_output`). Seeded: the same ``seed`` gives the same perturbation."""
     generators: dict[torch.device, torch.Generator] = {}
 
     def hook(module, args, out):
@@ -50,7 +76,7 @@ def simulated_rounding(model: torch.nn.Module, seed: int) -> Iterator[None]:
         g = generators.get(out.device)
         if g is None:
             g = generators[out.device] = torch.Generator(device=out.device).manual_seed(seed)
-        u = torch.finfo(out.dtype).eps / 2
+        u = units * torch.finfo(out.dtype).eps / 2
         return out.addcmul(out, torch.empty_like(out).uniform_(-u, u, generator=g))
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
@@ -64,13 +90,16 @@ def simulated_rounding(model: torch.nn.Module, seed: int) -> Iterator[None]:
 def rounding_noise(models: torch.nn.Module | tuple[torch.nn.Module, ...], reference: Callable[[], np.ndarray],
                    ref: np.ndarray, repeats: int = ROUNDING_REPEATS) -> float:
     """The largest change of any score of ``reference()`` (the models' own forward over the checked rows, whose
-    plain result is ``ref``) under `simulated_rounding` of every model at once, over ``repeats`` seeds."""
+    plain result is ``ref``) under `simulated_rounding` of every model at once, over ``repeats`` seeds, each
+    model's outputs moved by as many units as `roundings_per_output` gives for its device and dtype."""
     models = models if isinstance(models, tuple) else (models,)
     noise = 0.0
     for seed in range(repeats):
         with contextlib.ExitStack() as stack:
             for k, model in enumerate(models):
-                stack.enter_context(simulated_rounding(model, seed + 1000 * k))
+                param = next(model.parameters())
+                units = roundings_per_output(param.device.type, param.dtype)
+                stack.enter_context(simulated_rounding(model, seed + 1000 * k, units))
             noise = max(noise, float(np.max(np.abs(reference() - ref))))
     return noise
 

@@ -64,22 +64,28 @@ def test_bf16_on_cuda_passes_the_self_check_and_is_as_accurate_as_the_models_own
 
 def test_oom_halving_on_the_cuda_allocator_loses_no_row(tiny_models, device):
     """A batch that cannot fit in a capped share of the card: halved until it fits, the same scores as small
-    batches."""
-    lm = tiny_models["llama-lm"]
-    prefix, rows = _rows(lm, "logprob", n=8192, max_len=1)  # full batch: ~100 MB of logits
+    batches. The cap leaves room for about a quarter of the full batch, by the memory plan's bytes per row
+    (probe/models/memory.py; the fused head holds one vocabulary chunk per position, not the whole logits)."""
     from probe.core.engine import pad_rows
+    from probe.core.scoring import scoring_path
+    from probe.models.memory import row_cost
 
+    lm = tiny_models["llama-lm"]
+    prefix, rows = _rows(lm, "logprob", n=8192, max_len=1)
     cont, lengths = pad_rows(rows)
     scorer = PrefixScorer(lm.model, make_head(lm, "logprob"), prefix)
     want = AdaptiveBatcher(256).run(scorer.score, cont, lengths=lengths)
+    per_row = row_cost(lm.model.config, len(prefix), cont.shape[1], torch.float32, "logprob", scoring_path(lm)).total
+    # set_per_process_memory_fraction needs the device's index: torch.device("cuda") alone raises ValueError
+    index = device.index if device.index is not None else torch.cuda.current_device()
     torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_allocated(device) + (32 << 20)) / total),
-                                               device)
+    _, total = torch.cuda.mem_get_info(index)
+    cap = torch.cuda.memory_reserved(index) + per_row * 8192 // 4
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
     try:
         batcher = AdaptiveBatcher(8192)
         got = batcher.run(scorer.score, cont, lengths=lengths)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
     assert batcher.batch_size < 8192  # it really ran out of memory and halved
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -569,3 +569,54 @@ def test_gcgs_gradient_runs_eager_attention_outside_the_kernel(tokenizers):
     scorer.head.score(scorer.hidden(inputs_embeds=x[:, :1]), torch.tensor([[5, 9]]), torch.tensor([2])).sum().backward()
     assert seen[-1] != "eager" and eager.abs().sum() > 0
     torch.testing.assert_close(eager, x.grad, rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------- 8. the half-precision tolerance of a CUDA forward
+
+
+def test_a_cuda_half_forward_counts_the_roundings_inside_attention_and_split_k():
+    from probe.core.precision import roundings_per_output
+
+    assert roundings_per_output("cpu", torch.bfloat16) == 1 and roundings_per_output("cuda", torch.float32) == 1
+    matmul = torch.backends.cuda.matmul  # a process flag (torch._C), set here and restored
+    before = matmul.allow_bf16_reduced_precision_reduction
+    try:
+        matmul.allow_bf16_reduced_precision_reduction = True
+        assert roundings_per_output("cuda", torch.bfloat16) == 3  # the store, attention's probabilities, split-K
+        matmul.allow_bf16_reduced_precision_reduction = False
+        assert roundings_per_output("cuda", torch.bfloat16) == 2
+        assert roundings_per_output("cuda", torch.float16) == 2 + int(matmul.allow_fp16_reduced_precision_reduction)
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before
+
+
+def test_the_measured_noise_grows_with_the_roundings_counted(tiny_models, monkeypatch):
+    """The self-check's rounding noise on a bf16 model: with three roundings per output (a CUDA forward) about three
+    times the CPU's one, and each perturbed value within its amplitude."""
+    import copy
+
+    import probe.core.precision as precision
+    from probe.core.engine import FullSequenceScorer
+    from probe.core.scoring import make_head
+
+    lm = tiny_models["llama-rm"]
+    half = replace(lm, model=copy.deepcopy(lm.model).to(torch.bfloat16))
+    prefix, rows, lengths = _split_rows(lm, "reward")
+    own = FullSequenceScorer(half.model, make_head(half, "reward"), prefix)
+
+    def reference():
+        return own.score(rows, lengths).numpy()
+
+    ref = reference()
+    one = precision.rounding_noise(half.model, reference, ref, repeats=8)
+    monkeypatch.setattr(precision, "roundings_per_output", lambda device_type, dtype: 3)
+    three = precision.rounding_noise(half.model, reference, ref, repeats=8)
+    assert 1.5 * one < three < 6 * one
+
+    x = torch.linspace(1, 2, 4096, dtype=torch.bfloat16)
+    ident = torch.nn.Identity()
+    with precision.simulated_rounding(ident, seed=0, units=3):
+        moved = ident(x)
+    rel = ((moved.float() - x.float()) / x.float()).abs()
+    u = torch.finfo(torch.bfloat16).eps / 2
+    assert rel.max() <= 3 * u * 1.01 + u and rel.max() > u  # beyond one unit, within three (plus the store)
