@@ -128,10 +128,6 @@ def row_cost(config, n_prefix: int, n_new: int, dtype: torch.dtype, mode: str, p
     return RowCost(held, max(attn, mlp), head_bytes(config, positions, dtype, mode, fused))
 
 
-def row_bytes(config, n_prefix: int, n_new: int, dtype: torch.dtype, mode: str, path: str = "shared") -> int:
-    return row_cost(config, n_prefix, n_new, dtype, mode, path).total
-
-
 def fixed_bytes(config, n_prefix: int, dtype: torch.dtype, path: str = "shared") -> int:
     """Once per prompt: the prefix cache, and for the shared path in half precision its float32 working copy."""
     if path == "full":
