@@ -108,3 +108,19 @@ def load(family: str, folder: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(build(family, folder))
+
+
+def mistral_v1(folder: Path, legacy: bool | None) -> Path:
+    """Mistral 7B v0.1's SentencePiece model (``mistral_common/data/tokenizer.model.v1`` of mistral-common 1.13.1: 32,000
+    pieces, byte fallback; the base of Eurus-RM-7b) as a Llama-2-era folder: ``tokenizer.model`` and a
+    ``tokenizer_config.json`` naming ``LlamaTokenizer``, ``<s>``, ``</s>``, ``<unk>``, BOS added, no EOS, and
+    ``legacy`` true, false or unset (None), as checkpoints of that era differ in it. Reading it needs
+    ``sentencepiece`` and ``protobuf``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(package_dir("mistral_common") / "data" / "tokenizer.model.v1", folder / "tokenizer.model")
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+              "add_bos_token": True, "add_eos_token": False, "model_max_length": 32768}
+    if legacy is not None:
+        config["legacy"] = legacy
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    return folder

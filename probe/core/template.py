@@ -144,18 +144,40 @@ class TemplateSplit:
         return asdict(self)
 
 
+# A chat template that carries this text (the shipped dialogue formats, probe/data/chat_templates) renders a plain
+# string that the family's model card encodes with ``tokenizer(text)``: BOS (and EOS) as the tokenizer's own
+# post-processor adds them, never written as text, so SentencePiece's `legacy` flag cannot change the ids.
+TEXT_CALL_MARK = "rm-probe input: tokenizer(text)"
+
+
+def input_call(tokenizer) -> str:
+    """How a rendered conversation becomes ids for this tokenizer: ``"chat_template"`` (the template's own text,
+    control tokens and BOS included, encoded without adding special tokens: ``apply_chat_template(tokenize=True)``,
+    what the chat models' cards call) or ``"tokenizer(text)"`` (a dialogue format: the template's text encoded as
+    the model card's ``tokenizer(text)`` does)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return "tokenizer(text)" if isinstance(template, str) and TEXT_CALL_MARK in template else "chat_template"
+
+
 def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
-    """The ids of the conversation with ``response`` in its slot: the tokenizer's chat template, or a builder's own
-    ``render_ids`` (a family whose input is not a chat, e.g. a pairwise model's, probe/core/pairwise.py)."""
+    """The ids of the conversation with ``response`` in its slot: the tokenizer's chat template (by `input_call`),
+    or a builder's own ``render_ids`` (a family whose input is not a chat, e.g. a pairwise model's,
+    probe/core/pairwise.py). Control tokens inside the messages are encoded as text either way."""
     own = getattr(build, "render_ids", None)
     if own is not None:
         return [int(i) for i in own(tokenizer, response)]
     messages, gen = build(response)
+    text_call = input_call(tokenizer) == "tokenizer(text)"
     try:
-        out = tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=gen, return_dict=False, sanitize_control_tokens=True,
-            **template_kwargs(build),
-        )
+        if text_call:  # the template writes no control token: split them all, add BOS/EOS as the tokenizer does
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
+                                                 **template_kwargs(build))
+            out = tokenizer(text, split_special_tokens=True)["input_ids"]
+        else:
+            out = tokenizer.apply_chat_template(
+                messages, tokenize=True, add_generation_prompt=gen, return_dict=False, sanitize_control_tokens=True,
+                **template_kwargs(build),
+            )
     except Exception as err:  # jinja2 raises its own errors from inside the template (role order, ...)
         raise TemplateError(f"the chat template failed to render: {type(err).__name__}: {err}") from None
     if out and isinstance(out[0], list):

@@ -191,12 +191,34 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+def _check_sentencepiece(path: str) -> None:
+    """A folder whose only tokenizer is a SentencePiece ``tokenizer.model`` needs ``sentencepiece`` (and ``protobuf``)
+    to be read; without them transformers falls through to a misleading tiktoken error."""
+    import importlib.util
+
+    folder = Path(path)
+    if not (folder / "tokenizer.model").is_file() or (folder / "tokenizer.json").is_file():
+        return
+    def importable(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a parent package (google) is missing
+            return False
+
+    missing = [pkg for pkg, module in (("sentencepiece", "sentencepiece"), ("protobuf", "google.protobuf"))
+               if not importable(module)]
+    if missing:
+        raise ModelLoadError(f"the tokenizer of {path} is a SentencePiece tokenizer.model (no tokenizer.json); reading it "
+                             f"needs {' and '.join(missing)}: pip install {' '.join(missing)}")
+
+
 def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None,
                    family_template: str | None = None, need_template: bool = True):
     """The tokenizer, with ``chat_template`` (``--chat-template``) if given; else its own template; else the
     family's dialogue format from the registry (``family_template``, a shipped template's name)."""
     from transformers import AutoTokenizer
 
+    _check_sentencepiece(path)
     try:
         tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:

@@ -32,7 +32,15 @@ log = logging.getLogger(__name__)
 
 Reader = Literal["linear", "gated", "module", "forward", "pairwise"]
 
+# The input conventions of the families (RewardModelSpec.input_source): what each model card (or training code) calls
+CHAT_TEMPLATE_INPUT = ("model card: tokenizer.apply_chat_template(conversation, tokenize=True); BOS as the template "
+                       "writes it (once), no EOS added")
+DIALOGUE_INPUT = ("model card: tokenizer(text) on the dialogue string {}; BOS from the tokenizer's post-processor "
+                  "(never text, so SentencePiece's legacy flag cannot change the ids), no EOS")
 LLAMA3_ASSISTANT_HEADER = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+GRM_INPUT = ("model card: tokenizer.apply_chat_template(message, tokenize=False) then tokenizer(text), which adds a "
+             "second BOS; rm-probe feeds the template's ids with one BOS (README: GRM)")
+PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
 
@@ -65,6 +73,9 @@ class RewardModelSpec:
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
                 "format as RewardBench renders it"})
+    input_source: str = field(default=CHAT_TEMPLATE_INPUT, metadata={
+        "help": "where the family's input convention comes from (the model card's or training code's call) and how "
+                "BOS and EOS are handled; the ids follow it (probe/core/template.py: input_call)"})
     family: str = field(default="", metadata={"help": "base-model family, for grouping in analyses"})
     notes: str = field(default="", metadata={"help": "provenance of this entry"})
 
@@ -135,7 +146,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                   ("Qwen3-8B", "Qwen3", "Qwen3"), ("Qwen3-4B", "Qwen3", "Qwen3"),
                                   ("Qwen3-1.7B", "Qwen3", "Qwen3"), ("Qwen3-0.6B", "Qwen3", "Qwen3"))],
         # RewardBench's custom families (rewardbench/models/*.py), read by their own head layouts
-        *[RewardModelSpec(f"Ray2333/{name}", reader="module", layout="grm", family=fam,
+        *[RewardModelSpec(f"Ray2333/{name}", reader="module", layout="grm", family=fam, input_source=GRM_INPUT,
                           notes="GRewardModel: backbone + v_head (MLP or linear) on the last token (RewardBench grm.py)")
           for name, fam in (("GRM-llama3-8B-sftreg", "Llama 3"), ("GRM-llama3-8B-distill", "Llama 3"),
                             ("GRM-llama3.2-3B-sftreg", "Llama 3.2"), ("GRM-Gemma-2B-sftreg", "Gemma"),
@@ -143,6 +154,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
         RewardModelSpec("infly/INF-ORM-Llama3.1-70B", reader="module", layout="inform", family="Llama 3.1",
                         notes="INFORMForSequenceClassification: Linear-ReLU-Linear score head before the first pad"),
         RewardModelSpec("openbmb/UltraRM-13b", reader="module", layout="ultrarm", chat_template="openbmb",
+                        input_source=DIALOGUE_INPUT.format("'User: {prompt}\\n\\nAssistant: {response}\\n\\n'"),
                         family="Llama 2", notes="LlamaRewardModel: regression_head on the last token; dialogue "
                         "'User: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's openbmb template)"),
         RewardModelSpec("openbmb/Eurus-RM-7b", reader="module", layout="ultrarm", family="Mistral",
@@ -153,6 +165,8 @@ REGISTRY: dict[str, RewardModelSpec] = {
                               "RewardBench renders Yi-34B-Chat's ChatML"),
         *[RewardModelSpec(f"PKU-Alignment/beaver-7b-{v}-{kind}", reader="module", layout="beaver",
                           sign=-1.0 if kind == "cost" else 1.0, chat_template="pku-align", family="Llama 2",
+                          input_source=DIALOGUE_INPUT.format(
+                              "'BEGINNING OF CONVERSATION: USER: {prompt} ASSISTANT: {response} '"),
                           notes="LlamaForScore: end score of score_head (normalised as the config says)"
                                 + ("; a cost: negated, as RewardBench's BeaverCostPipeline does" if kind == "cost" else ""))
           for v in ("v1.0", "v2.0") for kind in ("reward", "cost")],
@@ -162,6 +176,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
         # Encoders (bidirectional: no shared-prefix cache), prompt and response as a text pair, as the model cards
         # score them: tokenizer(question, answer) -> [CLS] question [SEP] answer [SEP]
         *[RewardModelSpec(f"OpenAssistant/{name}", reader="forward", chat_template="text-pair", dtype="float32",
+                          input_source=PAIR_INPUT,
                           family=fam, notes=f"{fam} sequence classifier on (question, answer) as a text pair; every "
                                             "candidate through the model's own forward (bidirectional attention)")
           for name, fam in (("reward-model-deberta-v3-large-v2", "DeBERTa-v3"), ("reward-model-deberta-v3-large", "DeBERTa-v3"),
@@ -169,10 +184,14 @@ REGISTRY: dict[str, RewardModelSpec] = {
                             ("reward-model-electra-large-discriminator", "ELECTRA"))],
         # Pairwise preference models: each candidate against a reference response, both orders
         *[RewardModelSpec(name, reader="pairwise", pairwise="pairrm", layout="pairrm", dtype="float32",
+                          input_source="PairRM's tokenize_pair: [CLS] <|source|> prompt [SEP], <|candidate1|>, "
+                                       "<|candidate2|>, each encoded with [CLS]/[SEP] and truncated as it truncates",
                           family="DeBERTa-v3", notes="DebertaV2PairRM: logit(candidate over reference) - logit(reference "
                           "over candidate), RewardBench's PairRMPipeline; an encoder: full sequences, batched")
           for name in ("llm-blender/PairRM-hf", "DebertaV2PairRM")],
         *[RewardModelSpec(name, reader="pairwise", pairwise="slicpairpm", family="Llama 3",
+                          input_source="RewardBench's SlicPairPMPipeline: the '[CONTEXT] .. [RESPONSE A] .. [RESPONSE B]' "
+                                       "user turn through the chat template, BOS removed as the pipeline removes it",
                           notes="a causal LM judging '[CONTEXT] .. [RESPONSE A] .. [RESPONSE B] ..': mean over both "
                                 "orders of P(candidate) from the 'A'/'B' logits (RewardBench's SlicPairPMPipeline)")
           for name in ("RLHFlow/pair-preference-model-LLaMA3-8B",)],
@@ -180,11 +199,15 @@ REGISTRY: dict[str, RewardModelSpec] = {
         # after the chat template; its backbone is remote too, so every candidate runs through its own forward
         *[RewardModelSpec(name, reader="forward", output="logits", trust_remote_code=True, auto_class="AutoModel",
                           append_token="reward_token_id", family="InternLM2",
+                          input_source="the model's get_score and RewardBench's InternLMPipeline: the chat template's "
+                                       "ids (one BOS) with the config's reward_token_id appended",
                           notes="InternLM2ForRewardModel (remote): v_head at the reward token appended after the chat "
                                 "template (RewardBench's InternLMPipeline, the model's get_score); own forward")
           for name in ("internlm/internlm2-7b-reward", "internlm/internlm2-1_8b-reward", "internlm/internlm2-20b-reward",
                        "InternLM2ForRewardModel")],
         RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya", dtype="float16", family="Llama",
+                        input_source=DIALOGUE_INPUT.format(
+                            "'\\n\\nHuman: {prompt}\\n\\nAssistant: {response}\\n\\n' (RewardBench's Ziya format)"),
                         notes="LlamaForSequenceClassification in float16 (as RewardBench runs it); dialogue "
                               "'\\n\\nHuman: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's Ziya template)"),
         # Architectures of remote-code models, as their modelling code names the class: for checkpoints not
@@ -205,6 +228,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
             notes="QRM-Llama3's class (reward-bench rewardbench/models/qrm.py)",
         ),
         *[RewardModelSpec(cls, reader="module", layout=layout, chat_template=template,
+                          input_source=CHAT_TEMPLATE_INPUT if template is None else DIALOGUE_INPUT.format(f"({template})"),
                           notes=f"{cls}: RewardBench's class, by architecture")
           for cls, layout, template in (("GRewardModel", "grm", None), ("INFORMForSequenceClassification", "inform", None),
                                         ("LlamaRewardModel", "ultrarm", "openbmb"), ("LlamaForScore", "beaver", "pku-align"),

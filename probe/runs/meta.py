@@ -30,6 +30,7 @@ def schema_for(experiment: str) -> str:
 def model_record(loaded, revision: str | None = None) -> dict:
     """The ``model`` section: id, path, source and quantization, the weights' identity, the registry spec and how
     it was matched, architecture, size, dtype, device and the tokenizer's special tokens."""
+    from probe.core.template import input_call
     from probe.models.loading import weights_identity
 
     tok, model = loaded.tokenizer, loaded.model
@@ -43,6 +44,7 @@ def model_record(loaded, revision: str | None = None) -> dict:
         "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
         "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
         "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
+        "input": {"call": input_call(tok), "convention": loaded.spec.input_source},
         **(loaded.pairwise.describe() if getattr(loaded, "pairwise", None) is not None else {}),
         **({"ref": model_record(loaded.ref), "beta": loaded.beta,
             "score": "implicit reward: beta x (log p under the model - log p under ref) of the same response ids"}

@@ -175,13 +175,14 @@ def test_a_missing_head_is_an_error_not_a_random_head(families, tmp_path):
 
 
 @pytest.mark.parametrize("template,want", [
-    ("pku-align", "<s>BEGINNING OF CONVERSATION: USER: Hi there ASSISTANT: Hello! "),
-    ("openbmb", "<s>User: Hi there\n\nAssistant: Hello!\n\n"),
-    ("ziya", "<s>\n\nHuman: Hi there\n\nAssistant: Hello!\n\n"),
+    ("pku-align", "BEGINNING OF CONVERSATION: USER: Hi there ASSISTANT: Hello! "),
+    ("openbmb", "User: Hi there\n\nAssistant: Hello!\n\n"),
+    ("ziya", "\n\nHuman: Hi there\n\nAssistant: Hello!\n\n"),
 ])
 def test_dialogue_templates_render_rewardbenchs_strings(template, want):
     """fastchat's rules, written out: ADD_COLON_SPACE_SINGLE (system + sep, then 'ROLE: message' + sep per turn)
-    for pku-align and Ziya, NO_COLON_SINGLE ('role' + message + sep) for openbmb; BOS as the tokenizer adds it."""
+    for pku-align and Ziya, NO_COLON_SINGLE ('role' + message + sep) for openbmb. No BOS in the text: the
+    tokenizer's own call adds it (tests/unit/test_dialogue_inputs.py)."""
     from jinja2 import Environment
 
     from probe.models.chat_templates import chat_template_text

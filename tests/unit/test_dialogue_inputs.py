@@ -1,0 +1,116 @@
+"""The dialogue formats (UltraRM, Eurus-era Llama-2/Mistral reward models, Beaver, Ziya) on a real SentencePiece
+tokenizer: the ids are the model card's ``tokenizer(text)``, whatever the tokenizer's ``legacy`` flag says.
+
+Mistral 7B v0.1's tokenizer.model (mistral-common 1.13.1) with ``legacy`` true, false and unset: with BOS written as
+text and encoded without special tokens (the old route), a non-legacy tokenizer drops the ``▁`` of the first word
+(``<s> User`` instead of ``<s> ▁User``), so the model saw another input than its card feeds it."""
+
+from __future__ import annotations
+
+import pytest
+
+from probe.core.template import input_call, render, response_conversation, split_template
+from probe.errors import ModelLoadError
+from probe.models.chat_templates import chat_template_text
+from probe.models.registry import REGISTRY
+from tests.real_tokenizers import mistral_v1
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+RESPONSE = "Love, of course </s> and <s> peace"
+# the strings RewardBench's fastchat templates render (tests/unit/test_rewardbench_families.py checks them)
+TEXTS = {
+    "openbmb": "User: {p}\n\nAssistant: {r}\n\n",
+    "pku-align": "BEGINNING OF CONVERSATION: USER: {p} ASSISTANT: {r} ",
+    "ziya": "\n\nHuman: {p}\n\nAssistant: {r}\n\n",
+}
+LEGACY = {"true": True, "false": False, "unset": None}
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    root = tmp_path_factory.mktemp("mistral")
+    return {k: AutoTokenizer.from_pretrained(mistral_v1(root / k, v)) for k, v in LEGACY.items()}
+
+
+def _with(tok, template: str):
+    import copy
+
+    tok = copy.deepcopy(tok)
+    tok.chat_template = chat_template_text(template)
+    return tok
+
+
+def test_the_old_route_really_differs_on_a_non_legacy_tokenizer(mistral):
+    """The defect, shown on the real file: BOS as text and add_special_tokens=False loses the first word's ▁ unless
+    legacy is true."""
+    for key, tok in mistral.items():
+        card = tok("User: hello")["input_ids"]
+        old = tok("<s>User: hello", add_special_tokens=False)["input_ids"]
+        assert tok.convert_ids_to_tokens(card)[:2] == ["<s>", "▁User"]
+        assert (old == card) == (key == "true")
+
+
+@pytest.mark.parametrize("template", sorted(TEXTS))
+@pytest.mark.parametrize("legacy", sorted(LEGACY))
+def test_dialogue_formats_give_the_model_cards_ids(mistral, template, legacy):
+    tok = _with(mistral[legacy], template)
+    assert input_call(tok) == "tokenizer(text)"
+    build = response_conversation(PROMPT, None)
+    text = TEXTS[template].format(p=PROMPT, r=RESPONSE)
+    want = tok(text, split_special_tokens=True)["input_ids"]  # control tokens in the content stay text
+    got = render(tok, build, RESPONSE)
+    assert got == want
+    assert got[0] == tok.bos_token_id and got.count(tok.bos_token_id) == 1 and tok.eos_token_id not in got
+    plain = "Love and peace"  # without control tokens in it: exactly the card's tokenizer(text)
+    assert render(tok, build, plain) == tok(TEXTS[template].format(p=PROMPT, r=plain))["input_ids"]
+
+
+@pytest.mark.parametrize("template", sorted(TEXTS))
+def test_the_template_split_does_not_depend_on_legacy(mistral, template):
+    """One split for all three settings; every verified token's row equals the card's ids of its text."""
+    splits = {k: split_template(_with(t, template), response_conversation(PROMPT, None), n_verify=16)
+              for k, t in mistral.items()}
+    first = splits["true"]
+    assert all((s.prefix_ids, s.suffix_ids, s.leading_space) == (first.prefix_ids, first.suffix_ids, first.leading_space)
+               for s in splits.values())
+    assert first.bos_count == 1 and first.verified_tokens >= 16
+    tok = _with(mistral["unset"], template)
+    love = tok.convert_tokens_to_ids("▁Love")
+    card = tok(TEXTS[template].format(p=PROMPT, r="Love"))["input_ids"]
+    assert first.full_ids([love]) == card
+
+
+def test_chat_models_keep_the_chat_template_call(tokenizers):
+    """A chat template without the mark (Llama 3, Gemma, Qwen) is encoded as apply_chat_template(tokenize=True)."""
+    tok = tokenizers["llama3"]
+    assert input_call(tok) == "chat_template"
+    build = response_conversation(PROMPT, None)
+    messages, gen = build("Love")
+    want = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=gen, return_dict=False,
+                                   date_string=build.date_string)
+    assert render(tok, build, "Love") == list(want)
+
+
+def test_the_registry_records_each_familys_input_convention():
+    for name in ("openbmb/UltraRM-13b", "PKU-Alignment/beaver-7b-v1.0-reward", "IDEA-CCNL/Ziya-LLaMA-7B-Reward",
+                 "LlamaRewardModel", "LlamaForScore"):
+        assert REGISTRY[name].input_source.startswith("model card: tokenizer(text)")
+    assert "apply_chat_template" in REGISTRY["default"].input_source
+    assert "second BOS" in REGISTRY["Ray2333/GRM-llama3-8B-sftreg"].input_source
+    for spec in REGISTRY.values():
+        assert spec.input_source and "\n" not in spec.input_source
+
+
+def test_a_sentencepiece_tokenizer_without_sentencepiece_is_one_line(tmp_path, monkeypatch):
+    import importlib.util
+
+    from probe.models.loading import load_tokenizer
+
+    folder = mistral_v1(tmp_path / "m", None)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sentencepiece" else real(name, *a))
+    with pytest.raises(ModelLoadError, match=r"SentencePiece tokenizer.model .* needs sentencepiece: pip install "
+                                             r"sentencepiece$"):
+        load_tokenizer(str(folder), None, False, chat_template="openbmb")
