@@ -154,7 +154,11 @@ def input_call(tokenizer) -> str:
     """How a rendered conversation becomes ids for this tokenizer: ``"chat_template"`` (the template's own text,
     control tokens and BOS included, encoded without adding special tokens: ``apply_chat_template(tokenize=True)``,
     what the chat models' cards call) or ``"tokenizer(text)"`` (a dialogue format: the template's text encoded as
-    the model card's ``tokenizer(text)`` does)."""
+    the model card's ``tokenizer(text)`` does; also any template, where the registry says the family's card and
+    training code encode the template's text that way: GRM, whose inputs then hold two BOS)."""
+    forced = getattr(tokenizer, "rm_probe_input_call", None)  # the registry's, for this model (models/loading.py)
+    if forced is not None:
+        return forced
     template = getattr(tokenizer, "chat_template", None)
     return "tokenizer(text)" if isinstance(template, str) and TEXT_CALL_MARK in template else "chat_template"
 
@@ -162,27 +166,37 @@ def input_call(tokenizer) -> str:
 def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
     """The ids of the conversation with ``response`` in its slot: the tokenizer's chat template (by `input_call`),
     or a builder's own ``render_ids`` (a family whose input is not a chat, e.g. a pairwise model's,
-    probe/core/pairwise.py). Control tokens inside the messages are encoded as text either way."""
+    probe/core/pairwise.py). The template's own control tokens are tokens; those inside the messages are text.
+    Under ``tokenizer(text)`` the ids the tokenizer's call adds (BOS, EOS) are put around them."""
     own = getattr(build, "render_ids", None)
     if own is not None:
         return [int(i) for i in own(tokenizer, response)]
     messages, gen = build(response)
-    text_call = input_call(tokenizer) == "tokenizer(text)"
     try:
-        if text_call:  # the template writes no control token: split them all, add BOS/EOS as the tokenizer does
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
-                                                 **template_kwargs(build))
-            out = tokenizer(text, split_special_tokens=True)["input_ids"]
-        else:
-            out = tokenizer.apply_chat_template(
-                messages, tokenize=True, add_generation_prompt=gen, return_dict=False, sanitize_control_tokens=True,
-                **template_kwargs(build),
-            )
+        out = tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=gen, return_dict=False, sanitize_control_tokens=True,
+            **template_kwargs(build),
+        )
     except Exception as err:  # jinja2 raises its own errors from inside the template (role order, ...)
         raise TemplateError(f"the chat template failed to render: {type(err).__name__}: {err}") from None
     if out and isinstance(out[0], list):
         out = out[0]
-    return [int(i) for i in out]
+    out = [int(i) for i in out]
+    if input_call(tokenizer) == "tokenizer(text)":  # tokenizer(text): what its call adds around the text, too
+        lead, trail = call_special_tokens(tokenizer)
+        out = lead + out + trail
+    return out
+
+
+def call_special_tokens(tokenizer) -> tuple[list[int], list[int]]:
+    """The ids ``tokenizer(text)`` adds before and after the text's own (BOS, EOS: its post-processor), read off
+    one encoding with and one without special tokens."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    for i in range(len(full) - len(plain) + 1):
+        if full[i : i + len(plain)] == plain:
+            return list(full[:i]), list(full[i + len(plain) :])
+    raise TemplateError("cannot tell which ids the tokenizer's own call adds around a text")
 
 
 def _single_id(tokenizer, text: str) -> int | None:
@@ -242,7 +256,7 @@ def split_template(
         date_string=template_kwargs(build)["date_string"],
         date_sensitive=_date_sensitive(tokenizer, build, probes[0][0], rendered[0]),
     )
-    if split.bos_count > 1:
+    if split.bos_count > 1 and input_call(tokenizer) != "tokenizer(text)":  # GRM's convention doubles it
         raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
     sample = _verification_sample(tokenizer, n_verify, seed, candidates, spaced=joined)
     _verify(tokenizer, build, split, sample, joined=joined)

@@ -280,6 +280,8 @@ def load_model(
     own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template,
                                spec.chat_template if kind == "reward" else None, need_template and not own_format)
+    if spec.input_call is not None and kind == "reward":  # the family's input convention (registry input_source)
+        tokenizer.rm_probe_input_call = spec.input_call
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
     apply_shims(spec, trust_remote_code)

@@ -38,8 +38,9 @@ CHAT_TEMPLATE_INPUT = ("model card: tokenizer.apply_chat_template(conversation, 
 DIALOGUE_INPUT = ("model card: tokenizer(text) on the dialogue string {}; BOS from the tokenizer's post-processor "
                   "(never text, so SentencePiece's legacy flag cannot change the ids), no EOS")
 LLAMA3_ASSISTANT_HEADER = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-GRM_INPUT = ("model card: tokenizer.apply_chat_template(message, tokenize=False) then tokenizer(text), which adds a "
-             "second BOS; rm-probe feeds the template's ids with one BOS (README: GRM)")
+GRM_INPUT = ("model card and training code (GRM's reward_models/load_datasets.py: tokenizer.encode_plus("
+             "tokenizer.apply_chat_template(messages, tokenize=False))): the template's text through tokenizer(text), "
+             "so BOS twice (the template's and the tokenizer's), as the model was trained; no EOS")
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
@@ -73,6 +74,9 @@ class RewardModelSpec:
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
                 "format as RewardBench renders it"})
+    input_call: Literal["tokenizer(text)"] | None = field(default=None, metadata={
+        "help": "'tokenizer(text)': the chat template's text is encoded by the tokenizer's own call (BOS and EOS as "
+                "it adds them: GRM's training code and cards); None: as the template says (probe/core/template.py)"})
     input_source: str = field(default=CHAT_TEMPLATE_INPUT, metadata={
         "help": "where the family's input convention comes from (the model card's or training code's call) and how "
                 "BOS and EOS are handled; the ids follow it (probe/core/template.py: input_call)"})
@@ -147,6 +151,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                   ("Qwen3-1.7B", "Qwen3", "Qwen3"), ("Qwen3-0.6B", "Qwen3", "Qwen3"))],
         # RewardBench's custom families (rewardbench/models/*.py), read by their own head layouts
         *[RewardModelSpec(f"Ray2333/{name}", reader="module", layout="grm", family=fam, input_source=GRM_INPUT,
+                          input_call="tokenizer(text)",
                           notes="GRewardModel: backbone + v_head (MLP or linear) on the last token (RewardBench grm.py)")
           for name, fam in (("GRM-llama3-8B-sftreg", "Llama 3"), ("GRM-llama3-8B-distill", "Llama 3"),
                             ("GRM-llama3.2-3B-sftreg", "Llama 3.2"), ("GRM-Gemma-2B-sftreg", "Gemma"),
@@ -228,7 +233,9 @@ REGISTRY: dict[str, RewardModelSpec] = {
             notes="QRM-Llama3's class (reward-bench rewardbench/models/qrm.py)",
         ),
         *[RewardModelSpec(cls, reader="module", layout=layout, chat_template=template,
-                          input_source=CHAT_TEMPLATE_INPUT if template is None else DIALOGUE_INPUT.format(f"({template})"),
+                          input_source=GRM_INPUT if layout == "grm" else CHAT_TEMPLATE_INPUT if template is None
+                          else DIALOGUE_INPUT.format(f"({template})"),
+                          input_call="tokenizer(text)" if layout == "grm" else None,
                           notes=f"{cls}: RewardBench's class, by architecture")
           for cls, layout, template in (("GRewardModel", "grm", None), ("INFORMForSequenceClassification", "inform", None),
                                         ("LlamaRewardModel", "ultrarm", "openbmb"), ("LlamaForScore", "beaver", "pku-align"),

@@ -58,13 +58,12 @@ def test_dialogue_formats_give_the_model_cards_ids(mistral, template, legacy):
     tok = _with(mistral[legacy], template)
     assert input_call(tok) == "tokenizer(text)"
     build = response_conversation(PROMPT, None)
-    text = TEXTS[template].format(p=PROMPT, r=RESPONSE)
-    want = tok(text, split_special_tokens=True)["input_ids"]  # control tokens in the content stay text
-    got = render(tok, build, RESPONSE)
-    assert got == want
-    assert got[0] == tok.bos_token_id and got.count(tok.bos_token_id) == 1 and tok.eos_token_id not in got
-    plain = "Love and peace"  # without control tokens in it: exactly the card's tokenizer(text)
+    plain = "Love and peace"  # exactly the card's tokenizer(text)
     assert render(tok, build, plain) == tok(TEXTS[template].format(p=PROMPT, r=plain))["input_ids"]
+    # control tokens inside a response stay text (as for every template: sanitize_control_tokens), BOS once
+    got = render(tok, build, RESPONSE)
+    assert got[0] == tok.bos_token_id and got.count(tok.bos_token_id) == 1 and tok.eos_token_id not in got
+    assert tok.decode(got[1:]).strip() == TEXTS[template].format(p=PROMPT, r=RESPONSE).strip()
 
 
 @pytest.mark.parametrize("template", sorted(TEXTS))
@@ -98,7 +97,9 @@ def test_the_registry_records_each_familys_input_convention():
                  "LlamaRewardModel", "LlamaForScore"):
         assert REGISTRY[name].input_source.startswith("model card: tokenizer(text)")
     assert "apply_chat_template" in REGISTRY["default"].input_source
-    assert "second BOS" in REGISTRY["Ray2333/GRM-llama3-8B-sftreg"].input_source
+    grm = REGISTRY["Ray2333/GRM-llama3-8B-sftreg"]
+    assert "BOS twice" in grm.input_source and grm.input_call == "tokenizer(text)"
+    assert REGISTRY["GRewardModel"].input_call == "tokenizer(text)" and REGISTRY["default"].input_call is None
     for spec in REGISTRY.values():
         assert spec.input_source and "\n" not in spec.input_source
 
@@ -114,3 +115,74 @@ def test_a_sentencepiece_tokenizer_without_sentencepiece_is_one_line(tmp_path, m
     with pytest.raises(ModelLoadError, match=r"SentencePiece tokenizer.model .* needs sentencepiece: pip install "
                                              r"sentencepiece$"):
         load_tokenizer(str(folder), None, False, chat_template="openbmb")
+
+
+# ---------------------------------------------------------------- GRM: the template's text through tokenizer(text)
+
+
+@pytest.fixture(scope="module")
+def grm_llama31(tmp_path_factory):
+    """A tiny GRM (RewardBench's GRewardModel, MLP v_head) on the real Llama 3.1 tokenizer and template, saved as a
+    checkpoint folder; the tokenizer's post-processor adds <|begin_of_text|>, and so does the template."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from tests import rewardbench_code as rb
+    from tests import real_tokenizers, tiny
+
+    folder = real_tokenizers.build("llama3.1", tmp_path_factory.mktemp("grm31") / "m")
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.pad_token = "<|finetune_right_pad_id|>"  # RewardBench's pipeline pads its batch
+    config = tiny.llama_config(tok, vocab_size=len(tok), pad_token_id=tok.pad_token_id)
+    config.vhead_layer_type, config.vhead_num_neurons, config.vhead_num_layers = "mlp", 32, 2
+    torch.manual_seed(0)
+    model = rb.load("grm").GRewardModel(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith("model."):
+                p.normal_(0, 0.5 if p.dim() > 1 else 0.1)
+    model.save_pretrained(folder)
+    return folder, model, tok
+
+
+def test_grm_reads_the_templates_text_as_its_training_code_does(grm_llama31):
+    """GRM's training code and cards encode the chat template's text with tokenizer(text): two BOS on Llama 3.1. The
+    default route gives exactly those ids, the split keeps both, and the scores equal RewardBench's GRMPipeline."""
+    import numpy as np
+    import torch
+
+    import probe
+    from probe.core.scoring import ScoringOptions, prompt_split
+    from tests import rewardbench_code as rb
+
+    folder, model, tok = grm_llama31
+    lm = probe.load(str(folder), device="cpu", spec="Ray2333/GRM-llama3-8B-sftreg")
+    assert input_call(lm.tokenizer) == "tokenizer(text)"
+    split = prompt_split(lm, "reward", PROMPT, None, ScoringOptions(), len(lm.tokenizer))
+    bos = tok.bos_token_id
+    assert split.bos_count == 2 and list(split.prefix_ids[:2]) == [bos, bos]
+    msgs = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "Love"}]
+    text = tok.apply_chat_template(msgs, tokenize=False, date_string="26 Jul 2024")
+    love = tok.encode("Love", add_special_tokens=False)
+    assert split.full_ids(love) == tok(text)["input_ids"]
+    responses = ["Love", "Black people", "The Beatles", "peace"]
+    ours = probe.score_responses(lm, None, PROMPT, responses)
+    got = dict(zip(ours["response"], ours["score"].to_numpy()))
+    texts = [tok.apply_chat_template([msgs[0], {"role": "assistant", "content": r}], tokenize=False,
+                                     date_string="26 Jul 2024") for r in responses]
+    with rb.on_cpu():
+        out = rb.load("grm").GRMPipeline("text-classification", model, tok)(texts, batch_size=8, padding=True,
+                                                                           truncation=True, max_length=2048)
+    want = (out if torch.is_tensor(out) else torch.stack(list(out))).float().numpy().reshape(-1)
+    np.testing.assert_allclose([got[r] for r in responses], want, rtol=2e-5, atol=2e-5)
+    assert np.ptp(want) > 1e-3
+    from probe.runs.meta import model_record
+
+    assert model_record(lm)["input"] == {"call": "tokenizer(text)", "convention": lm.spec.input_source}
+
+
+def test_a_chat_model_keeps_one_bos_on_the_same_tokenizer(grm_llama31):
+    """The same template and tokenizer under the default convention: one BOS (the template's)."""
+    _, _, tok = grm_llama31
+    split = split_template(tok, response_conversation(PROMPT, None), n_verify=8)
+    assert split.bos_count == 1 and input_call(tok) == "chat_template"
