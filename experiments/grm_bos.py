@@ -1,0 +1,92 @@
+"""GRM's input with two BOS (its training code's and cards' `tokenizer(apply_chat_template(..., tokenize=False))`,
+rm-probe's default for GRM) against one BOS (the chat template's ids alone): how far scores and rankings move.
+
+    python -m experiments.grm_bos [--limit 16384]
+
+A tiny GRM (RewardBench's own GRewardModel class: Llama backbone with an MLP v_head, and Gemma 2 backbone with a
+linear v_head, random weights, heads spread as the tests spread them) on the real tokenizers and official templates
+of Llama 3.1 and Gemma 2 (tests/real_tokenizers.py). One sweep of the first `--limit` token ids per route and
+family, the paper's first prompt. Writes experiments/results/grm_bos.{json,md}. Random weights say how much the
+extra token can move a score through the model's arithmetic, not how a trained GRM reacts to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PROMPT = "What, in one word, is the greatest thing ever?"
+FAMILIES = {"llama3.1": ("llama", dict(vhead_layer_type="mlp", vhead_num_neurons=32, vhead_num_layers=2),
+                         "Ray2333/GRM-llama3-8B-sftreg"),
+            "gemma2": ("gemma2", dict(vhead_layer_type="linear"), "Ray2333/GRM-Gemma2-2B-sftreg")}
+
+
+def tiny_grm(family: str, folder: Path) -> str:
+    import torch
+    from transformers import AutoTokenizer
+
+    from tests import real_tokenizers, tiny
+    from tests import rewardbench_code as rb
+
+    kind, fields, _ = FAMILIES[family]
+    real_tokenizers.build(family, folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    config = (tiny.gemma2_config if kind == "gemma2" else tiny.llama_config)(tok, vocab_size=len(tok))
+    for k, v in fields.items():
+        setattr(config, k, v)
+    torch.manual_seed(0)
+    model = rb.load("grm").GRewardModel(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith("model."):
+                p.normal_(0, 0.5 if p.dim() > 1 else 0.1)
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+def compare(family: str, limit: int) -> dict:
+    import numpy as np
+    from scipy import stats
+
+    import probe
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = tiny_grm(family, Path(tmp) / family)
+        lm = probe.load(folder, device="cpu", spec=FAMILIES[family][2])
+        two = probe.sweep(lm, None, PROMPT, limit=limit).sort("token_id")
+        lm.tokenizer.rm_probe_input_call = "chat_template"  # the template's ids alone: one BOS
+        one = probe.sweep(lm, None, PROMPT, limit=limit).sort("token_id")
+    a, b = two["score"].to_numpy().astype(np.float64), one["score"].to_numpy().astype(np.float64)
+    diff = np.abs(a - b)
+    top = lambda x: set(np.argsort(-x)[:100].tolist())  # noqa: E731
+    return {"family": family, "tokens": int(a.size), "max_abs_diff": float(diff.max()),
+            "mean_abs_diff": float(diff.mean()), "score_sd_two_bos": float(a.std()),
+            "kendall_tau": float(stats.kendalltau(a, b).statistic),
+            "spearman": float(stats.spearmanr(a, b).statistic), "top100_overlap": len(top(a) & top(b))}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=16384)
+    args = parser.parse_args(argv)
+    rows = [compare(f, args.limit) for f in FAMILIES]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "grm_bos.json").write_text(json.dumps(rows, indent=1))
+    lines = ["# GRM: two BOS (training code, cards, rm-probe's default) against one BOS",
+             "", f"`python -m experiments.grm_bos --limit {args.limit}`; tiny random GRewardModel on the real tokenizer "
+             "and template; the first ids of the vocabulary as one-token responses to the paper's first prompt.", "",
+             "| tokenizer | tokens | max abs diff | mean abs diff | score sd | Kendall tau | Spearman | top-100 overlap |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['family']} | {r['tokens']:,} | {r['max_abs_diff']:.4f} | {r['mean_abs_diff']:.4f} | "
+                     f"{r['score_sd_two_bos']:.4f} | {r['kendall_tau']:.4f} | {r['spearman']:.4f} | "
+                     f"{r['top100_overlap']} |")
+    (RESULTS / "grm_bos.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
