@@ -255,6 +255,8 @@ def load_model(
     """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head.
     ``reference_response``: what a pairwise model compares each response with (default `pairwise.DEFAULT_REFERENCE`);
     an error for any other model."""
+    if spec_name is None and ref is not None and (known := lookup(ref)[0]).unsupported:
+        raise ModelLoadError(f"{ref}: not supported: {known.unsupported}")
     model_id, path = _source(ref)
     config = _read_config(path, revision, trust_remote_code)
     if spec_name is not None:

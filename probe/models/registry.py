@@ -81,6 +81,8 @@ class RewardModelSpec:
         "help": "where the family's input convention comes from (the model card's or training code's call) and how "
                 "BOS and EOS are handled; the ids follow it (probe/core/template.py: input_call)"})
     family: str = field(default="", metadata={"help": "base-model family, for grouping in analyses"})
+    unsupported: str | None = field(default=None, metadata={
+        "help": "why rm-probe refuses this model (one line, before anything loads); None for every model it reads"})
     notes: str = field(default="", metadata={"help": "provenance of this entry"})
 
     def __post_init__(self) -> None:
@@ -215,6 +217,25 @@ REGISTRY: dict[str, RewardModelSpec] = {
                             "'\\n\\nHuman: {prompt}\\n\\nAssistant: {response}\\n\\n' (RewardBench's Ziya format)"),
                         notes="LlamaForSequenceClassification in float16 (as RewardBench runs it); dialogue "
                               "'\\n\\nHuman: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's Ziya template)"),
+        # Families RewardBench runs that rm-probe does not read (yet): refused in one line, never read by a default
+        # head that would give numbers of no meaning
+        *[RewardModelSpec(name, reader="forward", family="Llama 2", unsupported=(
+            "its reward head is a separate .pt value head on Llama-2-7b-chat (RewardBench's starling.py builds the "
+            "model and torch.loads the file); rm-probe does not read it yet"))
+          for name in ("berkeley-nest/Starling-RM-7B-alpha",)],
+        *[RewardModelSpec(name, reader="forward", family="Qwen 2.5", unsupported=(
+            "a WorldPM reward model: its remote Qwen2 reward class (Qwen's own modelling code) is not implemented by "
+            "rm-probe yet, and a default head would read weights it does not have"))
+          for name in ("Qwen/WorldPM-72B", "Qwen/WorldPM-72B-HelpSteer2", "Qwen/WorldPM-72B-RLHFLow",
+                       "Qwen/WorldPM-72B-UltraFeedback")],
+        *[RewardModelSpec(name, reader="forward", family="T5", unsupported=(
+            "SteamSHP is a T5 that generates 'A' or 'B' for a pair of responses (RewardBench's SHPPipeline); rm-probe "
+            "reads decoder-only and encoder classifiers, not encoder-decoder generation"))
+          for name in ("stanfordnlp/SteamSHP-flan-t5-xl", "stanfordnlp/SteamSHP-flan-t5-large")],
+        *[RewardModelSpec(name, reader="forward", family="DeBERTa-v3", unsupported=(
+            "Better-PairRM is PairRM's class with another input format (RewardBench's BetterPairRMPipeline), whose "
+            "template string rm-probe does not render yet; PairRM itself (llm-blender/PairRM-hf) is supported"))
+          for name in ("mightbe/Better-PairRM",)],
         # Architectures of remote-code models, as their modelling code names the class: for checkpoints not
         # listed by id (fine-tunes, local copies under another name).
         RewardModelSpec(
