@@ -30,12 +30,14 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
          revision: str | None = None, trust_remote_code: bool = False, chat_template: str | None = None,
          spec: str | None = None, label_index: int | None = None, device_map: str | None = None,
          allow_random_head: bool = False, ref: str | None = None, beta: float = 1.0,
-         reference_response: str | None = None):
+         reference_response: str | None = None, input_method: str = "ids"):
     """Load a model as the commands do (Hugging Face id, local folder, cache snapshot, or a packaged model:
     ``None``/``"smollm2"``, ``"gemma3-270m"``), with its registry spec. Returns a ``LoadedModel``
     (``.model``, ``.tokenizer``, ``.spec``, ...), which every other function here also accepts as ``model``.
     ``ref``: a reference model; every score is then ``beta * (log p_rm - log p_ref)`` of the same response ids.
     ``reference_response``: a pairwise model's (PairRM, ...) fixed response each candidate is compared with.
+    ``input_method="rewardbench"``: the ids RewardBench 0.1.4's run script gives this family (see the README), for
+    every function that scores with the returned model; ``"ids"``: the family's own (its model card's).
 
     >>> lm = probe.load("smollm2")                   # doctest: +SKIP
     >>> lm.spec.name, lm.kind                        # doctest: +SKIP
@@ -48,7 +50,9 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
                            allow_random_head=allow_random_head, ref=ref, beta=beta,
                            reference_response=reference_response)
     options.check_reference()
-    return load_for_config(options, model_kind(resolve_score_mode(score, rm, ref)))
+    if input_method not in ("ids", "rewardbench"):
+        raise ProbeError(f"input_method={input_method!r}: 'ids' (the model card's inputs) or 'rewardbench'")
+    return load_for_config(options, model_kind(resolve_score_mode(score, rm, ref)), input_method=input_method)
 
 
 def _loaded(model, tokenizer, score: str):

@@ -123,9 +123,11 @@ class ScoreVocabConfig(ModelOptions):
                 "turn, rendered by the tokenizer's own chat template", "metavar": "FILE"})
     response_column: str = field(default="response", metadata={
         "help": "the column of a CSV/Parquet --responses file that holds the responses"})
-    input_method: Literal["ids", "paper"] = field(default="ids", metadata={
-        "help": "ids: raw token ids in the verified template split; paper: the paper's decode-render-re-tokenize "
-                "inputs (for comparison only; see probe/paper_method.py)"})
+    input_method: Literal["ids", "paper", "rewardbench"] = field(default="ids", metadata={
+        "help": "ids: raw token ids in the verified template split, each family's input as its model card feeds it; "
+                "rewardbench: the ids RewardBench 0.1.4's run script gives the family (to reproduce its numbers; "
+                "reward models); paper: the paper's decode-render-re-tokenize inputs (for comparison only; see "
+                "probe/paper_method.py)"})
     verify: int = field(default=16, metadata={
         "help": "tokens re-scored through the model's own forward before each prompt's sweep (0: skip)"})
     output: str = field(default="results", metadata={"help": "root folder for run directories"})
@@ -148,7 +150,7 @@ class ScoreVocabConfig(ModelOptions):
         check_at_least(self, 1, "shard_size", "top", "batch_size", "limit", "devices")
         check_at_least(self, 0, "verify")
         resolve_date(self.date)  # a bad --date fails before any model loads
-        if self.responses and self.input_method != "ids":
+        if self.responses and self.input_method == "paper":
             raise ValueError("--responses renders each response with the chat template; --input-method paper is "
                              "for single-token sweeps only")
 
@@ -246,6 +248,9 @@ class SocialConfig(ModelOptions):
     rm: tuple[str, ...] = field(default=(), metadata={
         "help": "model id, path or packaged name (repeatable, to compare models); omit for the embedded SmolLM2",
         "repeat": True, "metavar": "MODEL"})
+    input_method: Literal["ids", "rewardbench"] = field(default="ids", metadata={
+        "help": "ids: each family's input as its model card feeds it; rewardbench: the ids RewardBench 0.1.4's run "
+                "script gives the family (with --dataset rewardbench: its per-item scores and section numbers)"})
     dataset: tuple[str, ...] = field(default=(), metadata={
         "help": f"data set name (repeatable, once per file): {', '.join(SOCIAL_DATASETS)}", "repeat": True,
         "metavar": "NAME"})

@@ -30,6 +30,8 @@ def _settings(config: ScoreVocabConfig, loaded, responses: list[str], rows: dict
         **model_settings(loaded, config.revision, config.mode, head), "n_responses": len(responses), "responses_sha256": digest, "shard_size": config.shard_size,
         "prompts": {k: [list(r.prefix_ids), list(r.suffix_ids)] for k, r in rows.items()},
         "date": config.scoring_options().date_string,
+        # set only when not the default, so that runs made before the option existed keep their fingerprints
+        **({"input_method": config.input_method} if config.input_method != "ids" else {}),
     }
 
 

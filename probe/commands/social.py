@@ -67,7 +67,7 @@ EXPERIMENT = "social"
 
 # what a suite file may set per model: the model options every command shares, the score mode, and a label
 MODEL_KEYS = {"rm", "ref", "beta", "score", "logprob_reduce", "allow_random_head", "trust_remote_code", "dtype", "revision", "spec",
-              "label_index", "chat_template", "device_map", "label"}
+              "label_index", "chat_template", "device_map", "label", "input_method"}
 
 
 def _read_suite(path: Path) -> dict:
@@ -181,6 +181,10 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     from probe.social.scoring import score_items
 
     loaded = load_for_config(mcfg, model_kind(mode), rm=rm)
+    from probe.runs.meta import score_label
+
+    print(f"rm-probe social: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]",
+          file=sys.stderr)
     settings = {"model": loaded.model_id, "weights": weights_identity(loaded), "mode": mode,
                 "logprob_reduce": mcfg.logprob_reduce, "system": cfg.system, "date": resolve_date(cfg.date),
                 "datasets": [{k: e[k] for k in ("dataset", "data", "limit", "config", "split") if k in e}
@@ -188,7 +192,8 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
                 "bbq_metadata": cfg.bbq_metadata, "dtype": str(loaded.dtype),
                 # set only when given, so that runs made before these options existed still resume
                 **{k: getattr(mcfg, k) for k in ("revision", "spec", "label_index", "chat_template")
-                   if getattr(mcfg, k) is not None}}
+                   if getattr(mcfg, k) is not None},
+                **({"input_method": mcfg.input_method} if getattr(mcfg, "input_method", "ids") != "ids" else {})}
     settings |= reference_settings(loaded)  # an implicit reward: the reference is part of every number
     run, meta = _open_run(cfg, loaded, model, mode, settings)
     if meta.get("status") == "complete":  # --resume on a finished run: its results as they are

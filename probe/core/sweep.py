@@ -99,7 +99,7 @@ class VocabSweep:
 
     def row_source(self, prompt: Prompt):
         split = self.splits[prompt.key]
-        if self.config.input_method == "ids":
+        if self.config.input_method != "paper":  # ids, or rewardbench (its ids come from the split itself)
             return TemplateRows(split)
         from probe.core.paper_method import PaperRows
 

@@ -155,12 +155,19 @@ def input_call(tokenizer) -> str:
     control tokens and BOS included, encoded without adding special tokens: ``apply_chat_template(tokenize=True)``,
     what the chat models' cards call) or ``"tokenizer(text)"`` (a dialogue format: the template's text encoded as
     the model card's ``tokenizer(text)`` does; also any template, where the registry says the family's card and
-    training code encode the template's text that way: GRM, whose inputs then hold two BOS)."""
+    training code encode the template's text that way: GRM, whose inputs then hold two BOS) or ``"rewardbench"``
+    (``--input-method rewardbench``: ``tokenizer(text)`` on the template's text as RewardBench 0.1.4's pipelines
+    call it, and, for a dialogue format, the EOS its run script adds with ``add_eos_token``)."""
     forced = getattr(tokenizer, "rm_probe_input_call", None)  # the registry's, for this model (models/loading.py)
     if forced is not None:
         return forced
+    return "tokenizer(text)" if _marked(tokenizer) else "chat_template"
+
+
+def _marked(tokenizer) -> bool:
+    """The tokenizer's template is one of the shipped dialogue formats (or carries their mark)."""
     template = getattr(tokenizer, "chat_template", None)
-    return "tokenizer(text)" if isinstance(template, str) and TEXT_CALL_MARK in template else "chat_template"
+    return isinstance(template, str) and TEXT_CALL_MARK in template
 
 
 def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
@@ -182,10 +189,42 @@ def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
     if out and isinstance(out[0], list):
         out = out[0]
     out = [int(i) for i in out]
-    if input_call(tokenizer) == "tokenizer(text)":  # tokenizer(text): what its call adds around the text, too
-        lead, trail = call_special_tokens(tokenizer)
-        out = lead + out + trail
+    if input_call(tokenizer) != "chat_template":  # tokenizer(text): what its call adds around the text, too
+        call = getattr(tokenizer, "rm_probe_call_ids", None) or CallIds(*call_special_tokens(tokenizer))
+        out = call.apply(out)
     return out
+
+
+@dataclass(frozen=True)
+class CallIds:
+    """What a ``tokenizer(text)`` call puts around the template's ids, and whether a doubled leading BOS is then
+    dropped (RewardBench's RewardBenchPipeline and LDLPipeline mask the first of two: for rotary-position models
+    the same as feeding one)."""
+
+    lead: tuple[int, ...] | list[int]
+    trail: tuple[int, ...] | list[int]
+    drop_double_bos: int | None = None  # the BOS id, where a doubled one is dropped
+
+    def apply(self, ids: list[int]) -> list[int]:
+        out = [*self.lead, *ids, *self.trail]
+        bos = self.drop_double_bos
+        return out[1:] if bos is not None and out[:2] == [bos, bos] else out
+
+
+def rewardbench_call_ids(tokenizer, pipeline: str) -> CallIds:
+    """What RewardBench 0.1.4 feeds a model through ``pipeline``: its ``tokenizer(text)`` on the template's text;
+    for a tokenizer without a chat template of its own (here: a shipped dialogue format) its run script first sets
+    ``add_eos_token = True``; `DOUBLE_BOS_MASKED` pipelines mask a doubled leading BOS."""
+    from probe.models.registry import DOUBLE_BOS_MASKED
+
+    call = tokenizer
+    if _marked(tokenizer):
+        import copy
+
+        call = copy.deepcopy(tokenizer)
+        call.add_eos_token = True
+    lead, trail = call_special_tokens(call)
+    return CallIds(lead, trail, tokenizer.bos_token_id if pipeline in DOUBLE_BOS_MASKED else None)
 
 
 def call_special_tokens(tokenizer) -> tuple[list[int], list[int]]:
@@ -256,7 +295,7 @@ def split_template(
         date_string=template_kwargs(build)["date_string"],
         date_sensitive=_date_sensitive(tokenizer, build, probes[0][0], rendered[0]),
     )
-    if split.bos_count > 1 and input_call(tokenizer) != "tokenizer(text)":  # GRM's convention doubles it
+    if split.bos_count > 1 and input_call(tokenizer) == "chat_template":  # GRM's and RewardBench's calls double it
         raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
     sample = _verification_sample(tokenizer, n_verify, seed, candidates, spaced=joined)
     _verify(tokenizer, build, split, sample, joined=joined)

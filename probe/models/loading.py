@@ -251,6 +251,7 @@ def load_model(
     allow_random_head: bool = False,
     need_template: bool = True,
     reference_response: str | None = None,
+    input_method: str = "ids",
 ) -> LoadedModel:
     """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head.
     ``reference_response``: what a pairwise model compares each response with (default `pairwise.DEFAULT_REFERENCE`);
@@ -277,6 +278,8 @@ def load_model(
     if label_index is not None:
         spec = replace(spec, label_index=label_index)
     pairwise = _pairwise(model_id, spec, kind, reference_response)
+    if input_method == "rewardbench":
+        check_rewardbench_route(model_id, spec, kind)
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
     own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
@@ -284,6 +287,11 @@ def load_model(
                                spec.chat_template if kind == "reward" else None, need_template and not own_format)
     if spec.input_call is not None and kind == "reward":  # the family's input convention (registry input_source)
         tokenizer.rm_probe_input_call = spec.input_call
+    if input_method == "rewardbench" and rewardbench_differs(spec):
+        from probe.core.template import rewardbench_call_ids
+
+        tokenizer.rm_probe_input_call = "rewardbench"
+        tokenizer.rm_probe_call_ids = rewardbench_call_ids(tokenizer, spec.rewardbench_pipeline)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
     apply_shims(spec, trust_remote_code)
@@ -306,6 +314,26 @@ def load_model(
     model.requires_grad_(False)
     source = pkg.source() if (pkg := packaged(ref)) is not None else None
     return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise)
+
+
+def rewardbench_differs(spec: RewardModelSpec) -> bool:
+    """Whether RewardBench's run script feeds this family other ids than rm-probe's default: it does for every family
+    its pipelines encode as ``tokenizer(text)`` (the chat template's text, so a tokenizer that adds BOS doubles it;
+    without a chat template, fastchat's format with ``add_eos_token``); PairRM, the pair-preference LMs and InternLM2
+    reward get their pipelines' own inputs by default already."""
+    return spec.reader != "pairwise" and spec.append_token is None
+
+
+def check_rewardbench_route(model_id: str, spec: RewardModelSpec, kind: ModelKind) -> None:
+    """``--input-method rewardbench`` only where rm-probe reproduces RewardBench's inputs: one line otherwise, before
+    any weights load."""
+    if kind != "reward":
+        raise ModelLoadError("--input-method rewardbench reproduces RewardBench's reward-model inputs: it goes with "
+                             "--score reward (its DPO inputs, run_dpo.py's, are not reproduced)")
+    if spec.chat_template == "text-pair":
+        raise ModelLoadError(f"--input-method rewardbench: {model_id} is an encoder; RewardBench feeds it the plain "
+                             "concatenation of prompt and response, which rm-probe does not reproduce (its default is "
+                             "the model card's text pair)")
 
 
 def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_response: str | None):
@@ -422,7 +450,7 @@ def _load_family(path, spec, revision, dtype, device_map, allow_random_head, con
 _CONFIG_RM = object()
 
 
-def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> LoadedModel:
+def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_method: str | None = None) -> LoadedModel:
     """`load_model` with the model settings a command's config carries (rm, device, dtype, revision, ...);
     ``rm`` overrides the config's own (a command that runs several models)."""
     get = lambda name, default=None: getattr(config, name, default)  # noqa: E731
@@ -431,19 +459,21 @@ def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> Loaded
         trust_remote_code=get("trust_remote_code", False), chat_template=get("chat_template"), spec_name=get("spec"),
         label_index=get("label_index"), device_map=get("device_map"), allow_random_head=get("allow_random_head", False),
         reference_response=get("reference_response"),
+        input_method="rewardbench" if (input_method or get("input_method")) == "rewardbench" else "ids",
     )
 
 
 
-def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM) -> LoadedModel:
+def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_method: str | None = None) -> LoadedModel:
     """`load_model` with the model settings a command's config carries; with ``ref`` (``--ref``) the reference
-    model too, as a causal LM on the same device, after its vocabulary was found equal to the model's."""
+    model too, as a causal LM on the same device, after its vocabulary was found equal to the model's.
+    ``input_method``: instead of the config's (the API's ``probe.load``)."""
     ref = getattr(config, "ref", None)
     if ref is None:
-        return _load_for_config(config, kind, rm)
+        return _load_for_config(config, kind, rm, input_method)
     policy_ref = config.rm if rm is _CONFIG_RM else rm
     check_same_vocabulary(policy_ref, ref, getattr(config, "revision", None), getattr(config, "trust_remote_code", False))
-    loaded = _load_for_config(config, kind, rm)
+    loaded = _load_for_config(config, kind, rm, input_method)
     reference = load_model(ref, kind="causal", device=str(loaded.device) if getattr(config, "device_map", None) is None
                            else "auto", dtype=str(loaded.dtype).removeprefix("torch."),
                            trust_remote_code=getattr(config, "trust_remote_code", False),

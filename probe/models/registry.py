@@ -41,6 +41,12 @@ LLAMA3_ASSISTANT_HEADER = "<|eot_id|><|start_header_id|>assistant<|end_header_id
 GRM_INPUT = ("model card and training code (GRM's reward_models/load_datasets.py: tokenizer.encode_plus("
              "tokenizer.apply_chat_template(messages, tokenize=False))): the template's text through tokenizer(text), "
              "so BOS twice (the template's and the tokenizer's), as the model was trained; no EOS")
+# the pipeline of each family's class, for checkpoints found by their class (RewardBench itself keys by model id)
+PIPELINE_OF_LAYOUT = {"grm": "GRMPipeline", "inform": "RewardBenchPipeline", "ultrarm": "OpenBMBPipeline",
+                      "beaver": "BeaverPipeline", "ldl": "LDLPipeline"}
+# RewardBench's pipelines that mask the first of two leading BOS tokens (pipeline.py, ldlreward.py): for rotary
+# position models the same as feeding one
+DOUBLE_BOS_MASKED = ("RewardBenchPipeline", "LDLPipeline")
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
@@ -81,6 +87,9 @@ class RewardModelSpec:
         "help": "where the family's input convention comes from (the model card's or training code's call) and how "
                 "BOS and EOS are handled; the ids follow it (probe/core/template.py: input_call)"})
     family: str = field(default="", metadata={"help": "base-model family, for grouping in analyses"})
+    rewardbench_pipeline: str = field(default="RewardBenchPipeline", metadata={
+        "help": "the pipeline RewardBench 0.1.4 runs this model with (rewardbench/models/__init__.py, keyed by id; "
+                "'RewardBenchPipeline' for any model it does not list): --input-method rewardbench follows it"})
     unsupported: str | None = field(default=None, metadata={
         "help": "why rm-probe refuses this model (one line, before anything loads); None for every model it reads"})
     notes: str = field(default="", metadata={"help": "provenance of this entry"})
@@ -124,6 +133,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
         RewardModelSpec(
             "RLHFlow/ArmoRM-Llama3-8B-v0.1", reader="gated", output="score", trust_remote_code=True,
             gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3",
+            rewardbench_pipeline="ArmoRMPipeline",
             notes="LlamaForRewardModelWithGating: score = sum(gating(h[gate]) * (regression(h[last]) @ T)); "
                   "19 objectives; the gate reads the first token of the last assistant header.",
         ),
@@ -153,7 +163,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                   ("Qwen3-1.7B", "Qwen3", "Qwen3"), ("Qwen3-0.6B", "Qwen3", "Qwen3"))],
         # RewardBench's custom families (rewardbench/models/*.py), read by their own head layouts
         *[RewardModelSpec(f"Ray2333/{name}", reader="module", layout="grm", family=fam, input_source=GRM_INPUT,
-                          input_call="tokenizer(text)",
+                          input_call="tokenizer(text)", rewardbench_pipeline="GRMPipeline",
                           notes="GRewardModel: backbone + v_head (MLP or linear) on the last token (RewardBench grm.py)")
           for name, fam in (("GRM-llama3-8B-sftreg", "Llama 3"), ("GRM-llama3-8B-distill", "Llama 3"),
                             ("GRM-llama3.2-3B-sftreg", "Llama 3.2"), ("GRM-Gemma-2B-sftreg", "Gemma"),
@@ -161,23 +171,28 @@ REGISTRY: dict[str, RewardModelSpec] = {
         RewardModelSpec("infly/INF-ORM-Llama3.1-70B", reader="module", layout="inform", family="Llama 3.1",
                         notes="INFORMForSequenceClassification: Linear-ReLU-Linear score head before the first pad"),
         RewardModelSpec("openbmb/UltraRM-13b", reader="module", layout="ultrarm", chat_template="openbmb",
+                        rewardbench_pipeline="OpenBMBPipeline",
                         input_source=DIALOGUE_INPUT.format("'User: {prompt}\\n\\nAssistant: {response}\\n\\n'"),
                         family="Llama 2", notes="LlamaRewardModel: regression_head on the last token; dialogue "
                         "'User: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's openbmb template)"),
         RewardModelSpec("openbmb/Eurus-RM-7b", reader="module", layout="ultrarm", family="Mistral",
+                        rewardbench_pipeline="OpenBMBPipeline",
                         notes="EurusRewardModel, read as UltraRM's class (MistralModel + regression_head at the last "
                               "token), as RewardBench reads both with one pipeline; its remote code is not run"),
         RewardModelSpec("Nexusflow/Starling-RM-34B", reader="module", layout="starling", family="Yi",
+                        rewardbench_pipeline="StarlingPipeline",
                         notes="Starling's LlamaForSequenceClassification: transformer + v_head before the first id 0; "
                               "RewardBench renders Yi-34B-Chat's ChatML"),
         *[RewardModelSpec(f"PKU-Alignment/beaver-7b-{v}-{kind}", reader="module", layout="beaver",
                           sign=-1.0 if kind == "cost" else 1.0, chat_template="pku-align", family="Llama 2",
+                          rewardbench_pipeline="BeaverCostPipeline" if kind == "cost" else "BeaverPipeline",
                           input_source=DIALOGUE_INPUT.format(
                               "'BEGINNING OF CONVERSATION: USER: {prompt} ASSISTANT: {response} '"),
                           notes="LlamaForScore: end score of score_head (normalised as the config says)"
                                 + ("; a cost: negated, as RewardBench's BeaverCostPipeline does" if kind == "cost" else ""))
           for v in ("v1.0", "v2.0") for kind in ("reward", "cost")],
         RewardModelSpec("ShikaiChen/LDL-Reward-Gemma-2-27B-v0.1", reader="module", layout="ldl", family="Gemma 2",
+                        rewardbench_pipeline="LDLPipeline",
                         notes="LDLRewardModel27B: 10-bin distributions per objective, gated, expectation on [0, 1]; "
                               "heads in regression_layer.pt and gating_layer.pt"),
         # Encoders (bidirectional: no shared-prefix cache), prompt and response as a text pair, as the model cards
@@ -191,12 +206,14 @@ REGISTRY: dict[str, RewardModelSpec] = {
                             ("reward-model-electra-large-discriminator", "ELECTRA"))],
         # Pairwise preference models: each candidate against a reference response, both orders
         *[RewardModelSpec(name, reader="pairwise", pairwise="pairrm", layout="pairrm", dtype="float32",
+                          rewardbench_pipeline="PairRMPipeline",
                           input_source="PairRM's tokenize_pair: [CLS] <|source|> prompt [SEP], <|candidate1|>, "
                                        "<|candidate2|>, each encoded with [CLS]/[SEP] and truncated as it truncates",
                           family="DeBERTa-v3", notes="DebertaV2PairRM: logit(candidate over reference) - logit(reference "
                           "over candidate), RewardBench's PairRMPipeline; an encoder: full sequences, batched")
           for name in ("llm-blender/PairRM-hf", "DebertaV2PairRM")],
         *[RewardModelSpec(name, reader="pairwise", pairwise="slicpairpm", family="Llama 3",
+                          rewardbench_pipeline="SlicPairPMPipeline",
                           input_source="RewardBench's SlicPairPMPipeline: the '[CONTEXT] .. [RESPONSE A] .. [RESPONSE B]' "
                                        "user turn through the chat template, BOS removed as the pipeline removes it",
                           notes="a causal LM judging '[CONTEXT] .. [RESPONSE A] .. [RESPONSE B] ..': mean over both "
@@ -205,7 +222,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
         # InternLM2 reward: remote code (AutoModel -> InternLM2ForRewardModel), v_head on the reward token appended
         # after the chat template; its backbone is remote too, so every candidate runs through its own forward
         *[RewardModelSpec(name, reader="forward", output="logits", trust_remote_code=True, auto_class="AutoModel",
-                          append_token="reward_token_id", family="InternLM2",
+                          append_token="reward_token_id", family="InternLM2", rewardbench_pipeline="InternLMPipeline",
                           input_source="the model's get_score and RewardBench's InternLMPipeline: the chat template's "
                                        "ids (one BOS) with the config's reward_token_id appended",
                           notes="InternLM2ForRewardModel (remote): v_head at the reward token appended after the chat "
@@ -213,6 +230,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
           for name in ("internlm/internlm2-7b-reward", "internlm/internlm2-1_8b-reward", "internlm/internlm2-20b-reward",
                        "InternLM2ForRewardModel")],
         RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya", dtype="float16", family="Llama",
+                        rewardbench_pipeline="ZiyaPipeline",
                         input_source=DIALOGUE_INPUT.format(
                             "'\\n\\nHuman: {prompt}\\n\\nAssistant: {response}\\n\\n' (RewardBench's Ziya format)"),
                         notes="LlamaForSequenceClassification in float16 (as RewardBench runs it); dialogue "
@@ -257,6 +275,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
                           input_source=GRM_INPUT if layout == "grm" else CHAT_TEMPLATE_INPUT if template is None
                           else DIALOGUE_INPUT.format(f"({template})"),
                           input_call="tokenizer(text)" if layout == "grm" else None,
+                          rewardbench_pipeline=PIPELINE_OF_LAYOUT[layout],
                           notes=f"{cls}: RewardBench's class, by architecture")
           for cls, layout, template in (("GRewardModel", "grm", None), ("INFORMForSequenceClassification", "inform", None),
                                         ("LlamaRewardModel", "ultrarm", "openbmb"), ("LlamaForScore", "beaver", "pku-align"),

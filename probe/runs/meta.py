@@ -77,11 +77,15 @@ def reference_settings(loaded) -> dict:
 
 
 def score_label(loaded, mode: str) -> str:
-    """The score mode as a run's first line names it: the mode, or the implicit reward and its reference."""
+    """The score mode as a run's first line names it: the mode, or the implicit reward and its reference; and the
+    input route where it is not the family's own (``--input-method rewardbench``)."""
+    from probe.core.template import input_call
+
+    route = ", RewardBench's inputs" if input_call(loaded.tokenizer) == "rewardbench" else ""
     if getattr(loaded, "pairwise", None) is not None and mode == "reward":
-        return f"pairwise vs the reference response {loaded.pairwise.reference!r}"
+        return f"pairwise vs the reference response {loaded.pairwise.reference!r}{route}"
     if getattr(loaded, "ref", None) is None:
-        return mode
+        return mode + route
     return f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}"
 
 

@@ -186,3 +186,93 @@ def test_a_chat_model_keeps_one_bos_on_the_same_tokenizer(grm_llama31):
     _, _, tok = grm_llama31
     split = split_template(tok, response_conversation(PROMPT, None), n_verify=8)
     assert split.bos_count == 1 and input_call(tok) == "chat_template"
+
+
+# ---------------------------------------------------------------- --input-method rewardbench on real tokenizers
+
+
+@pytest.fixture(scope="module")
+def llama31_classifier(tmp_path_factory):
+    """A tiny LlamaForSequenceClassification on the real Llama 3.1 tokenizer and template, saved as a checkpoint."""
+    import torch
+    from transformers import AutoTokenizer, LlamaForSequenceClassification
+
+    from tests import real_tokenizers, tiny
+
+    folder = real_tokenizers.build("llama3.1", tmp_path_factory.mktemp("cls31") / "m")
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.pad_token = "<|finetune_right_pad_id|>"
+    model = tiny.build(LlamaForSequenceClassification, tiny.llama_config(tok, vocab_size=len(tok),
+                                                                         pad_token_id=tok.pad_token_id))
+    model.save_pretrained(folder)
+    torch.manual_seed(0)
+    return folder, model, tok
+
+
+def test_the_rewardbench_route_on_llama31_is_rewardbenchpipelines_masked_double_bos(llama31_classifier):
+    """RewardBench's run script renders the template's text and RewardBenchPipeline encodes it with tokenizer(text):
+    two <|begin_of_text|> on Llama 3.1, of which it masks the first. The route equals the pipeline, with the first
+    BOS dropped (the same for rotary positions), and so equals the card's input here; a pipeline without the mask
+    (GRM's, ArmoRM's) keeps both (test_grm_reads_the_templates_text_as_its_training_code_does)."""
+    import numpy as np
+
+    import probe
+    from probe.core.scoring import ScoringOptions, prompt_split
+    from probe.runs.meta import score_label
+    from tests import rewardbench_code as rb
+
+    folder, model, tok = llama31_classifier
+    responses = ["Love", "Black people", "The Beatles", "peace"]
+    route = probe.load(str(folder), device="cpu", input_method="rewardbench", allow_random_head=True)
+    default = probe.load(str(folder), device="cpu", allow_random_head=True)
+    assert input_call(route.tokenizer) == "rewardbench" and input_call(default.tokenizer) == "chat_template"
+    assert route.tokenizer.rm_probe_call_ids.drop_double_bos == tok.bos_token_id
+    split = prompt_split(route, "reward", PROMPT, None, ScoringOptions(), len(tok))
+    assert split == prompt_split(default, "reward", PROMPT, None, ScoringOptions(), len(tok)) and split.bos_count == 1
+    texts = [tok.apply_chat_template([{"role": "user", "content": PROMPT}, {"role": "assistant", "content": r}],
+                                     tokenize=False, date_string="26 Jul 2024") for r in responses]
+    assert tok(texts[0])["input_ids"][:2] == [tok.bos_token_id] * 2  # what the pipeline encodes, before its mask
+    with rb.on_cpu():
+        out = rb.load("pipeline").RewardBenchPipeline("text-classification", model, tok)(
+            texts, batch_size=8, padding=True, truncation=False, max_length=2048)
+    ours = probe.score_responses(route, None, PROMPT, responses)
+    got = dict(zip(ours["response"], ours["score"].to_numpy()))
+    np.testing.assert_allclose([got[r] for r in responses], out[:, 0].float().numpy(), rtol=2e-5, atol=2e-5)
+    assert score_label(route, "reward") == "reward, RewardBench's inputs" and score_label(default, "reward") == "reward"
+
+
+@pytest.mark.parametrize("bad", [dict(score="logprob"), dict(ref="smollm2")])
+def test_the_rewardbench_route_is_refused_where_it_is_not_reproduced(llama31_classifier, bad):
+    import probe
+    from probe.errors import ProbeError
+
+    folder, _, _ = llama31_classifier
+    with pytest.raises((ModelLoadError, ProbeError), match="--input-method rewardbench"):
+        probe.load(str(folder) if "ref" not in bad else None, device="cpu", input_method="rewardbench", **bad)
+
+
+def test_an_unknown_input_method_is_one_line():
+    import probe
+    from probe.errors import ProbeError
+
+    with pytest.raises(ProbeError, match="input_method='paper'"):
+        probe.load(None, device="cpu", input_method="paper")
+
+
+@pytest.mark.parametrize("pipeline,n_bos", [("ArmoRMPipeline", 2), ("GRMPipeline", 2), ("StarlingPipeline", 2),
+                                            ("RewardBenchPipeline", 1), ("LDLPipeline", 1)])
+def test_which_rewardbench_pipelines_keep_a_doubled_bos(llama31_classifier, pipeline, n_bos):
+    """RewardBenchPipeline and LDLPipeline mask the first of two leading BOS; the others feed both (their code)."""
+    import copy
+
+    from probe.core.template import rewardbench_call_ids
+
+    _, _, tok = llama31_classifier
+    tok = copy.deepcopy(tok)
+    tok.rm_probe_input_call = "rewardbench"
+    tok.rm_probe_call_ids = rewardbench_call_ids(tok, pipeline)
+    ids = render(tok, response_conversation(PROMPT, None), "Love")
+    text = tok.apply_chat_template([{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "Love"}],
+                                   tokenize=False, date_string="26 Jul 2024")
+    card = tok(text)["input_ids"]  # what every one of these pipelines encodes
+    assert ids == card[2 - n_bos:] and ids[:n_bos] == [tok.bos_token_id] * n_bos and ids[n_bos] != tok.bos_token_id
