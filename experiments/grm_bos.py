@@ -25,7 +25,6 @@ FAMILIES = {"llama3.1": ("llama", dict(vhead_layer_type="mlp", vhead_num_neurons
 
 
 def tiny_grm(family: str, folder: Path) -> str:
-    import torch
     from transformers import AutoTokenizer
 
     from tests import real_tokenizers, tiny
@@ -35,15 +34,7 @@ def tiny_grm(family: str, folder: Path) -> str:
     real_tokenizers.build(family, folder)
     tok = AutoTokenizer.from_pretrained(folder)
     config = (tiny.gemma2_config if kind == "gemma2" else tiny.llama_config)(tok, vocab_size=len(tok))
-    for k, v in fields.items():
-        setattr(config, k, v)
-    torch.manual_seed(0)
-    model = rb.load("grm").GRewardModel(config).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.startswith("model."):
-                p.normal_(0, 0.5 if p.dim() > 1 else 0.1)
-    model.save_pretrained(folder)
+    tiny.family_model(rb.load("grm").GRewardModel, config, fields).save_pretrained(folder)
     return str(folder)
 
 

@@ -34,7 +34,6 @@ FAMILIES = {
 
 
 def build(name: str, folder: Path) -> str:
-    import torch
     import transformers
     from transformers import AutoTokenizer
 
@@ -50,15 +49,8 @@ def build(name: str, folder: Path) -> str:
     # Llama-2-era configs pad with id 0 (<unk>); Llama 3.1 with its finetune pad token
     config = tiny.llama_config(tok, vocab_size=len(tok), pad_token_id=0 if tok_name == "mistral"
                                else tok.convert_tokens_to_ids("<|finetune_right_pad_id|>"))
-    for k, v in fields.items():
-        setattr(config, k, v)
     klass = getattr(transformers, cls) if module is None else getattr(rb.load(module), cls)
-    torch.manual_seed(0)
-    model = klass(config).float().eval()
-    with torch.no_grad():  # spread the heads, as the tests do
-        for pname, p in model.named_parameters():
-            if not pname.startswith("model."):
-                p.normal_(0, 0.5 if p.dim() > 1 else 0.1)
+    model = tiny.family_model(klass, config, fields)
     model.save_pretrained(folder)
     return str(folder)
 

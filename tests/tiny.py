@@ -138,3 +138,24 @@ def build(cls, config, seed: int = 0):
                 p.normal_(0, 1.0)
     model.requires_grad_(False)
     return model
+
+
+def spread_heads(model, backbone: str = "model") -> None:
+    """Random init leaves a family's head near zero; spread every weight outside the backbone so that scores differ
+    visibly (seeded)."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.startswith(backbone + "."):
+                p.normal_(0, 0.5 if p.dim() > 1 else 0.1)
+
+
+def family_model(klass, config, fields: dict | None = None, backbone: str = "model"):
+    """A tiny model of ``klass`` (a RewardBench family's class, or transformers') on ``config`` with ``fields`` set,
+    heads spread (`spread_heads`)."""
+    for k, v in (fields or {}).items():
+        setattr(config, k, v)
+    torch.manual_seed(0)
+    model = klass(config).float().eval()
+    spread_heads(model, backbone)
+    return model

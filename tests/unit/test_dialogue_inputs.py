@@ -124,7 +124,6 @@ def test_a_sentencepiece_tokenizer_without_sentencepiece_is_one_line(tmp_path, m
 def grm_llama31(tmp_path_factory):
     """A tiny GRM (RewardBench's GRewardModel, MLP v_head) on the real Llama 3.1 tokenizer and template, saved as a
     checkpoint folder; the tokenizer's post-processor adds <|begin_of_text|>, and so does the template."""
-    import torch
     from transformers import AutoTokenizer
 
     from tests import rewardbench_code as rb
@@ -134,13 +133,8 @@ def grm_llama31(tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(folder)
     tok.pad_token = "<|finetune_right_pad_id|>"  # RewardBench's pipeline pads its batch
     config = tiny.llama_config(tok, vocab_size=len(tok), pad_token_id=tok.pad_token_id)
-    config.vhead_layer_type, config.vhead_num_neurons, config.vhead_num_layers = "mlp", 32, 2
-    torch.manual_seed(0)
-    model = rb.load("grm").GRewardModel(config).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.startswith("model."):
-                p.normal_(0, 0.5 if p.dim() > 1 else 0.1)
+    model = tiny.family_model(rb.load("grm").GRewardModel, config,
+                              dict(vhead_layer_type="mlp", vhead_num_neurons=32, vhead_num_layers=2))
     model.save_pretrained(folder)
     return folder, model, tok
 

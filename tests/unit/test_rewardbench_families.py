@@ -25,13 +25,7 @@ def _config(kind: str, tok, **extra):
     return base
 
 
-def _spread_heads(model, backbone: str) -> None:
-    """Random init leaves heads near zero; spread them so that scores differ visibly (as tests/tiny.py does)."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.startswith(backbone + "."):
-                p.normal_(0, 0.5 if p.dim() > 1 else 0.1)
+_spread_heads = tiny.spread_heads
 
 
 # name: (rewardbench module, class, backbone kind, tokenizer family, chat template, registry spec, config fields,
@@ -103,7 +97,7 @@ def _texts(tok) -> list[str]:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_scores_equal_rewardbench_pipeline(families, name):
-    module, cls, kind, tok_family, template, spec, fields, pipeline, read = CASES[name]
+    template, spec = CASES[name][4], CASES[name][5]
     folder, model, tok = families[name]
     lm = probe.load(str(folder), device="cpu", spec=spec)
     assert lm.spec.name == spec and lm.spec.reader == "module"
@@ -111,13 +105,19 @@ def test_scores_equal_rewardbench_pipeline(families, name):
         assert lm.tokenizer.chat_template == tok.chat_template
     ours = probe.score_responses(lm, None, PROMPT, RESPONSES)  # cached, with the self-check
     got = dict(zip(ours["response"], ours["score"].to_numpy()))
+    want = _pipeline_scores(name, model, tok, _texts(tok), truncation=True)
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
+    assert np.ptp(want) > 1e-3  # the scores differ: the comparison is not between constants
+
+
+def _pipeline_scores(name: str, model, tok, texts: list[str], truncation: bool) -> np.ndarray:
+    """The family's RewardBench pipeline on ``texts``, one score per text."""
+    module, _, _, _, _, _, _, pipeline, read = CASES[name]
     mod, cls_name = (pipeline if isinstance(pipeline, tuple) else (module, pipeline))
     with rb.on_cpu():
         out = getattr(rb.load(mod), cls_name)("text-classification", model, tok)(
-            _texts(tok), batch_size=8, padding=True, truncation=True, max_length=2048)
-    want = read(out.float() if torch.is_tensor(out) else torch.stack(list(out)).float()).numpy()
-    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
-    assert np.ptp(want) > 1e-3  # the scores differ: the comparison is not between constants
+            texts, batch_size=8, padding=True, truncation=truncation, max_length=2048)
+    return read(out.float() if torch.is_tensor(out) else torch.stack(list(out)).float()).numpy()
 
 
 @pytest.mark.parametrize("name", ["grm-mlp", "inform", "starling-34b", "ldl"])
@@ -200,7 +200,7 @@ def test_the_rewardbench_route_equals_rewardbench_as_its_run_script_prepares_the
     ``tokenizer(text)``. The scores through rm-probe's route equal the pipeline's on those inputs."""
     import copy
 
-    module, cls, kind, tok_family, template, spec, fields, pipeline, read = CASES[name]
+    template, spec = CASES[name][4], CASES[name][5]
     folder, model, tok = families[name]
     lm = probe.load(str(folder), device="cpu", spec=spec, input_method="rewardbench")
     ours = probe.score_responses(lm, None, PROMPT, RESPONSES)
@@ -208,11 +208,7 @@ def test_the_rewardbench_route_equals_rewardbench_as_its_run_script_prepares_the
     run_tok = copy.deepcopy(tok)
     if template:  # check_tokenizer_chat_template is false: fastchat's format, and an EOS from the tokenizer
         run_tok.add_eos_token = True
-    mod, cls_name = (pipeline if isinstance(pipeline, tuple) else (module, pipeline))
-    with rb.on_cpu():
-        out = getattr(rb.load(mod), cls_name)("text-classification", model, run_tok)(
-            _texts(tok), batch_size=8, padding=True, truncation=False, max_length=2048)
-    want = read(out.float() if torch.is_tensor(out) else torch.stack(list(out)).float()).numpy()
+    want = _pipeline_scores(name, model, run_tok, _texts(tok), truncation=False)
     np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
     if template:  # the route really differs from the default here: the EOS
         default = probe.score_responses(probe.load(str(folder), device="cpu", spec=spec), None, PROMPT, RESPONSES)
