@@ -161,3 +161,19 @@ def script_config(config_cls, doc: str | None, script: str):
     parser = command_parser(None, name, (doc or "").splitlines()[0], f"experiments/{name}.py", doc, config_cls,
                             verbose=False)
     return config_from_args(config_cls, parser.parse_args())
+
+
+def write_results(stem: str, title: str, intro: str, columns, rows: list[dict]) -> str:
+    """``experiments/results/<stem>.json`` (the rows) and ``.md`` (the title, a line saying how it was made, and a
+    table whose ``columns`` are (header, row -> cell text)); returns the markdown, which the caller prints."""
+    import json
+
+    results = Path(__file__).resolve().parent / "results"
+    results.mkdir(exist_ok=True)
+    (results / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+    lines = [f"# {title}", "", intro, "", "| " + " | ".join(h for h, _ in columns) + " |",
+             "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r) for _, cell in columns) + " |" for r in rows]
+    text = "\n".join(lines) + "\n"
+    (results / f"{stem}.md").write_text(text)
+    return text

@@ -13,11 +13,9 @@ extra token can move a score through the model's arithmetic, not how a trained G
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = "What, in one word, is the greatest thing ever?"
 FAMILIES = {"llama3.1": ("llama", dict(vhead_layer_type="mlp", vhead_num_neurons=32, vhead_num_layers=2),
                          "Ray2333/GRM-llama3-8B-sftreg"),
@@ -60,23 +58,21 @@ def compare(family: str, limit: int) -> dict:
 
 
 def main(argv=None) -> None:
+    from experiments.common import write_results
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=16384)
     args = parser.parse_args(argv)
     rows = [compare(f, args.limit) for f in FAMILIES]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "grm_bos.json").write_text(json.dumps(rows, indent=1))
-    lines = ["# GRM: two BOS (training code, cards, rm-probe's default) against one BOS",
-             "", f"`python -m experiments.grm_bos --limit {args.limit}`; tiny random GRewardModel on the real tokenizer "
-             "and template; the first ids of the vocabulary as one-token responses to the paper's first prompt.", "",
-             "| tokenizer | tokens | max abs diff | mean abs diff | score sd | Kendall tau | Spearman | top-100 overlap |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['family']} | {r['tokens']:,} | {r['max_abs_diff']:.4f} | {r['mean_abs_diff']:.4f} | "
-                     f"{r['score_sd_two_bos']:.4f} | {r['kendall_tau']:.4f} | {r['spearman']:.4f} | "
-                     f"{r['top100_overlap']} |")
-    (RESULTS / "grm_bos.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_results(
+        "grm_bos", "GRM: two BOS (training code, cards, rm-probe's default) against one BOS",
+        f"`python -m experiments.grm_bos --limit {args.limit}`; tiny random GRewardModel on the real tokenizer and "
+        "template; the first ids of the vocabulary as one-token responses to the paper's first prompt.",
+        [("tokenizer", lambda r: r["family"]), ("tokens", lambda r: f"{r['tokens']:,}"),
+         ("max abs diff", lambda r: f"{r['max_abs_diff']:.4f}"), ("mean abs diff", lambda r: f"{r['mean_abs_diff']:.4f}"),
+         ("score sd", lambda r: f"{r['score_sd_two_bos']:.4f}"), ("Kendall tau", lambda r: f"{r['kendall_tau']:.4f}"),
+         ("Spearman", lambda r: f"{r['spearman']:.4f}"), ("top-100 overlap", lambda r: str(r["top100_overlap"]))],
+        rows))
 
 
 if __name__ == "__main__":

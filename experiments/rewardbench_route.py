@@ -12,11 +12,9 @@ ids per route, the paper's first prompt. Writes experiments/results/rewardbench_
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = "What, in one word, is the greatest thing ever?"
 # family: (tokenizer, RewardBench module or None for transformers, class, registry spec, config fields, template)
 FAMILIES = {
@@ -85,22 +83,21 @@ def compare(name: str, limit: int) -> dict:
 
 
 def main(argv=None) -> None:
+    from experiments.common import write_results
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=8192)
     args = parser.parse_args(argv)
     rows = [compare(name, args.limit) for name in FAMILIES]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "rewardbench_route.json").write_text(json.dumps(rows, indent=1))
-    lines = ["# The family's own input against RewardBench's (`--input-method rewardbench`)", "",
-             f"`python -m experiments.rewardbench_route --limit {args.limit}`: tiny random models on real tokenizers, "
-             "one sweep of the first token ids per route, the paper's first prompt.", "",
-             "| family (RewardBench's pipeline) | tokens | how RewardBench's ids differ | max abs diff | score sd | "
-             "Kendall tau |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['family']} | {r['tokens']:,} | {r['ids_differ']} | {r['max_abs_diff']:.4f} | "
-                     f"{r['score_sd']:.4f} | {r['kendall_tau']:.4f} |")
-    (RESULTS / "rewardbench_route.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_results(
+        "rewardbench_route", "The family's own input against RewardBench's (`--input-method rewardbench`)",
+        f"`python -m experiments.rewardbench_route --limit {args.limit}`: tiny random models on real tokenizers, one "
+        "sweep of the first token ids per route, the paper's first prompt.",
+        [("family (RewardBench's pipeline)", lambda r: r["family"]), ("tokens", lambda r: f"{r['tokens']:,}"),
+         ("how RewardBench's ids differ", lambda r: r["ids_differ"]),
+         ("max abs diff", lambda r: f"{r['max_abs_diff']:.4f}"), ("score sd", lambda r: f"{r['score_sd']:.4f}"),
+         ("Kendall tau", lambda r: f"{r['kendall_tau']:.4f}")],
+        rows))
 
 
 if __name__ == "__main__":
