@@ -177,12 +177,10 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
 
         torch.manual_seed(cfg.seed)  # a randomly initialised head is drawn from --seed: the null model is reproducible
     from probe.models.loading import load_for_config, weights_identity
-    from probe.runs.meta import reference_settings
+    from probe.runs.meta import reference_settings, score_label
     from probe.social.scoring import score_items
 
     loaded = load_for_config(mcfg, model_kind(mode), rm=rm)
-    from probe.runs.meta import score_label
-
     print(f"rm-probe social: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]",
           file=sys.stderr)
     settings = {"model": loaded.model_id, "weights": weights_identity(loaded), "mode": mode,

@@ -233,15 +233,12 @@ class AdaptiveBatcher:
                 if self.batch_size == 1:
                     raise ProbeError("out of memory even at batch size 1: use a smaller dtype, "
                                      "--device-map auto over several GPUs, or a bigger device") from None
-                failed = True
             else:
-                failed = False
-            if failed:  # outside the except block: the traceback's frames (and the failed batch) are freed
-                self._halve()
+                if progress:
+                    progress(stop - start)
+                start = stop
                 continue
-            if progress:
-                progress(stop - start)
-            start = stop
+            self._halve()  # outside the except block: the traceback's frames (and the failed batch) are freed
         return out
 
     def _halve(self) -> None:

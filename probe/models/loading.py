@@ -285,13 +285,7 @@ def load_model(
     own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template,
                                spec.chat_template if kind == "reward" else None, need_template and not own_format)
-    if spec.input_call is not None and kind == "reward":  # the family's input convention (registry input_source)
-        tokenizer.rm_probe_input_call = spec.input_call
-    if input_method == "rewardbench" and rewardbench_differs(spec):
-        from probe.core.template import rewardbench_call_ids
-
-        tokenizer.rm_probe_input_call = "rewardbench"
-        tokenizer.rm_probe_call_ids = rewardbench_call_ids(tokenizer, spec.rewardbench_pipeline)
+    _set_input_call(tokenizer, spec, kind, input_method)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
     apply_shims(spec, trust_remote_code)
@@ -314,6 +308,22 @@ def load_model(
     model.requires_grad_(False)
     source = pkg.source() if (pkg := packaged(ref)) is not None else None
     return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise)
+
+
+def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_method: str) -> None:
+    """How this model's conversations become ids (probe/core/template.py: input_call): the family's convention
+    (registry ``input_call``), or RewardBench's route; where that is a ``tokenizer(text)`` call, what the call adds
+    around the text is worked out here once, not at every rendering."""
+    from probe.core.template import CallIds, call_special_tokens, input_call, rewardbench_call_ids
+
+    if spec.input_call is not None and kind == "reward":  # the family's input convention (registry input_source)
+        tokenizer.rm_probe_input_call = spec.input_call
+    route = input_method == "rewardbench" and rewardbench_differs(spec)
+    if route:
+        tokenizer.rm_probe_input_call = "rewardbench"
+    if input_call(tokenizer) != "chat_template":
+        tokenizer.rm_probe_call_ids = (rewardbench_call_ids(tokenizer, spec.rewardbench_pipeline) if route
+                                       else CallIds(*call_special_tokens(tokenizer)))
 
 
 def rewardbench_differs(spec: RewardModelSpec) -> bool:

@@ -83,7 +83,7 @@ def score_label(loaded, mode: str) -> str:
 
     route = ", RewardBench's inputs" if input_call(loaded.tokenizer) == "rewardbench" else ""
     if getattr(loaded, "pairwise", None) is not None and mode == "reward":
-        return f"pairwise vs the reference response {loaded.pairwise.reference!r}{route}"
+        return f"pairwise vs the reference response {loaded.pairwise.reference!r}"  # its own inputs: no route
     if getattr(loaded, "ref", None) is None:
         return mode + route
     return f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}"
