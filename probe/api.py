@@ -42,7 +42,7 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
     >>> lm = probe.load("smollm2")                   # doctest: +SKIP
     >>> lm.spec.name, lm.kind                        # doctest: +SKIP
     """
-    from probe.config import ModelOptions, resolve_score_mode
+    from probe.config import ModelOptions, check_rewardbench_dpo, resolve_score_mode
     from probe.models.loading import load_for_config
 
     options = ModelOptions(rm=rm, device=device, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
@@ -52,7 +52,13 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
     options.check_reference()
     if input_method not in ("ids", "rewardbench"):
         raise ProbeError(f"input_method={input_method!r}: 'ids' (the model card's inputs) or 'rewardbench'")
-    return load_for_config(options, model_kind(resolve_score_mode(score, rm, ref)), input_method=input_method)
+    mode = resolve_score_mode(score, rm, ref)
+    if input_method == "rewardbench" and mode != "reward":  # the reduction is checked where the scores are made
+        try:
+            check_rewardbench_dpo(mode, ref is not None, beta, "sum")
+        except ValueError as err:
+            raise ProbeError(str(err)) from None
+    return load_for_config(options, model_kind(mode), input_method=input_method)
 
 
 def _loaded(model, tokenizer, score: str):

@@ -30,6 +30,18 @@ def resolve_score_mode(score: str, rm: str | None, ref: str | None = None) -> Sc
     return "logprob" if packaged(rm) is not None else "reward"
 
 
+def check_rewardbench_dpo(mode: str, ref: bool, beta: float, reduce: str) -> None:
+    """``--input-method rewardbench`` on a causal LM reproduces run_dpo.py, whose score is the summed log-ratio to
+    the reference (beta 1), or without one the log-probability summed or averaged (``--ref_free_type sum/avg``);
+    RewardBench has no judge input. One line, before anything loads."""
+    if mode == "judge":
+        raise ValueError("--input-method rewardbench: RewardBench scores a language model by its DPO log-ratio "
+                         "(run_dpo.py), not as a judge: use --score logprob, with --ref for the implicit reward")
+    if ref and (beta != 1.0 or reduce != "sum"):
+        raise ValueError("--input-method rewardbench with --ref: RewardBench's DPO score is the summed log-ratio, "
+                         "unscaled: use --logprob-reduce sum and --beta 1")
+
+
 def model_kind(mode: ScoreMode) -> Literal["reward", "causal"]:
     return "reward" if mode == "reward" else "causal"
 
@@ -126,7 +138,7 @@ class ScoreVocabConfig(ModelOptions):
     input_method: Literal["ids", "paper", "rewardbench"] = field(default="ids", metadata={
         "help": "ids: raw token ids in the verified template split, each family's input as its model card feeds it; "
                 "rewardbench: the ids RewardBench 0.1.4's run script gives the family (to reproduce its numbers; "
-                "reward models); paper: the paper's decode-render-re-tokenize inputs (for comparison only; see "
+                "reward models: run_rm.py's; language models, with --ref or alone: run_dpo.py's); paper: the paper's decode-render-re-tokenize inputs (for comparison only; see "
                 "probe/paper_method.py)"})
     verify: int = field(default=16, metadata={
         "help": "tokens re-scored through the model's own forward before each prompt's sweep (0: skip)"})
@@ -153,6 +165,8 @@ class ScoreVocabConfig(ModelOptions):
         if self.responses and self.input_method == "paper":
             raise ValueError("--responses renders each response with the chat template; --input-method paper is "
                              "for single-token sweeps only")
+        if self.input_method == "rewardbench" and self.mode != "reward":
+            check_rewardbench_dpo(self.mode, self.ref is not None, self.beta, self.logprob_reduce)
 
     @property
     def mode(self) -> ScoreMode:
@@ -250,7 +264,8 @@ class SocialConfig(ModelOptions):
         "repeat": True, "metavar": "MODEL"})
     input_method: Literal["ids", "rewardbench"] = field(default="ids", metadata={
         "help": "ids: each family's input as its model card feeds it; rewardbench: the ids RewardBench 0.1.4's run "
-                "script gives the family (with --dataset rewardbench: its per-item scores and section numbers)"})
+                "script gives the family (with --dataset rewardbench: its per-item scores and section numbers; a language "
+                "model: run_dpo.py's, with --logprob-reduce sum under --ref)"})
     dataset: tuple[str, ...] = field(default=(), metadata={
         "help": f"data set name (repeatable, once per file): {', '.join(SOCIAL_DATASETS)}", "repeat": True,
         "metavar": "NAME"})
@@ -298,6 +313,10 @@ class SocialConfig(ModelOptions):
         if unknown:
             raise ValueError(f"unknown data set {', '.join(unknown)}; known: {', '.join(SOCIAL_DATASETS)}")
         resolve_date(self.date)
+        if self.input_method == "rewardbench":
+            for rm in self.rm or (None,):
+                if self.mode(rm) != "reward":
+                    check_rewardbench_dpo(self.mode(rm), self.ref is not None, self.beta, self.logprob_reduce)
 
     def mode(self, rm: str | None):
         return resolve_score_mode(self.score, rm, self.ref)

@@ -58,7 +58,7 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     from probe.core.prompts import resolve_prompts
     from probe.core.response_files import read_responses
     from probe.core.responses import prepare, ranked_responses, response_batch_size, score_rows
-    from probe.core.scoring import AdaptiveBatcher, make_head
+    from probe.core.scoring import AdaptiveBatcher, make_head, scored_in_prefix
     from probe.core.sweep import load_for
     from probe.runs.meta import new_meta, score_label
     from probe.runs.rundir import check_resume_target, open_or_resume, writable_dir
@@ -74,7 +74,7 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     opts = config.scoring_options()
     mode = config.mode
     rows = {p.key: prepare(loaded, mode, p.key, p.text, responses, opts, config.system) for p in prompts}
-    head = make_head(loaded, mode, opts)
+    head = make_head(loaded, mode, opts, response_in_prefix=scored_in_prefix(rows.values()))
     batch_size = config.batch_size or response_batch_size(loaded, mode, list(rows.values()))
     settings = _settings(config, loaded, responses, rows, head)
     run_dir, meta = open_or_resume(

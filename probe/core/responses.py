@@ -44,6 +44,16 @@ class ResponseRows:
     slot_text: list[str]
     change: list[str | None]
     checks: list[dict] = field(default_factory=list)
+    scored_in_prefix: int = 0  # the shared prefix's last ids scored with each response (`TemplateSplit`)
+
+    def head_offset(self, prefix: tuple[int, ...]) -> int:
+        """How many of ``prefix``'s last ids are scored with its rows: the split's, less what a shorter prefix
+        (a merged rendering) moved into the continuation."""
+        k = self.scored_in_prefix - (len(self.prefix_ids) - len(prefix))
+        if k < 0:
+            raise DataFormatError(f"prompt {self.prompt_key!r}: a response merged with the prompt's ids before the "
+                                  "scored part of the input; it cannot be scored on this route")
+        return k
 
     def groups(self) -> dict[tuple[int, ...], list[int]]:
         """prefix -> the rows that continue it, shortest continuation first."""
@@ -74,7 +84,8 @@ def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, 
     prefix, suffix = tuple(split.prefix_ids), tuple(split.suffix_ids)
     control = control_token_ids(tok)
     template_space = split.leading_space == "joined"
-    rows = ResponseRows(prompt_key, list(responses), prefix, suffix, [], [], [], [], [])
+    rows = ResponseRows(prompt_key, list(responses), prefix, suffix, [], [], [], [], [],
+                        scored_in_prefix=split.scored_in_prefix)
     for k, text in enumerate(responses):
         if not isinstance(text, str) or text == "":
             raise DataFormatError(f"response {k + 1} of prompt {prompt_key!r} is empty; every response needs text")
@@ -112,7 +123,7 @@ def score_rows(loaded: LoadedModel, mode: ScoreMode, rows: ResponseRows, indices
         members = [i for i in members if i in keep]
         if not members:
             continue
-        head = make_head(loaded, mode, opts)
+        head = make_head(loaded, mode, opts, response_in_prefix=rows.head_offset(prefix))
         scorer = build_scorer(loaded, head, list(prefix))
         for s in range(0, len(members), batcher.batch_size):
             part = members[s : s + batcher.batch_size]

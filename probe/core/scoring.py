@@ -19,9 +19,12 @@ from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolera
 from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, ModuleRewardHead,
                               OwnForwardHead, ScoreHead)
 from probe.models.loading import LoadedModel
+from probe.config import check_rewardbench_dpo
 from probe.core.template import (
+    REWARDBENCH_DPO,
     ConversationBuilder,
     TemplateSplit,
+    input_call,
     judge_conversation,
     render,
     response_conversation,
@@ -57,8 +60,14 @@ def reference_head(loaded: LoadedModel, head: ScoreHead) -> ScoreHead:
 def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = ScoringOptions(),
               response_in_prefix: int = 0) -> ScoreHead:
     """A fresh head (heads keep per-prefix state). ``response_in_prefix``: the last k prefix ids are already
-    response tokens (beam extension); only the log-probability head needs to know."""
+    response tokens (beam extension; RewardBench's DPO route, whose labels start at the assistant header: the
+    split's ``scored_in_prefix``); only the log-probability head needs to know."""
     model, spec, tok = loaded.model, loaded.spec, loaded.tokenizer
+    if input_call(tok) == REWARDBENCH_DPO:
+        try:
+            check_rewardbench_dpo(mode, loaded.ref is not None, loaded.beta, opts.logprob_reduce)
+        except ValueError as err:
+            raise ProbeError(str(err)) from None
     if mode == "reward" and loaded.pairwise is not None:
         return pairwise_head(loaded)
     if mode == "reward":
@@ -71,7 +80,10 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
             return GatedRewardHead(model, pattern, spec.output)
         if spec.reader == "module":
             return ModuleRewardHead(model, spec.sign)
-        segments = getattr(model.config, "type_vocab_size", 0) > 1 and spec.chat_template == "text-pair"
+        # a text pair's segment ids (the model card's call); not on RewardBench's route, whose pipeline passes
+        # return_token_type_ids=False
+        segments = (getattr(model.config, "type_vocab_size", 0) > 1 and spec.chat_template == "text-pair"
+                    and input_call(tok) != "rewardbench")
         return OwnForwardHead(spec.output, spec.label_index, tok.sep_token_id if segments else None)
     if loaded.kind != "causal":
         raise ProbeError(f"--score {mode} needs a causal language model")
@@ -81,6 +93,15 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
         # less memory (experiments/results/bench_kernels_cpu_float32.md); GCG's soft one-hot rows use the plain one
         return LogprobHead(model, opts.logprob_reduce, response_in_prefix=response_in_prefix, fused=True)
     return label_head(loaded, "Yes", "No", "the judge")
+
+
+def scored_in_prefix(splits) -> int:
+    """The prefix ids every split scores with the response (`TemplateSplit.scored_in_prefix`): one number for the
+    head that serves them all."""
+    found = {s.scored_in_prefix for s in splits}
+    if len(found) > 1:
+        raise ProbeError(f"the prompts' templates score {sorted(found)} ids before the response; run them apart")
+    return found.pop() if found else 0
 
 
 def label_head(loaded: LoadedModel, first: str, second: str, who: str) -> JudgeHead:

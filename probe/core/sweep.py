@@ -25,6 +25,7 @@ from probe.core.scoring import (
     make_head,
     n_scorable,
     prompt_split,
+    scored_in_prefix,
     self_check,
     build_scorer,
 )
@@ -68,9 +69,9 @@ class VocabSweep:
         self.loaded, self.config, self.prompts = loaded, config, prompts
         n = n_scorable(loaded)
         self.token_ids = np.arange(min(n, config.limit or n), dtype=np.int64)
-        self.head = make_head(loaded, config.mode, config.scoring_options())
         opts = config.scoring_options()
         self.splits = {p.key: prompt_split(loaded, config.mode, p.text, config.system, opts, n) for p in prompts}
+        self.head = make_head(loaded, config.mode, opts, response_in_prefix=scored_in_prefix(self.splits.values()))
         first = self.splits[prompts[0].key]
         self.batch_size = config.batch_size or default_batch_size(
             loaded, len(first.prefix_ids), 1 + len(first.suffix_ids), config.mode, self.head)

@@ -136,6 +136,8 @@ class TemplateSplit:
     date_string: str = DEFAULT_DATE  # passed to the template as ``date_string``
     date_sensitive: bool = False  # the template writes that date into the conversation (Llama 3.1/3.2)
     second_order: dict | None = None  # a pairwise model: the split with candidate and reference swapped
+    scored_in_prefix: int = 0  # the last k prefix ids are scored with the response (RewardBench's DPO route: its
+    # labels start at the assistant header, which precedes the response slot)
 
     def full_ids(self, response_ids: Sequence[int]) -> list[int]:
         return [*self.prefix_ids, *response_ids, *self.suffix_ids]
@@ -149,6 +151,13 @@ class TemplateSplit:
 # post-processor adds them, never written as text, so SentencePiece's `legacy` flag cannot change the ids.
 TEXT_CALL_MARK = "rm-probe input: tokenizer(text)"
 
+# ``--input-method rewardbench`` for a causal LM (an implicit reward with ``--ref``, or its reference-free form):
+# RewardBench 0.1.4's run_dpo.py inputs (`rewardbench_dpo_ids`)
+REWARDBENCH_DPO = "rewardbench-dpo"
+# DPOInference's max_length: longer inputs get their prompt cut to its last 128 ids, by the longer of a pair's
+# responses, which a per-response scorer cannot reproduce: refused instead
+REWARDBENCH_DPO_MAX_LENGTH = 2048
+
 
 def input_call(tokenizer) -> str:
     """How a rendered conversation becomes ids for this tokenizer: ``"chat_template"`` (the template's own text,
@@ -157,7 +166,8 @@ def input_call(tokenizer) -> str:
     the model card's ``tokenizer(text)`` does; also any template, where the registry says the family's card and
     training code encode the template's text that way: GRM, whose inputs then hold two BOS) or ``"rewardbench"``
     (``--input-method rewardbench``: ``tokenizer(text)`` on the template's text as RewardBench 0.1.4's pipelines
-    call it, and, for a dialogue format, the EOS its run script adds with ``add_eos_token``)."""
+    call it, and, for a dialogue format, the EOS its run script adds with ``add_eos_token``) or ``"rewardbench-dpo"``
+    (a causal LM under ``--input-method rewardbench``: run_dpo.py's inputs, `rewardbench_dpo_ids`)."""
     forced = getattr(tokenizer, "rm_probe_input_call", None)  # the registry's, for this model (models/loading.py)
     if forced is not None:
         return forced
@@ -178,6 +188,9 @@ def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
     own = getattr(build, "render_ids", None)
     if own is not None:
         return [int(i) for i in own(tokenizer, response)]
+    if input_call(tokenizer) == REWARDBENCH_DPO:
+        prompt_ids, answer_ids = rewardbench_dpo_ids(tokenizer, build, response)
+        return prompt_ids + answer_ids
     messages, gen = build(response)
     try:
         out = tokenizer.apply_chat_template(
@@ -193,6 +206,38 @@ def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
         call = getattr(tokenizer, "rm_probe_call_ids", None) or CallIds(*call_special_tokens(tokenizer))
         out = call.apply(out)
     return out
+
+
+def rewardbench_dpo_ids(tokenizer, build: ConversationBuilder, response: str) -> tuple[list[int], list[int]]:
+    """RewardBench 0.1.4's DPO input (scripts/run_dpo.py with ``prepare_dialogue_from_tokenizer`` and
+    ``DPOInference.tokenize_row``), as (prompt ids, scored ids): the prompt is the chat template's text of the
+    conversation without the response and without a generation prompt; the answer is the whole conversation's text
+    with that prompt text removed (``str.replace``), so it starts with the assistant header; both are encoded as
+    ``tokenizer(prompt + answer, add_special_tokens=False)``, split after the prompt's own encoding (one id earlier
+    where the two disagree: a merged boundary), then BOS (EOS where the tokenizer has none, as run_dpo.py sets it)
+    goes before the prompt, whose text already holds the template's BOS (so it is doubled), and EOS after the
+    answer. RewardBench scores every answer id: the header, the response, the end-of-turn ids and that EOS."""
+    messages, gen = build(response)
+    if gen or not messages or messages[-1].get("role") != "assistant":
+        raise TemplateError("RewardBench's DPO inputs are a conversation that ends with the response as the "
+                            "assistant's turn (not a judging question)")
+    kwargs = template_kwargs(build)
+    try:
+        prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, **kwargs)
+        answer = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs).replace(prompt, "")
+    except Exception as err:  # jinja2's own errors
+        raise TemplateError(f"the chat template failed to render: {type(err).__name__}: {err}") from None
+    full = tokenizer(prompt + answer, add_special_tokens=False)["input_ids"]
+    own = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    start = len(own) - (own != full[: len(own)])
+    lead = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    prompt_ids, answer_ids = [lead, *full[:start]], [*full[start:], tokenizer.eos_token_id]
+    if len(prompt_ids) + len(answer_ids) > REWARDBENCH_DPO_MAX_LENGTH:
+        raise TemplateError(f"a RewardBench DPO input of {len(prompt_ids) + len(answer_ids):,} ids is over its "
+                            f"{REWARDBENCH_DPO_MAX_LENGTH:,}-id limit, where DPOInference truncates the prompt by the "
+                            "longer response of a pair, which rm-probe does not reproduce: shorten it, or use "
+                            "--input-method ids")
+    return [int(i) for i in prompt_ids], [int(i) for i in answer_ids]
 
 
 @dataclass(frozen=True)
@@ -211,14 +256,21 @@ class CallIds:
         return out[1:] if bos is not None and out[:2] == [bos, bos] else out
 
 
+# run_rm.py sets ``add_eos_token`` on every tokenizer without a chat template; under its pinned transformers 4.51
+# only the Llama and Gemma tokenizer classes rebuilt their post-processor from it (the dialogue families' real
+# checkpoints ship LlamaTokenizer), while the encoders' BERT, DeBERTa and ELECTRA classes ignored it (and transformers 5
+# would drop their [CLS]/[SEP] for it): the encoders' pipeline, transformers' own, gets no EOS
+ADD_EOS_IGNORED = ("pipeline",)
+
+
 def rewardbench_call_ids(tokenizer, pipeline: str) -> CallIds:
     """What RewardBench 0.1.4 feeds a model through ``pipeline``: its ``tokenizer(text)`` on the template's text;
     for a tokenizer without a chat template of its own (here: a shipped dialogue format) its run script first sets
-    ``add_eos_token = True``; `DOUBLE_BOS_MASKED` pipelines mask a doubled leading BOS."""
+    ``add_eos_token = True`` (without effect on the encoders: `ADD_EOS_IGNORED`); `DOUBLE_BOS_MASKED` pipelines mask a doubled leading BOS."""
     from probe.models.registry import DOUBLE_BOS_MASKED
 
     call = tokenizer
-    if _marked(tokenizer):
+    if _marked(tokenizer) and pipeline not in ADD_EOS_IGNORED:
         import copy
 
         call = copy.deepcopy(tokenizer)
@@ -297,6 +349,8 @@ def split_template(
     )
     if split.bos_count > 1 and input_call(tokenizer) == "chat_template":  # GRM's and RewardBench's calls double it
         raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
+    if input_call(tokenizer) == REWARDBENCH_DPO:
+        split = replace(split, scored_in_prefix=_scored_in_prefix(tokenizer, build, probes, n_pre))
     sample = _verification_sample(tokenizer, n_verify, seed, candidates, spaced=joined)
     _verify(tokenizer, build, split, sample, joined=joined)
     split = replace(split, verified_tokens=len(sample) + len(probes))
@@ -306,6 +360,16 @@ def split_template(
         build.pairwise.register(split, other)
         split = replace(split, second_order=other.to_json())
     return split
+
+
+def _scored_in_prefix(tokenizer, build, probes: list[tuple[str, int]], n_pre: int) -> int:
+    """RewardBench's DPO route: how many of the prefix's last ids its labels score (the assistant header), the same
+    for every probe word, else the split fails."""
+    starts = {len(rewardbench_dpo_ids(tokenizer, build, word)[0]) for word, _ in probes}
+    if len(starts) != 1 or n_pre < next(iter(starts)):
+        raise TemplateError("RewardBench's DPO labels do not start at one place before the response slot for every "
+                            "response: the template merges the prompt with the answer")
+    return n_pre - starts.pop()
 
 
 def _joined(tokenizer, probes: list[tuple[str, int]], middles: list[list[int]]) -> bool:

@@ -231,7 +231,12 @@ def load_side_files(model, path: str | Path) -> list[str]:
         file = Path(path) / f"{name}.pt"
         if not file.is_file():
             raise ModelLoadError(f"{path}: LDL-Reward keeps its {name} in {file.name}, which is missing")
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        try:  # plain tensors only: a pickle's own code is never run
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 (UnpicklingError, a corrupt zip, ...: all one answer)
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ModelLoadError(f"{file}: not loadable as plain tensors with torch.load(weights_only=True) ({first}); "
+                                 "rm-probe never runs a pickle's code: save the head's state_dict") from None
         getattr(model, name).load_state_dict(state)
         getattr(model, name).float()
         loaded.append(file.name)

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from probe.errors import ModelLoadError, TemplateError
-from probe.models.chat_templates import resolve_chat_template, template_names
+from probe.models.chat_templates import chat_template_text, resolve_chat_template, template_names
 from probe.models.embedded import model_id_for, packaged, packaged_dir
 if TYPE_CHECKING:
     from probe.core.pairwise import Pairwise
-from probe.models.registry import ENCODER_TYPES, encoder_spec, REGISTRY, RewardModelSpec, lookup, structural_spec
+from probe.models.registry import (ENCODER_TYPES, REGISTRY, REWARDBENCH_RAW_INPUT, RewardModelSpec, encoder_spec, lookup,
+                                   structural_spec)
 
 log = logging.getLogger(__name__)
 
@@ -280,11 +281,15 @@ def load_model(
     pairwise = _pairwise(model_id, spec, kind, reference_response)
     if input_method == "rewardbench":
         check_rewardbench_route(model_id, spec, kind)
+        if kind == "reward" and spec.chat_template == "text-pair":  # an encoder: run_rm.py's raw concatenation
+            spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
     own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template,
                                spec.chat_template if kind == "reward" else None, need_template and not own_format)
+    if spec.chat_template == "raw" and tokenizer.chat_template == chat_template_text("raw"):
+        spec = replace(spec, input_source=REWARDBENCH_RAW_INPUT)  # (a tokenizer's own template: RewardBench's too)
     _set_input_call(tokenizer, spec, kind, input_method)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
@@ -314,10 +319,13 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
     """How this model's conversations become ids (probe/core/template.py: input_call): the family's convention
     (registry ``input_call``), or RewardBench's route; where that is a ``tokenizer(text)`` call, what the call adds
     around the text is worked out here once, not at every rendering."""
-    from probe.core.template import CallIds, call_special_tokens, input_call, rewardbench_call_ids
+    from probe.core.template import REWARDBENCH_DPO, CallIds, call_special_tokens, input_call, rewardbench_call_ids
 
     if spec.input_call is not None and kind == "reward":  # the family's input convention (registry input_source)
         tokenizer.rm_probe_input_call = spec.input_call
+    if input_method == "rewardbench" and kind == "causal":  # run_dpo.py's inputs (probe/core/template.py)
+        tokenizer.rm_probe_input_call = REWARDBENCH_DPO
+        return
     route = input_method == "rewardbench" and rewardbench_differs(spec)
     if route:
         tokenizer.rm_probe_input_call = "rewardbench"
@@ -338,12 +346,7 @@ def check_rewardbench_route(model_id: str, spec: RewardModelSpec, kind: ModelKin
     """``--input-method rewardbench`` only where rm-probe reproduces RewardBench's inputs: one line otherwise, before
     any weights load."""
     if kind != "reward":
-        raise ModelLoadError("--input-method rewardbench reproduces RewardBench's reward-model inputs: it goes with "
-                             "--score reward (its DPO inputs, run_dpo.py's, are not reproduced)")
-    if spec.chat_template == "text-pair":
-        raise ModelLoadError(f"--input-method rewardbench: {model_id} is an encoder; RewardBench feeds it the plain "
-                             "concatenation of prompt and response, which rm-probe does not reproduce (its default is "
-                             "the model card's text pair)")
+        return  # a language model: run_dpo.py's inputs (the score mode is checked with the config's)
 
 
 def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_response: str | None):

@@ -47,6 +47,13 @@ PIPELINE_OF_LAYOUT = {"grm": "GRMPipeline", "inform": "RewardBenchPipeline", "ul
 # RewardBench's pipelines that mask the first of two leading BOS tokens (pipeline.py, ldlreward.py): for rotary
 # position models the same as feeding one
 DOUBLE_BOS_MASKED = ("RewardBenchPipeline", "LDLPipeline")
+REWARDBENCH_DPO_INPUT = ("RewardBench 0.1.4's run_dpo.py (DPOInference.tokenize_row): BOS (EOS where the tokenizer "
+                         "has none) + tokenizer(template text without the generation prompt) + the rest of the "
+                         "whole conversation's text + EOS, every id from the assistant header on scored; two BOS "
+                         "where the template writes one")
+REWARDBENCH_RAW_INPUT = ("RewardBench 0.1.4's run_rm.py with fastchat's 'raw' template (its README's command for "
+                         "OpenAssistant's DeBERTa): tokenizer(prompt + response), the plain concatenation in one "
+                         "segment, [CLS] .. [SEP]")
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 

@@ -30,8 +30,9 @@ def schema_for(experiment: str) -> str:
 def model_record(loaded, revision: str | None = None) -> dict:
     """The ``model`` section: id, path, source and quantization, the weights' identity, the registry spec and how
     it was matched, architecture, size, dtype, device and the tokenizer's special tokens."""
-    from probe.core.template import input_call
+    from probe.core.template import REWARDBENCH_DPO, input_call
     from probe.models.loading import weights_identity
+    from probe.models.registry import REWARDBENCH_DPO_INPUT
 
     tok, model = loaded.tokenizer, loaded.model
     return {
@@ -44,7 +45,8 @@ def model_record(loaded, revision: str | None = None) -> dict:
         "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
         "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
         "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
-        "input": {"call": input_call(tok), "convention": loaded.spec.input_source},
+        "input": {"call": input_call(tok), "convention": REWARDBENCH_DPO_INPUT if input_call(tok) == REWARDBENCH_DPO
+                  else loaded.spec.input_source},
         **(loaded.pairwise.describe() if getattr(loaded, "pairwise", None) is not None else {}),
         **({"ref": model_record(loaded.ref), "beta": loaded.beta,
             "score": "implicit reward: beta x (log p under the model - log p under ref) of the same response ids"}
@@ -81,12 +83,13 @@ def score_label(loaded, mode: str) -> str:
     input route where it is not the family's own (``--input-method rewardbench``)."""
     from probe.core.template import input_call
 
-    route = ", RewardBench's inputs" if input_call(loaded.tokenizer) == "rewardbench" else ""
+    call = input_call(loaded.tokenizer)
+    route = {"rewardbench": ", RewardBench's inputs", "rewardbench-dpo": ", RewardBench's DPO inputs"}.get(call, "")
     if getattr(loaded, "pairwise", None) is not None and mode == "reward":
         return f"pairwise vs the reference response {loaded.pairwise.reference!r}"  # its own inputs: no route
     if getattr(loaded, "ref", None) is None:
         return mode + route
-    return f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}"
+    return f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}{route}"
 
 
 @dataclass

@@ -19,38 +19,47 @@ from probe.core.paper_method import common_prefix
 from probe.core.scoring import AdaptiveBatcher, build_scorer, check_rows, conversation, make_head
 from probe.models.loading import LoadedModel
 from probe.social.items import Item
-from probe.core.template import render, split_template
+from probe.core.template import TemplateSplit, render, split_template
+from probe.errors import ProbeError
 
 
 def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions, system: str | None):
     """prefix ids -> list of (item index, option index, continuation ids)."""
     tok = loaded.tokenizer
-    prefixes: dict[str, tuple[int, ...]] = {}
+    splits: dict[str, TemplateSplit] = {}
     groups: dict[tuple[int, ...], list] = defaultdict(list)
+    scored: dict[tuple[int, ...], int] = {}  # prefix -> its last ids scored with the options (RewardBench's DPO)
     for i, item in enumerate(items):
         build = conversation(mode, item.prompt, system, opts, loaded)
-        if item.prompt not in prefixes:
-            prefixes[item.prompt] = split_template(tok, build, n_verify=0).prefix_ids
-        prefix = prefixes[item.prompt]
+        if item.prompt not in splits:
+            splits[item.prompt] = split_template(tok, build, n_verify=0)
+        split = splits[item.prompt]
+        prefix = split.prefix_ids
         full = [render(tok, build, o) for o in item.options]
         if not all(f[: len(prefix)] == list(prefix) and len(f) > len(prefix) for f in full):
             lcp = common_prefix(full)
             prefix = tuple(lcp[: min(len(lcp), min(len(f) for f in full) - 1)])
+        k = split.scored_in_prefix - (len(split.prefix_ids) - len(prefix))
+        if k < 0:
+            raise ProbeError(f"item {item.item_id}: an option merged with the prompt's ids before the scored part of "
+                             "the input; it cannot be scored on this route")
+        if scored.setdefault(tuple(prefix), k) != k:
+            raise ProbeError(f"item {item.item_id}: two prompts share a prefix but not its scored part")
         for j, f in enumerate(full):
             groups[tuple(prefix)].append((i, j, f[len(prefix):]))
-    return groups
+    return groups, scored
 
 
 def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions = ScoringOptions(),
                 system: str | None = None, batch_size: int = 64, verify: int = 4, progress=None) -> pl.DataFrame:
     """One row per item x option: dataset, domain, source file, item_id, the data set's own example id, social
     group, option, label, score, gold, undesirable, text."""
-    groups = _groups(loaded, mode, items, opts, system)
+    groups, scored = _groups(loaded, mode, items, opts, system)
     scores: dict[tuple[int, int], float] = {}
     batcher = AdaptiveBatcher(batch_size)
     checked = 0
     for prefix, rows in groups.items():
-        head = make_head(loaded, mode, opts)
+        head = make_head(loaded, mode, opts, response_in_prefix=scored[prefix])
         scorer = build_scorer(loaded, head, list(prefix))
         rows = sorted(rows, key=lambda r: len(r[2]))  # similar lengths together: less padding
         for s in range(0, len(rows), 256):

@@ -235,11 +235,14 @@ def test_the_rewardbench_route_on_llama31_is_rewardbenchpipelines_masked_double_
     assert score_label(route, "reward") == "reward, RewardBench's inputs" and score_label(default, "reward") == "reward"
 
 
-@pytest.mark.parametrize("bad", [dict(score="logprob"), dict(ref="smollm2")])
-def test_the_rewardbench_route_is_refused_where_it_is_not_reproduced(llama31_classifier, bad):
+@pytest.mark.parametrize("bad", [dict(score="judge"), dict(ref="smollm2", beta=0.5)])
+def test_the_rewardbench_route_is_refused_where_it_is_not_reproduced(llama31_classifier, bad, monkeypatch):
+    """RewardBench has no judge input, and its DPO score is the unscaled log-ratio: one line, before weights load."""
     import probe
     from probe.errors import ProbeError
+    from probe.models import loading
 
+    monkeypatch.setattr(loading, "_from_pretrained", lambda *a, **k: pytest.fail("weights loaded before the refusal"))
     folder, _, _ = llama31_classifier
     with pytest.raises((ModelLoadError, ProbeError), match="--input-method rewardbench"):
         probe.load(str(folder) if "ref" not in bad else None, device="cpu", input_method="rewardbench", **bad)

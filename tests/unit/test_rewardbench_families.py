@@ -174,6 +174,33 @@ def test_a_missing_head_is_an_error_not_a_random_head(families, tmp_path):
         (tmp_path / "gating_layer.pt").rename(families["ldl"][0] / "gating_layer.pt")
 
 
+class _Payload:
+    """A pickled object whose unpickling would run code (os.system): what a .pt head must never do."""
+
+    def __reduce__(self):
+        import os
+
+        return os.system, ("touch /tmp/rm-probe-pickle-ran",)
+
+
+def test_a_head_file_that_needs_a_pickles_code_is_one_line(families, tmp_path):
+    """LDL's .pt heads are read with torch.load(weights_only=True): a file that holds anything but tensors (here an
+    object whose unpickling runs a command) is refused in one line, and its code never runs."""
+    import shutil
+    from pathlib import Path
+
+    from probe.errors import ModelLoadError
+
+    folder = tmp_path / "ldl"
+    shutil.copytree(families["ldl"][0], folder)
+    torch.save({"weight": _Payload()}, folder / "regression_layer.pt")
+    marker = Path("/tmp/rm-probe-pickle-ran")
+    marker.unlink(missing_ok=True)
+    with pytest.raises(ModelLoadError, match=r"regression_layer.pt: not loadable as plain tensors") as err:
+        probe.load(str(folder), device="cpu", spec="ShikaiChen/LDL-Reward-Gemma-2-27B-v0.1")
+    assert "\n" not in str(err.value) and not marker.exists()
+
+
 @pytest.mark.parametrize("template,want", [
     ("pku-align", "BEGINNING OF CONVERSATION: USER: Hi there ASSISTANT: Hello! "),
     ("openbmb", "User: Hi there\n\nAssistant: Hello!\n\n"),
