@@ -291,3 +291,69 @@ def test_probe_social_reproduces_rewardbench_per_item_and_by_section(families, t
     assert summary["subsets"] == expected["subsets"] and set(summary["sections"]) == {"Chat", "Safety"}
     for key in ("sections", "score"):
         assert summary[key] == pytest.approx(expected[key])
+
+
+def test_ziya_pipeline_on_the_route(tokenizers, tmp_path, monkeypatch):
+    """Ziya through RewardBench's own ZiyaPipeline (its class is transformers' LlamaForSequenceClassification): the
+    run script's fastchat text with ``add_eos_token``, encoded by the pipeline's ``tokenizer(query)``, equals the
+    route; the pipeline's ``.half().cuda()`` is kept out (float32 on CPU: the inputs are what is compared)."""
+    import copy
+
+    from transformers import LlamaForSequenceClassification
+
+    from probe.models.chat_templates import chat_template_text
+
+    tok = copy.deepcopy(tokenizers["llama3"])
+    tok.chat_template = chat_template_text("ziya")
+    model = tiny.build(LlamaForSequenceClassification, tiny.llama_config(tok)).float().eval()
+    _spread_heads(model)
+    model.save_pretrained(tmp_path / "ziya")
+    _save_tok(tok, tmp_path / "ziya", keep_template=False)
+    lm = probe.load(str(tmp_path / "ziya"), device="cpu", input_method="rewardbench",
+                    spec="IDEA-CCNL/Ziya-LLaMA-7B-Reward")
+    ours = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(ours["response"], ours["score"].to_numpy()))
+    run_tok = copy.deepcopy(tok)
+    run_tok.add_eos_token = True
+    monkeypatch.setattr(torch.nn.Module, "half", lambda self: self)
+    monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
+    with rb.on_cpu():
+        out = rb.load("ziya").ZiyaPipeline("text-classification", model, run_tok)(
+            _texts(tok), batch_size=8, padding=True, truncation=False, max_length=2048)
+    want = out.logits[:, 0].float().numpy()
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
+    assert np.ptp(want) > 1e-3
+
+
+def test_armorm_pipeline_on_the_route(tmp_path):
+    """ArmoRM through RewardBench's own ArmoRMPipeline (``tokenizer(samples)`` on the template's text, no BOS mask:
+    two BOS) on the miniature gated model of tests/gated_reference.py and the real Llama 3.1 tokenizer and
+    template: equal to the route, which keeps both BOS."""
+    import copy
+
+    from probe.models.loading import LoadedModel, _set_input_call
+    from probe.models.registry import REGISTRY
+    from tests import real_tokenizers
+    from tests.gated_reference import TinyGatedRM
+
+    plain = real_tokenizers.load("llama3.1", tmp_path / "tok")
+    plain.pad_token = "<|finetune_right_pad_id|>"  # ArmoRM's pad (its config's pad_token_id)
+    tok = copy.deepcopy(plain)
+    spec = REGISTRY["RLHFlow/ArmoRM-Llama3-8B-v0.1"]
+    pattern = tok.encode(spec.gating_pattern, add_special_tokens=False)
+    torch.manual_seed(0)
+    model = TinyGatedRM(tiny.llama_config(tok, pad_token_id=plain.pad_token_id), pattern, n_objectives=5,
+                        n_quantiles=1).float().eval()
+    model.requires_grad_(False)
+    _set_input_call(tok, spec, "reward", "rewardbench")
+    lm = LoadedModel(model, tok, spec, "reward", "armorm", "armorm", None, "test")
+    ours = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(ours["response"], ours["score"].to_numpy()))
+    texts = _texts(plain)
+    assert plain(texts[0])["input_ids"][:2] == [plain.bos_token_id] * 2
+    with rb.on_cpu():
+        out = rb.load("armorm").ArmoRMPipeline("text-classification", model, plain)(
+            texts, batch_size=8, padding=True, truncation=False, max_length=2048)
+    want = out.float().reshape(len(RESPONSES), -1)[:, 0].numpy()
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
+    assert np.ptp(want) > 1e-4
