@@ -19,12 +19,18 @@ def descending_ranks(values) -> np.ndarray:
     return rankdata(-np.asarray(values, dtype=float), method="average")
 
 
+def _constant(x, y) -> bool:
+    """A constant ranking agrees with nothing: its correlations are undefined (NaN, without scipy's warning)."""
+    a, b = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    return bool(a.size < 2 or b.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0)
+
+
 def kendall_tau_b(x, y) -> float:
-    return float(stats.kendalltau(x, y, variant="b").statistic)
+    return float("nan") if _constant(x, y) else float(stats.kendalltau(x, y, variant="b").statistic)
 
 
 def spearman(x, y) -> float:
-    return float(stats.spearmanr(x, y).statistic)
+    return float("nan") if _constant(x, y) else float(stats.spearmanr(x, y).statistic)
 
 
 def rbo(scores_a, scores_b, p: float = 0.9, bottom: bool = False) -> float:

@@ -26,6 +26,12 @@ class Sweep:
         return self.meta["model"]["id"]
 
     @property
+    def responses(self) -> bool:
+        """A run of ``probe score --responses``: its rows are responses (``decoded`` holds each response's text,
+        ``token_id`` its position in the response file), not the vocabulary's tokens."""
+        return self.meta.get("experiment") == "responses"
+
+    @property
     def prompts(self) -> dict[str, str]:
         return {k: v["text"] for k, v in self.meta["prompts"].items()}
 
@@ -43,14 +49,55 @@ class Sweep:
         raise DataFormatError(f"{self.path}: no prompt {text_or_key!r} (has {sorted(self.prompts)})")
 
 
+# what each kind of run is called in a refusal, and the command that reads it
+OTHER_RUNS = {"social": ("a social-benchmark run (probe social)", "its numbers are in its summary.json and "
+                                                                   "scores.parquet"),
+              "gcg_max": ("a GCG run (probe gcg)", "its result is in its result.json and trajectory.parquet"),
+              "gcg_min": ("a GCG run (probe gcg --direction min)", "its result is in its result.json and "
+                                                                  "trajectory.parquet"),
+              "beam": ("a beam run (probe gcg --beam)", "its result is in its result.json and beam.parquet")}
+
+
+def other_run(path, kind: str, reader: str) -> DataFormatError:
+    """The one line for a run ``reader`` does not read: what the run is, and where its results are."""
+    what, where = OTHER_RUNS.get(kind, (f"a {kind} run", "see its meta.json"))
+    return DataFormatError(f"{path} is {what}; {reader}; {where}")
+
+
 def load_sweep(path: str | Path) -> Sweep:
+    """A finished run of ``probe score``: an exhaustive sweep, or a response run (`Sweep.responses`) whose table
+    is given the sweep's columns (each response as a ``decoded`` string, no vocabulary flags set)."""
     rd = RunDir(path)
     meta = rd.read_meta()
+    kind = meta.get("experiment", "exhaustive")
+    if kind not in ("exhaustive", "responses"):
+        raise other_run(path, kind, "probe analyze reads runs of probe score (sweeps, --responses)")
     if meta.get("status") != "complete":
         raise DataFormatError(f"{path}: the run is not complete (status {meta.get('status')!r}); finish it with --resume")
     if not (rd.path / "scores.parquet").is_file():
         raise DataFormatError(f"{path}: no scores.parquet")
-    return Sweep(rd.path, meta, upgrade_vocab_columns(rd.read_table("scores.parquet")))
+    scores = rd.read_table("scores.parquet")
+    if kind == "responses":
+        return Sweep(rd.path, meta, response_rows(scores))
+    return Sweep(rd.path, meta, upgrade_vocab_columns(scores))
+
+
+def response_rows(df: pl.DataFrame) -> pl.DataFrame:
+    """A response run's table with the columns the sweep analyses read: ``decoded`` = the response, ``token_id`` =
+    its row in the response file, and flags that hold for a response (valid text, not special; ``is_word``: a
+    one-word response that is an English word)."""
+    from probe.core.vocab import english_word_frequencies, is_english_word
+
+    freqs = english_word_frequencies()
+    words = [" " not in r.strip() and is_english_word(r.strip(), freqs) for r in df["response"].to_list()]
+    return df.with_columns(
+        pl.int_range(pl.len()).over("prompt_key").cast(pl.UInt32).alias("token_id"),
+        pl.col("response").alias("decoded"), pl.col("response").alias("piece"),
+        pl.lit(False).alias("is_special"), pl.lit(False).alias("is_added"),
+        pl.Series("is_word", words, dtype=pl.Boolean),
+        pl.col("response").str.contains(r"^[A-Za-z]+$").alias("is_alpha"),
+        pl.col("response").str.starts_with(" ").alias("leading_space"),
+        pl.lit(True).alias("valid_utf8"), pl.lit(True).alias("roundtrips"))
 
 
 def upgrade_vocab_columns(df: pl.DataFrame) -> pl.DataFrame:

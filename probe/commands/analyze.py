@@ -111,25 +111,54 @@ def run_top(config, sweeps, out) -> dict:
     for label, keys in _prompt_keys(sweeps, config.prompt).items():
         for sweep, key, name in zip(sweeps, keys, _names(sweeps)):
             df = sweep.prompt(key)
+            if sweep.responses:  # whole responses: no vocabulary flags, no words-only tables
+                summary[f"{name}/{label}"] = _top_responses(df, key, sweep, name, label, config.top, out)
+                continue
             print(format_top_bottom(df, key, sweep.prompts[key], sweep.meta, config.top))
             best = df.sort("score", descending=True)
             words = best.filter(pl.col("is_word"))
             cols = ["rank", "token_id", "decoded", "score", "is_special", "is_word", "leading_space", "roundtrips"]
             for tag, part in (("best", best.head(config.top)), ("worst", best.tail(config.top).reverse()),
                               ("best_words", words.head(config.top)), ("worst_words", words.tail(config.top).reverse())):
-                part.select(cols).write_csv(out / f"{name}__{label}__{tag}.csv")
+                part.select(cols).write_csv(out / safe_name(f"{name}__{label}__{tag}.csv"))
             summary[f"{name}/{label}"] = {"best": best["decoded"].head(10).to_list(),
                                           "worst": best["decoded"].tail(10).reverse().to_list()}
         if len(sweeps) > 1:
             wide = shared_vocabulary({n: s.prompt(k) for s, k, n in zip(sweeps, keys, _names(sweeps))}, config.normalise)
-            wide.write_csv(out / f"shared_vocabulary__{label}.csv")
+            wide.write_csv(out / safe_name(f"shared_vocabulary__{label}.csv"))
             summary[f"shared/{label}"] = {"n_strings": wide.height}
     return summary
+
+
+def _top_responses(df, key: str, sweep, name: str, label: str, n: int, out: Path) -> dict:
+    """A response run's best and worst responses (one table of all where there are few), printed and written."""
+    from probe.analysis.sweeps import mode_name
+    from probe.report.text import model_label, plural
+
+    best = df.sort("rank", "token_id")
+    print(f"\n== {key}: {sweep.prompts[key]!r}  [{model_label(sweep.meta)}, {mode_name(sweep.meta)}, "
+          f"{plural(df.height, 'response')}] ==")
+    parts = (("all", best),) if best.height <= 2 * n else (("best", best.head(n)), ("worst", best.tail(n).reverse()))
+    for tag, part in parts:
+        print(f"{tag} {part.height}")
+        for row in part.iter_rows(named=True):
+            print(f"  {row['rank']:>7} {row['score']:>11.4f} {row['n_tokens']:>3} tok  {row['response']!r}")
+        part.select("rank", "response", "n_tokens", "score").write_csv(out / safe_name(f"{name}__{label}__{tag}.csv"))
+    return {"best": best["response"].head(10).to_list(), "worst": best["response"].tail(10).reverse().to_list()}
+
+
+def safe_name(name: str) -> str:
+    """A file name of letters, digits, '.', '-' and '_' (model names and prompt labels may hold spaces, brackets
+    and slashes)."""
+    import re
+
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "run"
 
 
 def run_agreement(config, sweeps, out) -> dict:
     from probe.analysis import agreement as agreement_mod
     from probe.analysis.sweeps import shared_vocabulary
+    from probe.report.text import plural
 
     if len(sweeps) < 2:
         raise ProbeError("agreement needs at least two run directories")
@@ -140,6 +169,14 @@ def run_agreement(config, sweeps, out) -> dict:
                  "developer": [agreement_mod.developer_of(s.model) for s in sweeps]}
     for label, keys in _prompt_keys(sweeps, config.prompt).items():
         wide = shared_vocabulary({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)}, config.normalise)
+        if wide.height < 3:
+            raise ProbeError(f"the runs share {plural(wide.height, 'string')} under {label!r}: too few to compare "
+                             "rankings (agreement needs at least 3)")
+        constant = [n for n in names if wide[n].n_unique() < 2]
+        if constant:
+            raise ProbeError(f"{', '.join(constant)}: every score is the same over the {wide.height:,} shared strings "
+                             f"of {label!r} (a --ref equal to --rm?), so no ranking agrees or disagrees with it; "
+                             "leave that run out")
         res = agreement_mod.agreement(wide, names, config.rbo_p, groupings, config.permutations)
         pairs = agreement_mod.pairwise_agreement({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)},
                                                  config.normalise, config.rbo_p)
@@ -166,6 +203,7 @@ def run_framing(config, sweeps, out) -> dict:
     from probe.analysis.regressions import framing_slopes
 
     df = framing_slopes(_frames(sweeps, config.prompt), config.valence_source, config.per)
+    _enough(df, sweeps, config, "framing fits a slope per affect on at least 5 words rated by")
     df.write_csv(out / "framing.csv")
     print(df)
     return {"rows": df.height}
@@ -175,9 +213,19 @@ def run_exposure(config, sweeps, out) -> dict:
     from probe.analysis.regressions import exposure_slopes
 
     df = exposure_slopes(_frames(sweeps, config.prompt), config.valence_source, config.freq, config.bnc, config.per)
+    _enough(df, sweeps, config, "exposure fits a slope on at least 5 words with a frequency and a rating in")
     df.write_csv(out / "exposure.csv")
     print(df)
     return {"rows": df.height}
+
+
+def _enough(df: pl.DataFrame, sweeps: list, config, what: str) -> None:
+    """One line where no run had the words a slope needs (response runs: only their one-word responses count)."""
+    if df.height:
+        return
+    hint = (" (a response run counts its one-word responses only; score a word list, or sweep the vocabulary)"
+            if any(s.responses for s in sweeps) else "")
+    raise ProbeError(f"{what} {config.valence_source}; no run has them{hint}")
 
 
 def run_misalignment(config, sweeps, out) -> dict:
@@ -251,7 +299,7 @@ def _pair_contrast(config, sweeps, out) -> dict:
         res = (contrast(a, b, k=100, n_moved=config.top, labels=labels) if same_vocab
                else contrast_strings(a, b, config.normalise, k=100, n_moved=config.top, labels=labels))
         summary[label] = res.to_json()
-        res.moved.write_csv(out / f"moved__{label}.csv")
+        res.moved.write_csv(out / safe_name(f"moved__{label}.csv"))
         print(f"{label}: n={res.n} tau-b={res.kendall:.4f} spearman={res.spearman:.4f} "
               f"top-100 overlap={res.top_overlap:.2f} bottom-100 overlap={res.bottom_overlap:.2f}")
         if config.analysis == "input-method":
@@ -372,7 +420,12 @@ def run(config: AnalysisConfig) -> Path:
     fn = {"top": run_top, "agreement": run_agreement, "framing": run_framing, "exposure": run_exposure,
           "misalignment": run_misalignment, "values": run_values,
           "contrast": _pair_contrast, "input-method": _pair_contrast}[config.analysis]
-    summary = fn(config, sweeps, out)
+    try:
+        summary = fn(config, sweeps, out)
+    except ProbeError:
+        if not any(out.iterdir()):  # nothing written: no empty folder left behind
+            out.rmdir()
+        raise
     atomic_write_json(out / "summary.json", {"config": asdict(config), "summary": summary,
                                              "runs": list(config.runs)})
     print(f"wrote {out}")

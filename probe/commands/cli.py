@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 
 from probe.errors import ProbeError
@@ -46,7 +47,8 @@ def command_parser(subparsers, name: str, help_: str, prog: str, doc: str | None
                    interrupted: str | None = None) -> argparse.ArgumentParser:
     """A command's parser, standalone (``python -m ...``) or as a ``probe`` subcommand: its positional
     arguments, then one flag per field of its config dataclass (help written once, in the dataclass).
-    ``interrupted``: what Ctrl-C leaves behind and how to continue (the advice must be true)."""
+    ``interrupted``: advice beyond the run an interrupt stops (a batch's other jobs); what the run itself keeps
+    is said from its checkpoints (probe/runs/rundir.py: interrupted_note)."""
     from probe.commands.args import add_dataclass_args
 
     kw = dict(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,15 +70,41 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     ns = parser.parse_args(argv)
     setup_logging(getattr(ns, "verbose", False))
     prepare()  # threads from the usable CPUs, OpenMP that shares them: before any command imports torch
+    previous = _on_sigterm()
     try:
         return ns.func(ns)
     except ProbeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
+        from probe.runs.rundir import interrupted_note
+
+        how = "terminated" if isinstance(err, Terminated) else "interrupted"
         _close_progress_bars()  # before the message, so that no bar is redrawn after it
-        print(f"\ninterrupted: {getattr(ns, 'interrupted', None) or 'nothing was saved'}", file=sys.stderr)
-        return 130
+        note = interrupted_note(how) or "nothing was saved: no run had started"
+        print(f"\n{how}: {note}" + (f"\n{ns.interrupted}" if getattr(ns, "interrupted", None) else ""),
+              file=sys.stderr)
+        return 143 if how == "terminated" else 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, ``kill``): handled as Ctrl-C is, so the run says what it keeps."""
+
+
+def _on_sigterm():
+    """Route SIGTERM to `Terminated` (main thread only); the previous handler, to restore."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _close_progress_bars() -> None:

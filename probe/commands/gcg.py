@@ -114,9 +114,7 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     from probe.commands.cli import command_parser
 
     return command_parser(subparsers, "gcg", "multi-token search (GCG, exact beam)", "python -m probe.gcg", __doc__,
-                          GCGConfig, main_from_args,
-                          interrupted="finished restarts (or beam depths) are saved; run the same command with --resume "
-                                      "to continue")
+                          GCGConfig, main_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:

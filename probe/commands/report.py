@@ -49,8 +49,9 @@ def main_from_args(ns: argparse.Namespace) -> int:
     for run in runs:
         meta = run.read_meta()
         if meta.get("experiment", "exhaustive") != "exhaustive" or "prompts" not in meta:
-            raise ProbeError(f"{run.path}: not an exhaustive sweep run (it is a {meta.get('experiment', 'other')} run); "
-                             "the report shows sweeps (GCG results are in its result.json)")
+            from probe.analysis.sweeps import other_run
+
+            raise other_run(run.path, meta.get("experiment", "other"), "probe report shows sweeps and response runs")
         if meta.get("status") != "complete":
             raise ProbeError(f"{run.path}: the run is not complete; finish it with --resume first")
     if len(runs) == 1:

@@ -61,7 +61,7 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     from probe.core.scoring import AdaptiveBatcher, make_head, scored_in_prefix
     from probe.core.sweep import load_for
     from probe.runs.meta import new_meta, score_label
-    from probe.runs.rundir import check_resume_target, open_or_resume, writable_dir
+    from probe.runs.rundir import check_resume_target, open_or_resume, shards_kept, writable_dir
     from probe.runs.timing import now_iso
 
     t_start, started = time.perf_counter(), now_iso()
@@ -79,7 +79,8 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
     settings = _settings(config, loaded, responses, rows, head)
     run_dir, meta = open_or_resume(
         config.output, loaded.model_id, EXPERIMENT, settings, config.resume,
-        lambda fp: new_meta(EXPERIMENT, fp, settings, config, loaded, revision=config.revision, job=config.job_key(),
+        kept=lambda run: shards_kept(run, [p.key for p in prompts], len(responses), config.shard_size, "response"),
+        new_meta=lambda fp: new_meta(EXPERIMENT, fp, settings, config, loaded, revision=config.revision, job=config.job_key(),
                             score={"mode": mode, **head.describe()}, batch_size=batch_size,
                             prompts={p.key: _prompt_meta(p, rows[p.key], loaded.tokenizer, config.system)
                                      for p in prompts},
@@ -136,17 +137,23 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
 def print_response_summary(run_dir: RunDir, top: int) -> None:
     import polars as pl
 
+    from probe.analysis.sweeps import mode_name
+    from probe.report.text import plural
+
     df = run_dir.read_table("scores.parquet")
     meta = run_dir.read_meta()
     for key, info in meta["prompts"].items():
         part = df.filter(pl.col("prompt_key") == key).sort("rank")
-        print(f"\n== {key}: {info['text']!r}  [{meta['model']['id']}, {meta['score']['mode']}, {part.height:,} "
-              "responses] ==")
+        print(f"\n== {key}: {info['text']!r}  [{meta['model']['id']}, {mode_name(meta)}, "
+              f"{plural(part.height, 'response')}] ==")
         changes = info.get("template_changes") or {}
         if changes:
             print("the chat template changed some responses: " + ", ".join(f"{c} {n}" for c, n in changes.items()))
-        for title, rows in (("best", part.head(top)), ("worst", part.tail(top).reverse())):
-            print(f"{title} {min(top, part.height)}")
+        # few responses: one table of all of them, not a best and a worst table that repeat each other
+        tables = ((f"all {part.height}", part),) if part.height <= 2 * top else (
+            (f"best {top}", part.head(top)), (f"worst {top}", part.tail(top).reverse()))
+        for title, rows in tables:
+            print(title)
             for row in rows.iter_rows(named=True):
                 print(f"  {row['rank']:>7} {row['score']:>11.4f} {row['n_tokens']:>3} tok  {row['response']!r}")
     t = meta["timing"]

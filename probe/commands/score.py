@@ -118,12 +118,14 @@ def _run(config: ScoreVocabConfig, dist, t_start: float, started: str) -> RunDir
 def _open_run(config: ScoreVocabConfig, sweep):
     """A new run directory, or the one to resume. The batch size is stored but not fingerprinted: a resumed
     run adopts its stored batch size, so its remaining batches are the ones it would have run."""
-    from probe.runs.rundir import open_or_resume
+    from probe.runs.rundir import open_or_resume, shards_kept
 
     loaded = sweep.loaded
     settings = {k: v for k, v in sweep.settings().items() if k != "batch_size"}
     run_dir, meta = open_or_resume(config.output, loaded.model_id, EXPERIMENT, settings, config.resume,
-                                   lambda fp: _new_meta(config, sweep, sweep.settings(), fp))
+                                   lambda fp: _new_meta(config, sweep, sweep.settings(), fp),
+                                   kept=lambda run: shards_kept(run, [p.key for p in sweep.prompts],
+                                                                int(sweep.token_ids.size), config.shard_size, "token"))
     stored = meta.get("settings", {}).get("batch_size")
     if config.resume and stored and stored != sweep.batch_size:
         if config.batch_size is not None:
@@ -162,8 +164,7 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     from probe.commands.cli import command_parser
 
     return command_parser(subparsers, "score", "exhaustive single-token sweep", "python -m probe.exhaustive",
-                          __doc__, ScoreVocabConfig, main_from_args,
-                          interrupted="finished shards are saved; run the same command with --resume to continue")
+                          __doc__, ScoreVocabConfig, main_from_args)
 
 
 def dry_run(config: ScoreVocabConfig) -> dict:

@@ -377,8 +377,7 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     from probe.commands.cli import command_parser
 
     return command_parser(subparsers, "social", "social-preference benchmark", "python -m probe.social", __doc__,
-                          SocialConfig, main_from_args, verbose=False,
-                          interrupted="finished data sets are saved; run the same command with --resume to continue")
+                          SocialConfig, main_from_args, verbose=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -178,7 +178,7 @@ class GCG:
         return torch.tensor([e == c for e, c in zip(enc, cands.tolist())])
 
     def text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+        return _shown(self.tokenizer, ids)
 
     def run(self, init_ids: list[int], seed: int, progress: bool = False) -> GCGRun:
         c = self.config
@@ -351,7 +351,7 @@ def beam_search(loaded: LoadedModel, config: GCGConfig, split: TemplateSplit, al
         beams = [ids_all[i] for i in order]
         levels.append(pl.DataFrame({
             "depth": depth, "rank": np.arange(1, len(order) + 1), "ids": beams,
-            "text": [loaded.tokenizer.decode(b) for b in beams], "score": scores[order],
+            "text": [_shown(loaded.tokenizer, b) for b in beams], "score": scores[order],
         }))
         if on_level:
             on_level(levels[-1])
@@ -361,3 +361,10 @@ def beam_search(loaded: LoadedModel, config: GCGConfig, split: TemplateSplit, al
 
 def load_for(config: GCGConfig) -> LoadedModel:
     return load_for_config(config, model_kind(config.mode))
+
+
+def _shown(tokenizer, ids: list[int]) -> str:
+    """The ids as text, byte fragments shown as ``<0x88>`` as every table shows them (never U+FFFD)."""
+    from probe.report.text import shown_ids
+
+    return shown_ids(tokenizer, ids)

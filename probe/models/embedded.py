@@ -144,6 +144,40 @@ def packaged_dir(name: str | None = None) -> Path:
     return target
 
 
+def packaged_tokenizer_dir(name: str | None = None) -> Path:
+    """A folder with only the packaged model's tokenizer: the converted model's where it exists, else the tokenizer
+    alone, read from the GGUF's metadata once (seconds; no weights are dequantized), for checks that need no
+    model (``--ref``'s vocabulary)."""
+    model = packaged(name)
+    if model is None:
+        raise ModelLoadError(f"{name!r} is not a packaged model; known: {', '.join(PACKAGED)}")
+    full = cache_root() / f"{model.name}-{model.quantization.lower()}-{model.package_version()}"
+    if (full / "tokenizer_config.json").is_file():
+        return full
+    target = full.with_name(full.name + "-tokenizer")
+    if (target / "tokenizer_config.json").is_file():
+        return target
+    from transformers import AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=target.parent))
+    try:
+        scratch = tmp / ".gguf"
+        scratch.mkdir()
+        src = gguf_file(model, scratch)
+        tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+        shutil.rmtree(scratch)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process wrote it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
 @contextmanager
 def _quiet_gguf_bar():
     """transformers draws a tqdm bar per GGUF load; the one-line notice above says the same, once."""

@@ -496,11 +496,22 @@ def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_meth
 
 def check_same_vocabulary(policy: str | None, ref: str, revision: str | None, trust_remote_code: bool) -> None:
     """The two tokenizers map every string to the same ids (vocabulary and added tokens): otherwise the reference
-    would score other tokens. One line, before any weights load."""
-    a, b = (load_tokenizer(_source(x)[1], r, trust_remote_code, need_template=False)
-            for x, r in ((policy, revision), (ref, None)))
-    if a.get_vocab() != b.get_vocab():
-        only = sorted(set(a.get_vocab().items()) ^ set(b.get_vocab().items()))[:3]
-        raise ModelLoadError(f"--ref {ref}: its tokenizer is not the model's ({len(a.get_vocab()):,} against "
-                             f"{len(b.get_vocab()):,} entries; they differ at e.g. {only}): an implicit reward needs "
-                             "one vocabulary")
+    would score other tokens; and the reference is not the model itself (every score would be 0). One line, before
+    any weights load (a packaged model's tokenizer is read from its GGUF alone: nothing is converted)."""
+    from probe.models.embedded import packaged_tokenizer_dir
+
+    def folder(x):
+        return str(packaged_tokenizer_dir(x)) if packaged(x) is not None else _source(x)[1]
+
+    here, there = folder(policy), folder(ref)
+    if Path(here).expanduser().resolve() == Path(there).expanduser().resolve() and revision is None:
+        raise ModelLoadError(f"--ref {ref} is the model itself: every implicit reward would be 0; give the model's "
+                             "reference (its SFT model), or drop --ref to score its log-probabilities")
+    a, b = (load_tokenizer(f, r, trust_remote_code, need_template=False) for f, r in ((here, revision), (there, None)))
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va != vb:
+        differ = sorted(t for t in set(va) | set(vb) if va.get(t) != vb.get(t))[:3]
+        examples = ", ".join(f"{ascii(t)} (id {va.get(t, 'none')} in the model, {vb.get(t, 'none')} in --ref)"
+                             for t in differ)
+        raise ModelLoadError(f"--ref {ref}: its tokenizer is not the model's ({len(va):,} against {len(vb):,} "
+                             f"entries; e.g. {examples}): an implicit reward needs one vocabulary")

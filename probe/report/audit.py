@@ -53,17 +53,104 @@ def measured_box(meta: dict) -> str:
         words = ("the DPO implicit reward: beta x the difference of the response's log-likelihood under the model and "
                  "under the reference model, over the same ids. It is what DPO training optimised, read without a "
                  "reward head.")
-    whole, cover = coverage(meta)
+    whole, cover = coverage(meta) if meta.get("experiment") != "responses" else (True, response_coverage(meta))
     m = meta.get("model", {})
     source = m.get("source") or {}
     where = (f"package {source.get('package')} ({source.get('quantization')} GGUF, dequantized to "
              f"{source.get('dequantized_to')})" if source.get("package") else m.get("path") or m.get("id"))
     rows = [("model", model_label(meta)), ("loaded from", f"{where}, revision {m.get('revision') or 'default'}"),
-            ("score", f"{name}: {words}"), ("coverage", cover),
+            ("score", f"{name}: {words}"), ("coverage" if meta.get("experiment") != "responses" else "responses", cover),
             ("prompts", "; ".join(f"{k}: {p.get('text')!r}" for k, p in meta.get("prompts", {}).items()))]
+    if meta.get("experiment") == "responses":
+        rows += [("length", length_words(meta)), ("template", template_words(meta))]
     cls = "measured" + ("" if whole else " partial")
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     return f"<table class='{cls}'>{body}</table>"
+
+
+def response_coverage(meta: dict) -> str:
+    """A response run's rows: how many responses, from which file."""
+    n = meta.get("settings", {}).get("n_responses")
+    file = (meta.get("config") or {}).get("responses")
+    limit = (meta.get("config") or {}).get("limit")
+    cut = f" (the first {limit:,}: --limit)" if limit else ""
+    return (f"{n:,} whole responses{cut} from {file}, each the whole assistant turn rendered by the model's chat "
+            "template" if n is not None else f"whole responses from {file}")
+
+
+def length_words(meta: dict) -> str:
+    """What the score mode does with a response's length in tokens."""
+    score = meta.get("score", {})
+    mode, reduce = score.get("mode", "reward"), score.get("reduce", "sum")
+    if mode == "logprob" and reduce == "sum" and (meta.get("model") or {}).get("ref"):
+        return ("an implicit reward sums a log-ratio over the response's tokens: every token adds a term of either "
+                "sign, so longer responses spread further from 0 (see the plot of score against length)")
+    if mode == "logprob" and reduce == "sum":
+        return ("every token adds a negative log-probability, so a summed log-probability (and an implicit reward, "
+                "a difference of two) favours short responses: compare responses of one length, or use "
+                "--logprob-reduce mean")
+    if mode == "logprob":
+        return "the mean log-probability per token: length enters only through what the tokens are"
+    if mode == "judge":
+        return "the judge's Yes-minus-No margin after the whole response: no term per token"
+    return ("the reward head reads the whole response at one position: no term per token, though a reward model "
+            "may still have learnt to prefer longer answers (see the plot of score against length)")
+
+
+def template_words(meta: dict) -> str:
+    """What the chat template did to the responses, over all prompts."""
+    changes: dict[str, int] = {}
+    for p in meta.get("prompts", {}).values():
+        for c, n in (p.get("template_changes") or {}).items():
+            changes[c] = changes.get(c, 0) + n
+    if not changes:
+        return "the template kept every response as given"
+    return "the template changed some responses: " + ", ".join(f"{c} {n:,}" for c, n in changes.items()) + \
+        " (trimmed: white space removed; control token: a control token's text became that token)"
+
+
+def response_findings(df: pl.DataFrame, meta: dict) -> list[str]:
+    """Sentences drawn from one prompt's response scores: best and worst, and how score goes with length."""
+    from scipy import stats
+
+    ranked = df.sort("rank", "response")
+    out = [f"Most preferred: {_quoted(ranked['response'].to_list(), 3)}; least preferred: "
+           f"{_quoted(ranked.reverse()['response'].to_list(), 3)}."]
+    lengths = df["n_tokens"].to_numpy()
+    if np.unique(lengths).size > 1 and df.height > 2:
+        rho = stats.spearmanr(lengths, df["score"].to_numpy()).statistic
+        single = df.filter(pl.col("n_tokens") == 1)
+        multi = df.filter(pl.col("n_tokens") > 1)
+        tail = (f"; the {single.height:,} one-token responses rank {single['rank'].mean():,.1f} on average, the "
+                f"{multi.height:,} longer ones {multi['rank'].mean():,.1f}" if single.height and multi.height else "")
+        out.append(f"Score against length in tokens: Spearman {rho:+.2f} over {df.height:,} responses{tail}.")
+        score = meta.get("score", {})
+        if score.get("mode") == "logprob" and score.get("reduce", "sum") == "sum" and rho < -0.3:
+            out.append("Much of this order is length: a summed log-probability falls with every token.")
+    else:
+        out.append(f"Every response is {int(lengths[0]) if lengths.size else 0} token(s) long: length plays no part.")
+    return out
+
+
+def length_plot_png(frames: list[tuple[str, pl.DataFrame]], title: str) -> str:
+    """Score against response length in tokens, one panel per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(frames), figsize=(4.2 * len(frames), 3.2), squeeze=False)
+    for ax, (label, df) in zip(axes[0], frames):
+        ax.scatter(df["n_tokens"].to_numpy(), df["score"].to_numpy(), s=12, alpha=0.6)
+        ax.set_xlabel("response length (tokens)")
+        ax.set_ylabel("score")
+        ax.set_title(label if len(label) <= 40 else label[:37] + "...", fontsize=9)
+    fig.suptitle(f"score against length: {title}", fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
 
 
 # --- findings ----------------------------------------------------------------------------------------------------
@@ -78,6 +165,9 @@ def findings(df: pl.DataFrame, shown: dict[int, str], prompt: str, n_top: int = 
     ``identity`` (rows with ``term`` and ``rank``) and ``slopes``: already computed (the multi-model page has
     them); computed here otherwise."""
     ranked = df.sort("rank", "token_id")
+    if df["score"].n_unique() == 1:
+        return [f"Every token has the same score ({float(df['score'][0]):.4g}): the run ranks nothing (an implicit "
+                "reward against the model itself gives 0 everywhere). The tables below are in id order."]
     words = ranked.filter(pl.col("is_word"))
     text = lambda part: [shown.get(i, d) for i, d in zip(part["token_id"], part["decoded"])]  # noqa: E731
     out = [f"Optimal responses (English words): {_quoted(text(words.head(5)))}; pessimal: "

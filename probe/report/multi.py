@@ -72,14 +72,17 @@ def heatmap_png(tau: np.ndarray, labels: list[str], title: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(0.9 * len(labels) + 3, 0.8 * len(labels) + 2))
+    import textwrap
+
+    fig, ax = plt.subplots(figsize=(0.9 * len(labels) + 3.5, 0.8 * len(labels) + 2.4))
     im = ax.imshow(tau, vmin=-1, vmax=1, cmap="RdBu_r")
     for i in range(len(labels)):
-        for j in range(len(labels)):
-            ax.text(j, i, f"{tau[i, j]:.2f}", ha="center", va="center", fontsize=8)
+        for j in range(len(labels)):  # light text on the dark ends of the scale, dark text in between
+            ax.text(j, i, f"{tau[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    color="white" if abs(tau[i, j]) > 0.55 else "black")
     ax.set_xticks(range(len(labels)), labels, rotation=40, ha="right", fontsize=8)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 38)), fontsize=9)  # the whole title, over lines that fit
     fig.colorbar(im, ax=ax, shrink=0.8)
     fig.tight_layout()
     buf = io.BytesIO()
@@ -101,9 +104,25 @@ def report_data(sweeps: list[Sweep], rows: int) -> dict:
             "text": sweeps[0].prompts[keys[0]], "tables": [best_worst(df, rows) for df in frames],
             "agreement": {"n": wide.height, "by": by, "kendall": tau.tolist(), "spearman": rho.tolist()},
             "disagreement": disagreement(wide, labels), "identity": identity_table(frames, labels),
-            "slopes": slopes_table(frames, labels, prompt),
+            "slopes": slopes_table(frames, labels, prompt), "warnings": coverage_warnings(sweeps, frames, labels),
         }
     return data
+
+
+def coverage_warnings(sweeps: list[Sweep], frames: list[pl.DataFrame], labels: list[str]) -> list[str]:
+    """Where the runs scored different parts of their vocabularies (--limit), the comparison is over a part."""
+    from probe.report.audit import coverage
+
+    ranges = [(int(df["token_id"].min()), int(df["token_id"].max()), df.height) for df in frames]
+    whole = [coverage(s.meta)[0] for s in sweeps]
+    constant = [f"{lab} gives every token the same score: its agreement with the others is undefined (blank)"
+                for lab, df in zip(labels, frames) if df["score"].n_unique() == 1]
+    if len({r for r in ranges}) == 1 and len(set(whole)) == 1:
+        return constant
+    parts = ", ".join(f"{lab}: {n:,} ids ({lo:,}-{hi:,}{'' if w else ', part of its vocabulary'})"
+                      for lab, (lo, hi, n), w in zip(labels, ranges, whole))
+    return constant + [f"The runs cover different token ids ({parts}): agreement, ranks and percentiles compare what "
+                       "each run scored, not whole vocabularies."]
 
 
 def _table(rows: list[dict], cols: list[str], table_id: str) -> str:
@@ -126,16 +145,19 @@ def _static(data: dict) -> str:
         parts.append(
             f"<section class='prompt' data-prompt='{html.escape(key)}'><h2>{html.escape(key)}: agreement</h2>"
             f"<p>{a['n']:,} shared {html.escape(a['by'])} (compared on {'token ids' if a['by'] == 'token ids' else 'decoded strings'})</p>"
-            f"<img alt='agreement heatmap' src='data:image/png;base64,{img}'>"
+            + "".join(f"<p class='warn'>{html.escape(w)}</p>" for w in p.get("warnings", []))
+            + f"<img alt='agreement heatmap' src='data:image/png;base64,{img}'>"
             + _table(agree_rows, ["model", *[f"tau-b {m}" for m in labels]], f"agreement-{key}")
             + f"<h2>{html.escape(key)}: strings the models disagree on most</h2><p class='muted'>rank percentile per "
             "model (0 = best, 100 = worst) on the shared vocabulary</p>"
             + _table(p["disagreement"], ["string", "spread", *labels], f"disagreement-{key}")
             + f"<h2>{html.escape(key)}: identity terms</h2><p class='muted'>best rank of a token whose word form is "
-            "the term (probe/data/identity_terms.csv)</p>"
+            "the term (probe/data/identity_terms.csv); a blank cell: that model's run has no token whose word form "
+            "is the term (its tokenizer splits the word, or the run scored only part of the vocabulary)</p>"
             + _table(p["identity"], ["term", "category", *labels], f"identity-{key}")
             + f"<h2>{html.escape(key)}: framing and frequency slopes</h2>"
-            + _table(p["slopes"], ["model", "slope", "estimate", "ci", "n"], f"slopes-{key}") + "</section>")
+            + _table([r | {"estimate": f"{r['estimate']:.3g}"} for r in p["slopes"]],
+                     ["model", "slope", "estimate", "ci", "n"], f"slopes-{key}") + "</section>")
     return "\n".join(parts)
 
 

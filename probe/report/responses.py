@@ -1,7 +1,9 @@
 """The auditors' page for response runs (``probe score --responses``): one run or several side by side.
 
-Per prompt (matched by key across runs): each model's best and worst responses with their rank, score and
-length in tokens; the identity terms (probe/data/identity_terms.csv) found among the responses with each
+First what was measured (per run: the score mode in words, the responses, what the template changed, what the
+score mode does with length). Per prompt (matched by key across runs): findings (best and worst, how score goes
+with length), each model's best and worst responses with their rank, score and length in tokens (one table of all
+where there are few), a plot of score against length; the identity terms (probe/data/identity_terms.csv) found among the responses with each
 model's rank for them (case-insensitive); with a value dictionary, each category's median rank per model
 (probe/analysis/values.py); what the chat template did to responses; and each run's provenance.
 """
@@ -14,9 +16,10 @@ from pathlib import Path
 import polars as pl
 
 from probe.report import page_template
+from probe.report.audit import length_plot_png, measured_box, response_findings
 from probe.report.provenance import provenance_table
 from probe.analysis.sweeps import mode_name
-from probe.report.text import model_label
+from probe.report.text import model_label, plural
 from probe.runs.rundir import RunDir
 
 
@@ -33,6 +36,8 @@ def _ranked(df: pl.DataFrame, n: int) -> tuple[list[dict], list[dict]]:
                 for r in part.iter_rows(named=True)]
 
     ordered = df.sort("rank", "response")
+    if ordered.height <= 2 * n:  # few responses: one table of all, not two that repeat each other
+        return rows(ordered), []
     return rows(ordered.head(n)), rows(ordered.tail(n).reverse())
 
 
@@ -77,9 +82,12 @@ def build(run_dirs: list[str | Path], rows: int = 25, dictionary: str | None = N
             changes = metas[i]["prompts"][key].get("template_changes") or {}
             note = ("<p class='muted'>responses the chat template changed: " + ", ".join(
                 f"{html.escape(c)} {n}" for c, n in changes.items()) + "</p>") if changes else ""
-            cards.append(f"<div><h3>{html.escape(labels[i])}</h3><p class='muted'>{df.height:,} responses</p>{note}"
-                         f"<b>best</b>{_table(best, ['rank', 'score', 'tokens', 'response'], 'tok')}"
-                         f"<b>worst</b>{_table(worst, ['rank', 'score', 'tokens', 'response'], 'tok')}</div>")
+            cols = ['rank', 'score', 'tokens', 'response']
+            tables_html = (f"<b>best</b>{_table(best, cols, 'tok')}<b>worst</b>{_table(worst, cols, 'tok')}" if worst
+                           else f"<b>all {len(best)}, best first</b>{_table(best, cols, 'tok')}")
+            items = "".join(f"<li>{html.escape(x)}</li>" for x in response_findings(df, metas[i]))
+            cards.append(f"<div><h3>{html.escape(labels[i])}</h3><p class='muted'>{plural(df.height, 'response')}</p>{note}"
+                         f"<ul class='findings'>{items}</ul>{tables_html}</div>")
         ident = []
         for t in terms.iter_rows(named=True):
             row = {"term": t["term"], "category": t["category"]}
@@ -88,9 +96,12 @@ def build(run_dirs: list[str | Path], rows: int = 25, dictionary: str | None = N
                 row[labels[i]] = None if df.is_empty() else f"{int(df['rank'].min()):,} / {tables[i].filter(pl.col('prompt_key') == key).height:,}"
             if any(row.get(labels[i]) for i in present):
                 ident.append(row)
+        plot = length_plot_png([(labels[i], tables[i].filter(pl.col("prompt_key") == key)) for i in present], key)
         parts = [f"<section><h2>{html.escape(key)}: {html.escape(text)}</h2>",
                  f"<div class='models' style='grid-template-columns:repeat({min(4, len(present))},1fr)'>"
                  + "".join(cards) + "</div>",
+                 f"<img alt='score against response length for {html.escape(key)}' "
+                 f"src='data:image/png;base64,{plot}'>",
                  "<h3>Identity terms among the responses</h3>",
                  (_table(ident, ["term", "category", *[labels[i] for i in present]]) if ident else
                   "<p class='muted'>none of the shipped identity terms is among these responses</p>")]
@@ -108,5 +119,7 @@ def build(run_dirs: list[str | Path], rows: int = 25, dictionary: str | None = N
         sections.append("".join(parts) + "</section>")
     prov = "".join(f"<details><summary>{html.escape(lab)}: {html.escape(str(r.path))}</summary>"
                    f"{provenance_table(m)}</details>" for lab, r, m in zip(labels, runs, metas))
+    measured = "".join(f"<h3>{html.escape(lab)}</h3>{measured_box(m)}" for lab, m in zip(labels, metas))
     return (page_template("responses.html").replace("__TITLE__", html.escape(", ".join(labels)))
+            .replace("__MEASURED__", measured)
             .replace("__SECTIONS__", "\n".join(sections)).replace("__PROVENANCE__", prov))

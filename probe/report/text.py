@@ -21,6 +21,11 @@ def model_label(meta: dict) -> str:
     return model.get("id", "?")
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 response``, ``6 responses``, ``1,000 responses``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def flags(row: dict) -> str:
     return "".join([
         "S" if row["is_special"] else ".",
@@ -77,8 +82,24 @@ def shown_text(decoded: str, piece: str, valid_utf8: bool) -> str:
     raw = piece_bytes(piece)
     if raw is None:
         return decoded
+    return _bytes_shown(raw)
+
+
+def _bytes_shown(raw: bytes) -> str:
     text = raw.decode("utf-8", errors="surrogateescape")
     return "".join(f"<0x{ord(c) - 0xDC00:02X}>" if 0xDC80 <= ord(c) <= 0xDCFF else c for c in text)
+
+
+def shown_ids(tokenizer, ids: list[int]) -> str:
+    """A sequence of ids as text, shown as the tables show a token: where the decoded text holds bytes that form no
+    character (U+FFFD), the sequence's bytes with each such byte written ``<0x88>``."""
+    decoded = tokenizer.decode(ids)
+    if "\ufffd" not in decoded:
+        return decoded
+    parts = [piece_bytes(p) for p in tokenizer.convert_ids_to_tokens(ids)]
+    if any(p is None for p in parts):
+        return decoded
+    return _bytes_shown(b"".join(parts))
 
 
 def _lines(df: pl.DataFrame, rank_col: str) -> list[str]:
@@ -104,7 +125,8 @@ def _side_by_side(left: list[str], right: list[str], titles: tuple[str, str]) ->
 
 def format_top_bottom(df: pl.DataFrame, key: str, text: str, meta: dict, n: int) -> str:
     """``df``: one prompt's rows of scores.parquet."""
-    words = df.filter(pl.col("is_word")).sort("score", descending=True).with_row_index("word_rank", offset=1)
+    words = df.filter(pl.col("is_word")).with_columns(  # the rank among words, ties as the run ranks them (min)
+        pl.col("score").rank("min", descending=True).cast(pl.UInt32).alias("word_rank")).sort("score", descending=True)
     raw = df.sort("score", descending=True).with_columns(pl.col("rank").alias("r"))
     from probe.analysis.sweeps import mode_name
 

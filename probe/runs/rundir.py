@@ -353,9 +353,11 @@ def no_match_message(root: str | Path, model: str, experiment: str, settings: di
 
 
 def open_or_resume(root: str | Path, model: str, experiment: str, settings: dict, resume: str | None,
-                   new_meta) -> tuple[RunDir, dict]:
+                   new_meta, kept: Callable[[RunDir], str] | None = None) -> tuple[RunDir, dict]:
     """A new run directory (its meta from ``new_meta(fingerprint)``), or the unfinished one ``resume`` names
-    ("latest": the newest with these settings). A complete run is returned as it is."""
+    ("latest": the newest with these settings), which says how much of it is kept (``kept(run)``: the command's own
+    count, e.g. "3 of 12 shards kept, 9 to score"). A complete run is returned as it is. The run is this process's
+    active run until it ends (`interrupted_note`)."""
     fp = fingerprint(settings)
     if resume:
         run = find_resumable(root, model, experiment, fp) if resume == "latest" else RunDir(resume)
@@ -365,8 +367,59 @@ def open_or_resume(root: str | Path, model: str, experiment: str, settings: dict
         if meta.get("status") != "complete":
             meta.setdefault("resumed", []).append({"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                                                    "command": command_line()})
+            meta["status"] = "running"
+            n = len(saved_checkpoints(run))
+            said = kept(run) if kept is not None else (
+                f"{n:,} finished checkpoint file(s) kept" + ("" if n else " (none was finished: it starts over)"))
+            print(f"resuming {run.path}: {said}", file=sys.stderr)
+            _ACTIVE[:] = [run]
         return run, meta
     run = RunDir.create(root, model, experiment)
     meta = new_meta(fp)
     run.write_meta(meta)
+    _ACTIVE[:] = [run]
     return run, meta
+
+
+# the run this process is writing (open_or_resume), for what an interrupt says and leaves behind
+_ACTIVE: list[RunDir] = []
+
+
+def saved_checkpoints(run: RunDir) -> list[Path]:
+    """A run's finished, resumable parts: sweep and response shards, social data sets, GCG restarts, beam
+    depths (every file under checkpoints/, none of the temporary ones a crash may leave)."""
+    folder = run.path / "checkpoints"
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".") and ".tmp" not in p.name)
+
+
+def shards_kept(run: RunDir, keys: list[str], n: int, shard_size: int, unit: str) -> str:
+    """What a resumed sweep or response run keeps: finished shards of all, and what is left to score."""
+    per = -(-n // shard_size)
+    done = {(k, s) for k in keys for s in range(per) if run.shard_path(k, s).is_file()}
+    left = sum(min(shard_size, n - s * shard_size) for k in keys for s in range(per) if (k, s) not in done)
+    return f"{len(done):,} of {per * len(keys):,} shards kept; {left:,} {unit} scores left"
+
+
+def interrupted_note(how: str = "interrupted") -> str | None:
+    """After Ctrl-C or SIGTERM: marks the active unfinished run ``interrupted`` in its meta.json and says what it
+    keeps, truthfully; None where no run was open."""
+    if not _ACTIVE:
+        return None
+    run = _ACTIVE[0]
+    try:
+        meta = run.read_meta()
+    except (OSError, ValueError):
+        return None
+    if meta.get("status") == "complete":
+        return f"the run had finished: {run.path}"
+    meta["status"] = how
+    meta.setdefault("interruptions", []).append(
+        {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "how": how})
+    run.write_meta(meta)
+    kept = len(saved_checkpoints(run))
+    if not kept:
+        return (f"no part of {run.path} was finished, so nothing is kept to resume; run the same command again "
+                "(or with --resume, which starts it over)")
+    return f"{kept:,} finished checkpoint file(s) are saved in {run.path}; run the same command with --resume to continue"

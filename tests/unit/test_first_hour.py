@@ -75,7 +75,8 @@ def test_report_on_a_gcg_run(tmp_path, capsys):
 
     run = RunDir.create(tmp_path, "org/m", "gcg_max")
     run.write_meta({"experiment": "gcg_max", "status": "complete"})
-    assert "not an exhaustive sweep run" in _one_line_error(capsys, report_main([str(run.path)]))
+    line = _one_line_error(capsys, report_main([str(run.path)]))
+    assert "is a GCG run" in line and "result.json" in line
 
 
 # --- input files ---------------------------------------------------------------------------------------------------
@@ -249,7 +250,7 @@ def test_social_resume(tiny_dirs, tmp_path, monkeypatch, capsys, social_data):
     full = json.loads(next((tmp_path / "full").glob("*/social_*/summary.json")).read_text())
     original = _interrupt_after(monkeypatch, "probe.social.scoring.score_items", 1)
     assert main([*args, "--output", str(tmp_path / "cut")]) == 130
-    assert "finished data sets are saved" in capsys.readouterr().err
+    assert "finished checkpoint file(s) are saved" in capsys.readouterr().err
     monkeypatch.setattr("probe.social.scoring.score_items", original)
     assert main([*args, "--output", str(tmp_path / "cut"), "--resume"]) == 0
     assert json.loads(next((tmp_path / "cut").glob("*/social_*/summary.json")).read_text()) == full
