@@ -211,10 +211,18 @@ class RunDir:
         return self.path / META
 
     def read_meta(self) -> dict:
+        if not self.path.is_dir():
+            raise ResumeError(f"{self.path}: no such run folder")
+        if not self.meta_path.is_file():
+            raise ResumeError(f"{self.path}: not a run folder (it has no {META}); give a folder that probe score, "
+                              "gcg or social wrote")
         try:
             return json.loads(self.meta_path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise ResumeError(f"{self.path}: no readable {META} ({err})") from None
+        except OSError as err:
+            raise ResumeError(f"{self.path}: cannot read {META} ({err.strerror or type(err).__name__})") from None
+        except json.JSONDecodeError as err:
+            raise ResumeError(f"{self.path}: {META} is not valid JSON (line {err.lineno}, column {err.colno}: "
+                              f"{err.msg}); the run was damaged") from None
 
     def write_meta(self, meta: dict) -> None:
         atomic_write_json(self.meta_path, meta)

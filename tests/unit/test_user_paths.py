@@ -297,3 +297,17 @@ def test_byte_fragments_in_a_sequence_are_shown_as_bytes(tmp_path):
     assert "\ufffd" in tok.decode([*word, frag])
     assert shown_ids(tok, [*word, frag]) == "Love<0x93>"
     assert shown_ids(tok, word) == "Love"
+
+
+def test_a_folder_that_is_not_a_run_is_one_plain_line(tmp_path, capsys):
+    """No Python errno or exception text: a missing folder, a folder without meta.json, a damaged meta.json."""
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "meta.json").write_text("{bad")
+    for folder, said in ((tmp_path / "missing", "no such run folder"), (tmp_path, "not a run folder"),
+                         (damaged, "meta.json is not valid JSON (line 1, column 2")):
+        for command in (lambda f: report_main([str(f)]), lambda f: analyze_main(["top", str(f), "--out",
+                                                                                  str(tmp_path / "o")])):
+            assert command(folder) == 2
+            line = _one_line(capsys)
+            assert said in line and "Errno" not in line, line
