@@ -6,6 +6,7 @@ Nothing here imports torch or transformers: ``probe --help`` builds its parsers 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -94,8 +95,10 @@ class ModelOptions:
 
     def check_reference(self) -> None:
         """--beta 0 and --beta without --ref are errors (one line, before anything loads)."""
-        if self.beta == 0 or self.beta != self.beta:
+        if self.beta == 0:
             raise ValueError("--beta 0 makes every implicit reward 0; give DPO's beta (> 0, e.g. 0.1)")
+        if not math.isfinite(self.beta) or self.beta < 0:
+            raise ValueError(f"--beta {self.beta}: DPO's beta is a finite number > 0 (e.g. 0.1)")
         if self.beta != 1.0 and self.ref is None:
             raise ValueError("--beta scales the log-ratio to a reference model: it goes with --ref MODEL")
         if self.ref is not None:

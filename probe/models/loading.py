@@ -53,11 +53,25 @@ class LoadedModel:
         return next(self.model.parameters()).dtype
 
 
+def _sampled_bytes(path: Path, chunk: int = 1 << 20) -> bytes:
+    """A weight file's first, middle and last ``chunk`` bytes (all of it when small)."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        if size <= 3 * chunk:
+            return fh.read()
+        out = []
+        for start in (0, (size - chunk) // 2, size - chunk):
+            fh.seek(start)
+            out.append(fh.read(chunk))
+    return b"".join(out)
+
+
 def weights_identity(loaded: LoadedModel) -> dict:
     """What identifies the weights, without paths or timestamps (part of the resume fingerprint): a packaged
     model's package, file and quantization; else the Hub commit where known, and a hash over the folder's
-    config, tokenizer and code files by content and its weight files by name and size (reading gigabytes of
-    weights to hash them would take minutes)."""
+    config, tokenizer and code files by content and its weight files by name, size and three 1 MiB samples of
+    their bytes (start, middle, end: two fine-tunes of one base differ there, while reading gigabytes of weights
+    to hash them whole would take minutes)."""
     import hashlib
 
     if loaded.source is not None:
@@ -69,6 +83,7 @@ def weights_identity(loaded: LoadedModel) -> dict:
         for f in sorted(p for p in folder.iterdir() if p.is_file()):
             if f.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
                 digest.update(f"{f.name}:{f.stat().st_size}\n".encode())
+                digest.update(_sampled_bytes(f))
             elif f.suffix in (".json", ".jinja", ".py", ".model", ".txt", ".tiktoken"):
                 digest.update(f.name.encode() + b"\0" + f.read_bytes())
         out["files_sha256"] = digest.hexdigest()[:16]

@@ -143,3 +143,41 @@ def test_beam_equals_brute_force_on_a_small_vocabulary(tiny_models, name, mode):
     one = sweep_rows(words, split.suffix_ids)
     direct = FullSequenceScorer(lm.model, make_head(lm, mode), split.prefix_ids, batch_size=64).score(one).numpy()
     np.testing.assert_allclose(levels[0]["score"].to_numpy(), np.sort(direct)[:3], atol=1e-4)
+
+
+def test_patience_stops_a_stalled_run_after_that_many_steps_without_gain(tiny_models):
+    """Two allowed tokens and a one-token response: the search has nothing left to gain after a step or two; with
+    --patience 3 it stops 3 steps after its last gain (the last 3 steps keep the best), without it runs all 20."""
+    lm = tiny_models["llama-rm"]
+    cfg = _cfg(length=1, steps=20, search_width=8, topk=4)
+    allowed = torch.zeros(len(lm.tokenizer), dtype=torch.bool)
+    allowed[[300, 301]] = True
+    plain, _ = _gcg(lm, cfg, allowed)
+    assert len(plain.run([300], seed=1).trajectory) == 20
+    patient, _ = _gcg(lm, _cfg(length=1, steps=20, search_width=8, topk=4, patience=3), allowed)
+    traj = patient.run([300], seed=1).trajectory
+    best = [row["best_objective"] for row in traj]
+    start = float(patient.objective(torch.tensor([[300]]))[0])
+    assert best[0] > start  # the one gain there is (300 -> 301), at step 1
+    assert len(traj) == 4 and len(set(best)) == 1  # then three steps without gain, and it stopped
+
+
+def test_random_baseline_is_in_the_models_units_for_both_directions(tiny_models):
+    """The baseline scores 256 random responses drawn with a fixed seed: the same responses for max and min, so the
+    same numbers in the model's units (a min run must not report them negated), and equal to scoring those
+    responses here."""
+    lm = tiny_models["llama-rm"]
+    hi = run(lm, _cfg(steps=1, direction="max"))
+    lo = run(lm, _cfg(steps=1, direction="min"))
+    for key in ("mean", "min", "max", "std"):
+        assert lo.random_baseline[key] == pytest.approx(hi.random_baseline[key], abs=1e-5)
+    cfg = _cfg(steps=1)
+    gcg, split = _gcg(lm, cfg)
+    allowed = allowed_tokens(build_vocab_table(lm.tokenizer), cfg.allowed, cfg.allow_special)
+    pool = torch.nonzero(allowed).flatten()
+    gen = torch.Generator().manual_seed(cfg.seed + 99)
+    rand = pool[torch.randint(0, len(pool), (256, cfg.length), generator=gen)]
+    scorer = FullSequenceScorer(lm.model, make_head(lm, "reward"), list(split.prefix_ids), batch_size=64)
+    rows = torch.cat([rand, torch.tensor(split.suffix_ids).expand(len(rand), -1)], 1)
+    own = scorer.score(rows, torch.full((rows.shape[0],), rows.shape[1])).numpy()
+    assert hi.random_baseline["mean"] == pytest.approx(float(own.mean()), abs=1e-4)

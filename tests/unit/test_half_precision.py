@@ -273,3 +273,37 @@ def test_bf16_command_writes_float32_scores(tiny_dirs, tmp_path):
                                    output=str(tmp_path), limit=96, progress=False, verify=8))
     assert run_dir.read_table("scores.parquet")["score"].dtype == pl.Float32
     assert run_dir.read_meta()["self_check"]["greatest"]["rounding_noise"] > 0
+
+
+def test_rounding_noise_moves_every_model_and_keeps_the_largest_seed(tokenizers):
+    """With --ref the checked scores come from two models: the noise must perturb both (a reference that reads only
+    the second model still moves), and be the largest change over every seed asked for (recomputed seed by seed
+    here with simulated_rounding itself)."""
+    from transformers import LlamaForCausalLM
+
+    from probe.core.precision import roundings_per_output
+    from tests import tiny
+
+    tok = tokenizers["llama3"]
+    a = tiny.build(LlamaForCausalLM, tiny.llama_config(tok)).to(torch.bfloat16).eval()
+    b = tiny.build(LlamaForCausalLM, tiny.llama_config(tok), seed=1).to(torch.bfloat16).eval()
+    ids = torch.tensor([tok.encode("What is the greatest thing ever? Love", add_special_tokens=False)])
+
+    def second_only():
+        calls.append(1)
+        with torch.no_grad():
+            return b(input_ids=ids).logits[0].float().sum(-1).numpy()
+
+    calls: list[int] = []
+    plain = second_only()
+    units = roundings_per_output("cpu", torch.bfloat16)
+    per_seed = []
+    for seed in range(6):  # the perturbation rounding_noise applies to the second model (k = 1), seed by seed
+        with simulated_rounding(b, seed + 1000, units):
+            per_seed.append(float(np.max(np.abs(second_only() - plain))))
+    # a number of seeds whose last is not the largest (so that keeping only the last seed's change would show)
+    n = next(k for k in range(2, 7) if per_seed[k - 1] < max(per_seed[:k]))
+    calls.clear()
+    noise = rounding_noise((a, b), second_only, plain, repeats=n)
+    assert noise > 0 and len(calls) == n  # the second model is perturbed too, once per seed
+    assert noise == pytest.approx(max(per_seed[:n]), rel=1e-6)

@@ -119,6 +119,8 @@ def test_bad_reference_inputs_are_one_line(pair, tmp_path, capsys):
 
     assert "its tokenizer is not the model's" in run("--rm", pair["policy"], "--ref", pair["other"])
     assert "--beta 0 makes every implicit reward 0" in run("--rm", pair["policy"], "--ref", pair["ref"], "--beta", "0")
+    for bad in ("nan", "inf", "-inf", "-0.1"):
+        assert "a finite number > 0" in run("--rm", pair["policy"], "--ref", pair["ref"], f"--beta={bad}")
     assert "--score reward has no log-ratio" in run("--rm", pair["policy"], "--ref", pair["ref"], "--score", "reward")
     assert "goes with --ref" in run("--rm", pair["policy"], "--beta", "0.1")
 
@@ -205,3 +207,63 @@ def test_a_reference_makes_another_batch_job():
     plain = ScoreVocabConfig(rm="org/dpo-model", prompt=(PROMPT,)).job_key()
     implicit = ScoreVocabConfig(rm="org/dpo-model", prompt=(PROMPT,), ref="org/sft-model", beta=0.1).job_key()
     assert "ref" not in plain and implicit == plain | {"ref": "org/sft-model", "beta": 0.1}
+
+
+def test_exact_beam_past_depth_one_scores_the_fixed_tokens_under_both_models(pair):
+    """Depth 2 of the exact beam with --ref: each kept response's score is beta x (log p_model - log p_ref) of both
+    response tokens and the closing ids, the first token (now in the prefix) scored by the reference too; checked
+    on each model's own forward, log-probabilities summed here."""
+    from probe.config import GCGConfig
+    from probe.core.gcg import allowed_tokens, beam_search
+    from probe.core.scoring import ScoringOptions, prompt_split
+    from probe.core.vocab import build_vocab_table
+
+    lm = probe.load(pair["policy"], device="cpu", ref=pair["ref"], beta=0.5)
+    cfg = GCGConfig(prompt=PROMPT, length=2, beam=3, progress=False, batch_size=64)
+    split = prompt_split(lm, "logprob", PROMPT, None, ScoringOptions(), len(lm.tokenizer))
+    allowed = allowed_tokens(build_vocab_table(lm.tokenizer), cfg.allowed, cfg.allow_special)
+    levels = beam_search(lm, cfg, split, allowed)
+    assert len(levels) == 2
+    n = len(split.prefix_ids)
+    for ids, score in zip(levels[1]["ids"].to_list(), levels[1]["score"].to_list()):
+        assert len(ids) == 2
+        full = torch.tensor([list(split.prefix_ids) + list(ids) + list(split.suffix_ids)])
+        own = []
+        for model in (lm.model, lm.ref.model):
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=full).logits[0].double(), -1)
+            own.append(sum(float(logp[i - 1, full[0, i]]) for i in range(n, full.shape[1])))
+        assert score == pytest.approx(0.5 * (own[0] - own[1]), abs=1e-4)
+
+
+def test_fingerprints_hold_the_reference_and_its_weights(pair, tmp_path):
+    """A --ref run's fingerprint holds the reference's weights, read from its files (two references of one shape
+    and config but other weights give two fingerprints, so a resume never mixes them); GCG and beam runs with --ref
+    are other runs than plain ones; probe batch keys a --logprob-reduce mean job apart from sum."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from probe.commands.gcg import _settings as gcg_settings
+    from probe.config import GCGConfig, ScoreVocabConfig
+    from probe.models.loading import weights_identity
+    from probe.runs.rundir import fingerprint
+
+    other = tmp_path / "ref2"
+    shutil.copytree(pair["ref"], other)
+    weights = load_file(other / "model.safetensors")
+    weights = {k: v + 0.01 for k, v in weights.items()}
+    save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    lms = [probe.load(pair["policy"], device="cpu", ref=r) for r in (pair["ref"], str(other))]
+    ids = [weights_identity(lm.ref) for lm in lms]
+    assert ids[0] != ids[1]
+    from probe.runs.meta import reference_settings
+
+    assert [reference_settings(lm)["ref"]["weights"] for lm in lms] == ids
+    for cfg in (GCGConfig(prompt=PROMPT), GCGConfig(prompt=PROMPT, beam=3)):
+        prints = {fingerprint(gcg_settings(cfg, lm)) for lm in lms}
+        plain = fingerprint(gcg_settings(cfg, probe.load(pair["policy"], device="cpu", score="logprob")))
+        assert len(prints) == 2 and plain not in prints
+    sums = ScoreVocabConfig(rm="m", prompt=(PROMPT,)).job_key()
+    means = ScoreVocabConfig(rm="m", prompt=(PROMPT,), logprob_reduce="mean").job_key()
+    assert sums != means and means["logprob_reduce"] == "mean"

@@ -313,3 +313,32 @@ def test_social_benchmark_on_a_pairwise_model(slic_dir, slic, tmp_path):
 
     df = probe.score_responses(slic, None, NEUTRAL_PROMPT, ["Poor people are lazy.", "Rich people are lazy."])
     np.testing.assert_allclose(sorted(scores["score"].to_numpy()), sorted(df["score"].to_numpy()), rtol=1e-5, atol=1e-6)
+
+
+def test_pairrm_long_responses_are_truncated_as_tokenize_pair_truncates(pairrm, pairrm_dir):
+    """A response longer than 412 ids under a short prompt: tokenize_pair gives each candidate half of what the
+    source leaves of 2,048 ids (here about 990), not a fixed 412; one longer than that half is cut there. Both
+    equal PairRMPipeline's scores."""
+    module = rewardbench_code.load("pairrm")
+    tok = pairrm.tokenizer
+    medium = " ".join(["peace", "and", "love"] * 200)  # ~600 ids: over 412, under the half
+    long = " ".join(["the", "greatest", "thing"] * 500)  # ~1,500 ids: over the half
+    responses = [medium, long, "Love"]
+    n = len(tok.encode(medium, add_special_tokens=False))
+    assert 412 < n < 900
+    df = probe.score_responses(pairrm, None, PROMPT, responses)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    reference_model = module.DebertaV2PairRM.from_pretrained(pairrm_dir).eval()
+    pipe = module.PairRMPipeline("text-classification", reference_model, tok)
+    with rewardbench_code.on_cpu(), torch.no_grad():
+        want = pipe([_conv(PROMPT, r) for r in responses], [_conv(PROMPT, REFERENCE)] * len(responses),
+                    output_logits=True)
+    np.testing.assert_allclose([got[r] for r in responses], want, rtol=1e-4, atol=1e-5)
+    # the ids: the medium response whole, the long one cut at the candidate's half (well past 412 ids)
+    from probe.core.pairwise import PairwiseConversation
+
+    build = PairwiseConversation(PROMPT, pairrm.pairwise, None, 0)
+    peace, greatest = (tok.encode(w, add_special_tokens=False)[0] for w in ("peace", "greatest"))
+    assert build.render_ids(tok, medium).count(peace) == 200
+    cut = build.render_ids(tok, long)
+    assert 412 // 3 < cut.count(greatest) < 500 and len(cut) <= 2048

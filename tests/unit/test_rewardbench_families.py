@@ -357,3 +357,42 @@ def test_armorm_pipeline_on_the_route(tmp_path):
     want = out.float().reshape(len(RESPONSES), -1)[:, 0].numpy()
     np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
     assert np.ptp(want) > 1e-4
+
+
+def test_inform_reads_before_the_first_pad_id_anywhere_in_the_row(families, tmp_path):
+    """INF-ORM pools at the token before the first pad id of the whole input (its class: argmax of ids == pad, - 1).
+    With a pad id that is an ordinary word's id, a sweep row that is the pad id itself is read at the prefix's last
+    token, and a response holding the word is read before it: rm-probe's cached scores equal RewardBench's class on
+    each unpadded input (the self-check cannot see this: both of rm-probe's paths share the rule)."""
+    import copy
+
+    folder, model, tok = families["inform"]
+    pad = tok.encode("Love", add_special_tokens=False)
+    assert len(pad) == 1
+    pad = pad[0]
+    theirs = copy.deepcopy(model)
+    theirs.config.pad_token_id = pad
+    theirs.save_pretrained(tmp_path / "inform")
+    tok.save_pretrained(tmp_path / "inform")
+    lm = probe.load(str(tmp_path / "inform"), device="cpu", spec=CASES["inform"][5])
+    responses = ["Love", "Love and peace", "I Love you", "war"]
+    ours = probe.score_responses(lm, None, PROMPT, responses)
+    got = dict(zip(ours["response"], ours["score"].to_numpy()))
+    conv = lambda r: tok.apply_chat_template([{"role": "user", "content": PROMPT},  # noqa: E731
+                                              {"role": "assistant", "content": r}], tokenize=True, return_dict=False)
+
+    def own(ids):
+        with torch.no_grad():
+            return float(theirs(input_ids=torch.tensor([ids])).logits[0, 0])
+
+    want = [own(conv(r)) for r in responses]
+    np.testing.assert_allclose([got[r] for r in responses], want, rtol=2e-5, atol=2e-5)
+    assert want[0] == pytest.approx(want[1], abs=1e-6)  # both read before the pad: at the prefix's last token
+    assert abs(want[2] - want[0]) > 1e-4 and abs(want[3] - want[0]) > 1e-4
+    from probe.core.scoring import ScoringOptions, prompt_split
+
+    sweep = probe.sweep(lm, None, PROMPT, limit=pad + 20, batch_size=16)
+    split = prompt_split(lm, "reward", PROMPT, None, ScoringOptions(), len(tok))
+    row = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
+    for t in (pad, pad + 1):
+        assert row[t] == pytest.approx(own(list(split.prefix_ids) + [t] + list(split.suffix_ids)), abs=2e-5)

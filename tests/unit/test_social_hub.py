@@ -267,3 +267,31 @@ def test_bad_hub_rows_name_the_part_and_row(tmp_path):
     pl.DataFrame(rows).write_parquet(tmp_path / "data" / "test-00000-of-00001.parquet")
     with pytest.raises(DataFormatError, match=r"\(default/test\) line 2: missing or empty sent_less"):
         load("crows_pairs", tmp_path)
+
+
+def test_a_card_with_eleven_class_labels_keeps_them_in_id_order():
+    """BBQ's eleven categories as a Hub card writes them ('0': .. '10': keys, quoted or not, in any order): label 10
+    is the eleventh name, not the third (a string sort of the keys puts '10' after '1')."""
+    import yaml
+
+    from probe.social.hub import _card_class_names
+
+    cats = ["Age", "Disability_status", "Gender_identity", "Nationality", "Physical_appearance", "Race_ethnicity",
+            "Race_x_SES", "Race_x_gender", "Religion", "SES", "Sexual_orientation"]
+    for quoted in (True, False):
+        keys = [f"'{i}'" if quoted else str(i) for i in range(11)]
+        order = [10, 3, 0, 7, 1, 9, 2, 5, 8, 4, 6]
+        names = "\n".join(f"            {keys[i]}: {cats[i]}" for i in order)
+        card = yaml.safe_load(f"""
+dataset_info:
+- config_name: default
+  features:
+  - name: category
+    dtype:
+      class_label:
+        names:
+{names}
+  - name: label
+    dtype: int64
+""")
+        assert _card_class_names(card, "default") == {"category": cats}

