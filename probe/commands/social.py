@@ -216,7 +216,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
         frames.append(scores)
     all_items = [it for _, items in datasets for it in items]
     scores = pl.concat(frames)
-    summary = metrics.summarise(all_items, scores)
+    summary = metrics.summarise(all_items, scores, cfg.seed)
     run.write_table("scores.parquet", scores)
     atomic_write_json(run.path / "summary.json", summary)
     if bbq_scores := _bbq_scores(summary):

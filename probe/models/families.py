@@ -95,7 +95,7 @@ def _heads(layout: HeadLayout, config) -> dict[str, nn.Module]:
     if layout.name == "beaver":
         return {"score_head": nn.Linear(d, getattr(config, "score_dim", 1), bias=getattr(config, "bias", False))}
     if layout.name == "ldl":
-        n, width = getattr(config, "num_objectives", 220), getattr(config, "ldl_hidden", 4096)
+        n, width = getattr(config, "num_objectives", 220), 4096  # RewardBench's widths are fixed
         return {"regression_layer": LDLNetwork(d, n, width, dropout=False),
                 "gating_layer": LDLNetwork(d, n // 10, width, dropout=True)}
     raise KeyError(layout.name)
@@ -120,14 +120,25 @@ def _beaver(model, h: torch.Tensor) -> torch.Tensor:
     return s
 
 
+def ldl_gating(config) -> tuple[bool, float]:
+    """LDL's gating ``softmax`` and ``temperature`` as its GatingNN reads them from the config (defaults False,
+    1.0). transformers 5 moves ``temperature``, a generation parameter to it, out of a loaded model config: the
+    value the checkpoint's config.json holds is kept at load (`load_side_files`) as ``ldl_temperature``."""
+    temperature = getattr(config, "ldl_temperature", None)
+    if temperature is None:
+        temperature = getattr(config, "temperature", None)
+    return bool(getattr(config, "softmax", False)), float(1.0 if temperature is None else temperature)
+
+
 def _ldl(model, h: torch.Tensor) -> torch.Tensor:
     """The gated mixture of 10-bin distributions, weighted by linspace(0, 1, 10); in float32."""
     h = h.float()
     regression, gating = model.regression_layer.network, model.gating_layer.network  # each on its own device
     dist = torch.softmax(regression(h.to(next(regression.parameters()).device)).view(h.shape[0], -1, 10), -1)
     w = gating(h.to(next(gating.parameters()).device)).to(dist.device)
-    if getattr(model.config, "softmax", False):
-        w = torch.softmax(w / getattr(model.config, "temperature", 1.0), dim=1)
+    softmax, temperature = ldl_gating(model.config)
+    if softmax:
+        w = torch.softmax(w / temperature, dim=1)
     mix = torch.bmm(w[:, None], dist)[:, 0]
     return (mix * torch.linspace(0, 1, mix.shape[-1], device=mix.device)).sum(-1)
 
@@ -226,6 +237,10 @@ def load_side_files(model, path: str | Path) -> list[str]:
         return []
     from probe.errors import ModelLoadError
 
+    import json
+
+    raw = json.loads((Path(path) / "config.json").read_text()) if (Path(path) / "config.json").is_file() else {}
+    model.config.ldl_temperature = raw.get("temperature", 1.0)  # as the checkpoint's config.json has it
     loaded = []
     for name in ("regression_layer", "gating_layer"):
         file = Path(path) / f"{name}.pt"

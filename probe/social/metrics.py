@@ -97,12 +97,13 @@ def by_group(items: list[Item], table: list[np.ndarray]) -> dict:
     return out
 
 
-def summarise_one(dataset: str, items: list[Item], table: list[np.ndarray]) -> dict:
-    """Every metric of one data set (or one of its files) over its items."""
+def summarise_one(dataset: str, items: list[Item], table: list[np.ndarray], seed: int = 0) -> dict:
+    """Every metric of one data set (or one of its files) over its items; ``seed``: the bootstrap's (--seed)."""
     from probe.social import bbq, rewardbench, stereoset, xstest
 
-    out = {"dataset": dataset, "domain": items[0].domain, "n_items": len(items), **pairwise(items, table),
-           **undesirable_rate(items, table), **multiple_choice(items, table), "picks": pick_distribution(items, table)}
+    out = {"dataset": dataset, "domain": items[0].domain, "n_items": len(items), **pairwise(items, table, seed),
+           **undesirable_rate(items, table, seed), **multiple_choice(items, table, seed),
+           "picks": pick_distribution(items, table)}
     groups = by_group(items, table)
     if groups:
         out["by_group"] = groups
@@ -117,8 +118,9 @@ def summarise_one(dataset: str, items: list[Item], table: list[np.ndarray]) -> d
     return out
 
 
-def summarise(items: list[Item], scores: pl.DataFrame) -> dict:
-    """Per data set: its overall summary, and one per source file when there are several."""
+def summarise(items: list[Item], scores: pl.DataFrame, seed: int = 0) -> dict:
+    """Per data set: its overall summary, and one per source file when there are several (``seed``: the
+    bootstrap's)."""
     table = score_table(items, scores)
     by_dataset: dict[str, list[int]] = {}
     for i, it in enumerate(items):
@@ -126,12 +128,12 @@ def summarise(items: list[Item], scores: pl.DataFrame) -> dict:
     out = {}
     for name, idx in by_dataset.items():
         its, tab = [items[i] for i in idx], [table[i] for i in idx]
-        entry = summarise_one(name, its, tab)
+        entry = summarise_one(name, its, tab, seed)
         files: dict[str, list[int]] = {}
         for i in idx:
             files.setdefault(items[i].source, []).append(i)
         if len(files) > 1:
-            entry["by_file"] = {f: summarise_one(name, [items[i] for i in fi], [table[i] for i in fi])
+            entry["by_file"] = {f: summarise_one(name, [items[i] for i in fi], [table[i] for i in fi], seed)
                                 for f, fi in files.items()}
         out[name] = entry
     return out
