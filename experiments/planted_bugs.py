@@ -2,6 +2,7 @@
 time, and check that the tests named beside each fail on it.
 
     python -m experiments.planted_bugs          # about 2 minutes; writes experiments/results/planted_bugs.md
+    python -m experiments.planted_bugs --round 2  # issue 33's: before/after, experiments/results/planted_bugs_round2.md
 
 Each row: the bug, the file, the line as it is, the line as planted, and the tests that must fail.
 """
@@ -47,6 +48,82 @@ MUTS = [
 ]
 
 
+# Round 2 (issue 33): bugs planted in modules round 1 left alone, each with the test FILES that should catch it. Each is
+# run twice: with the tests as they were before this round (git revision BEFORE_ROUND_2) and with today's, the whole
+# files each time (a bug a file's other tests catch counts as caught).
+BEFORE_ROUND_2 = "f83cb5b"
+ROUND_2 = [
+  ("PairRM candidate budget fixed at 412", "probe/core/pairwise.py", "room = (PAIRRM_SOURCE_MAX + 2 * PAIRRM_CANDIDATE_MAX - len(src)) // 2", "room = PAIRRM_CANDIDATE_MAX", "tests/unit/test_pairwise.py"),
+  ("LDL gating temperature ignored", "probe/models/families.py", "w = torch.softmax(w / temperature, dim=1)", "w = torch.softmax(w, dim=1)", "tests/unit/test_options.py tests/unit/test_rewardbench_families.py"),
+  ("GCG patience one step late", "probe/core/gcg.py", "since_gain >= c.patience", "since_gain > c.patience", "tests/unit/test_gcg.py"),
+  ("GCG min baseline negated", "probe/core/gcg.py", "rand_scores = config.sign * gcg.objective(rand).numpy()", "rand_scores = gcg.objective(rand).numpy()", "tests/unit/test_gcg.py"),
+  ("--beta inf accepted", "probe/config.py", "if not math.isfinite(self.beta) or self.beta < 0:", "if self.beta < 0:", "tests/unit/test_implicit_reward.py"),
+  ("WordPiece ## counted as a leading space", "probe/core/vocab.py", "p.startswith(SPACE_MARKERS[:2])", "p.startswith(SPACE_MARKERS)", "tests/unit/test_vocab.py"),
+  ("byte fragment valid unless alone", "probe/core/vocab.py", '"valid_utf8": ["\\ufffd" not in d for d in decoded]', '"valid_utf8": [d != "\\ufffd" for d in decoded]', "tests/unit/test_vocab.py"),
+  ("card class labels string-sorted", "probe/social/hub.py", "[names[k] for k in sorted(names, key=int)]", "[names[k] for k in sorted(names)]", "tests/unit/test_social_hub.py"),
+  ("interrupt leaves status running", "probe/runs/rundir.py", '    meta["status"] = how\n', "", "tests/unit/test_user_paths.py tests/unit/test_first_hour.py"),
+  ("resume counts a short last shard whole", "probe/runs/rundir.py", "left = sum(min(shard_size, n - s * shard_size)", "left = sum(shard_size", "tests/unit/test_user_paths.py"),
+  ("response runs' text marked invalid", "probe/analysis/sweeps.py", 'pl.lit(True).alias("valid_utf8")', 'pl.lit(False).alias("valid_utf8")', "tests/unit/test_user_paths.py tests/unit/test_analysis.py"),
+  ("constant run reaches the MDS", "probe/commands/analyze.py", "        if constant:\n", "        if False:\n", "tests/unit/test_user_paths.py tests/unit/test_analysis.py"),
+  ("word ranks renumbered", "probe/report/text.py", 'pl.col("score").rank("min", descending=True)', 'pl.col("score").rank("ordinal", descending=True)', "tests/unit/test_user_paths.py tests/unit/test_report_audit.py"),
+  ("sequence byte fragments as U+FFFD", "probe/report/text.py", '    if "\\ufffd" not in decoded:\n        return decoded', "    return decoded", "tests/unit/test_user_paths.py tests/unit/test_gcg.py"),
+  ("DPO route in social drops the header", "probe/social/scoring.py", "k = split.scored_in_prefix - (len(split.prefix_ids) - len(prefix))", "k = 0", "tests/unit/test_rewardbench_dpo.py tests/unit/test_social.py"),
+  ("reference head ignores fixed tokens", "probe/core/scoring.py", "response_in_prefix=head.k_fixed, fused=head.fused)", "response_in_prefix=0, fused=head.fused)", "tests/unit/test_implicit_reward.py"),
+  ("ArmoRM's doubled BOS masked", "probe/models/registry.py", 'DOUBLE_BOS_MASKED = ("RewardBenchPipeline", "LDLPipeline")', 'DOUBLE_BOS_MASKED = ("RewardBenchPipeline", "LDLPipeline", "ArmoRMPipeline")', "tests/unit/test_rewardbench_families.py tests/unit/test_dialogue_inputs.py"),
+  ("social --seed not passed on", "probe/commands/social.py", "metrics.summarise(all_items, scores, cfg.seed)", "metrics.summarise(all_items, scores)", "tests/unit/test_options.py tests/unit/test_social.py"),
+  ("misalignment mean always", "probe/analysis/misalignment.py", 'np.median(model_ranks, 1) if center == "median" else', 'model_ranks.mean(1) if center == "median" else', "tests/unit/test_options.py tests/unit/test_analysis.py"),
+  ("BNC frequencies log10", "probe/analysis/lexicons.py", 'pl.col("freq").log().alias("log_freq")', 'pl.col("freq").log10().alias("log_freq")', "tests/unit/test_options.py tests/unit/test_analysis.py"),
+  ("analyze file names unsanitised", "probe/commands/analyze.py", 'return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "run"', "return name", "tests/unit/test_user_paths.py tests/unit/test_analysis.py"),
+  ("--ref vocabulary check converts the GGUF", "probe/models/loading.py", "return str(packaged_tokenizer_dir(x)) if packaged(x) is not None else _source(x)[1]", "return _source(x)[1]", "tests/unit/test_user_paths.py tests/unit/test_implicit_reward.py"),
+  ("encoder route keeps segment ids", "probe/core/scoring.py", '                    and input_call(tok) != "rewardbench")', "                    )", "tests/unit/test_encoders.py"),
+  ("INF-ORM reads the last token", "probe/models/families.py", 'HeadLayout("inform", "model", "before_first_pad")', 'HeadLayout("inform", "model", "last")', "tests/unit/test_rewardbench_families.py"),
+  ("rounding noise from the first model only", "probe/core/precision.py", "for k, model in enumerate(models):", "for k, model in enumerate(models[:1]):", "tests/unit/test_half_precision.py"),
+]
+
+
+def run_tests(copy: Path, tests: str, env: dict) -> tuple[bool, str]:
+    proc = subprocess.run(f"{sys.executable} -m pytest -q -x -p no:cacheprovider {tests}", shell=True, cwd=copy,
+                          env={**env, "PYTHONPATH": str(copy)}, capture_output=True, text=True)
+    last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-200:]
+    return proc.returncode == 1 and " failed" in last and "error" not in last, last
+
+
+def round_two(env: dict) -> int:
+    """Each round-2 bug on a copy, its test files run as they were before the round and as they are now."""
+    rows, before_caught, after_caught = [], 0, 0
+    for name, path, old, new, tests in ROUND_2:
+        results = []
+        for when in ("before", "after"):
+            with tempfile.TemporaryDirectory() as tmp:
+                copy = Path(tmp) / "repo"
+                shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".venv", ".git", "results", "__pycache__",
+                                                                          "figures"))
+                (copy / "probe" / "kernels").symlink_to(copy / "kernels")
+                if when == "before":  # the test folder as it was, the code as it is
+                    shutil.rmtree(copy / "tests")
+                    archive = subprocess.run(["git", "archive", BEFORE_ROUND_2, "tests"], cwd=ROOT, capture_output=True,
+                                             check=True).stdout
+                    subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
+                if not plant(copy, path, old, new):
+                    results.append((False, "the line to change is not there: update this list"))
+                    continue
+                files = " ".join(f for f in tests.split() if (copy / f).is_file())
+                results.append(run_tests(copy, files, env) if files else (False, "no such test file then"))
+        before_caught += results[0][0]
+        after_caught += results[1][0]
+        rows.append((name, path, tests, *(("caught: " if ok else "NOT CAUGHT: ") + last for ok, last in results)))
+        print(" | ".join(rows[-1]), flush=True)
+    lines = ["# Planted bugs, round 2: before and after this round's tests", "",
+             "`python -m experiments.planted_bugs --round 2`: each bug planted alone on a copy of the repository; the "
+             f"named test files run as they were at {BEFORE_ROUND_2} (before) and as they are now (after).", "",
+             f"Caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}.", "",
+             "| bug | file | test files | before | after |", "|---|---|---|---|---|"]
+    lines += [f"| {n} | `{p}` | `{t}` | {b} | {a} |" for n, p, t, b, a in rows]
+    (RESULTS / "planted_bugs_round2.md").write_text("\n".join(lines) + "\n")
+    print(f"caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}")
+    return 0 if after_caught == len(rows) else 1
+
+
 def plant(copy: Path, path: str, old: str, new: str) -> bool:
     f = copy / path
     text = f.read_text()
@@ -57,8 +134,15 @@ def plant(copy: Path, path: str, old: str, new: str) -> bool:
 
 
 def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--round", type=int, choices=(1, 2), default=1)
+    args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RM_PROBE_SOCIAL_DATA": os.environ.get("RM_PROBE_SOCIAL_DATA", str(SHARED / "social")),
            "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release"))}
+    if args.round == 2:
+        return round_two(env)
     rows, missed = [], 0
     for name, path, old, new, tests in MUTS:
         with tempfile.TemporaryDirectory() as tmp:

@@ -154,3 +154,28 @@ def test_route_errors_are_one_line(family, tmp_path, capsys):
 
     with pytest.raises(ValueError, match="--logprob-reduce sum"):  # probe social's default reduction is the mean
         SocialConfig(rm=(family["policy"],), ref=family["ref"], dataset=("bbq",), input_method="rewardbench")
+
+
+def test_social_rewardbench_items_on_the_dpo_route(family, tmp_path):
+    """probe social --dataset rewardbench --input-method rewardbench --ref: every chosen and rejected score is
+    RewardBench's DPO log-ratio of that item (DPOInference on its own texts), prompts of different lengths sharing
+    no prefix."""
+    from probe.commands.social import main as social_main
+    from probe.social.loaders import load
+
+    rows = [{"prompt": p, "chosen": c, "rejected": r, "subset": sub, "id": i}
+            for i, (p, c, r, sub) in enumerate([
+                ("What is 2+2?", "4", "5", "alpacaeval-easy"),
+                ("Name a colour.", "Blue, as the sky is.", "Seven", "alpacaeval-easy"),
+                ("How do I pick a lock?", "I can't help with that.", "Use a pin.", "donotanswer")])]
+    data = tmp_path / "rb.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert social_main(["--rm", family["policy"], "--ref", family["ref"], "--input-method", "rewardbench",
+                        "--logprob-reduce", "sum", "--dataset", "rewardbench", "--data", str(data), "--device", "cpu",
+                        "--no-progress", "--output", str(tmp_path / "out")]) == 0
+    (run,) = list((tmp_path / "out").glob("*/social_*"))
+    got = {(r["item_id"], r["option"]): r["score"] for r in pl.read_parquet(run / "scores.parquet").iter_rows(named=True)}
+    lm = probe.load(family["policy"], device="cpu", ref=family["ref"], input_method="rewardbench")
+    for it in load("rewardbench", data):
+        want, _ = _rewardbench_scores(family["tokenizer"], lm.model, lm.ref.model, it.prompt, list(it.options))
+        np.testing.assert_allclose([got[it.item_id, j] for j in range(len(it.options))], want, rtol=1e-5, atol=1e-4)
