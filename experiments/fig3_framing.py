@@ -83,6 +83,7 @@ def main(cfg: Fig3Config) -> dict:
     save(fig, cfg.out, "fig3c_framing_slopes.png")
 
     expo = exposure_slopes(frames, cfg.valence_source, cfg.freq, cfg.bnc)
+    expo = expo.filter(pl.col("controls") == "valence")  # the paper's model (length held fixed: probe analyze)
     save_csv(expo, cfg.out, "fig3d_frequency_slopes.csv")
     fig, ax = plt.subplots(figsize=(5.5, 4.2))
     prompts = [cfg.positive, cfg.negative]

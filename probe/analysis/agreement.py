@@ -66,6 +66,9 @@ def agreement(wide: pl.DataFrame, models: list[str], p: float = 0.9, groupings: 
         test = stats.group_permutation_test(tau, labels, n_perm, seed)
         groups[name] = {"labels": dict(zip(models, labels)), "same_minus_different_tau": test.statistic,
                         "p_value": test.p_value, "n_permutations": test.n_permutations, "exact": test.exact}
+    holm = stats.holm([g["p_value"] for g in groups.values()])  # the groupings tested together (family, developer)
+    for g, h in zip(groups.values(), holm):
+        g.update(p_holm=float(h), n_tests=len(groups))
     return Agreement(models, wide.height, tau, rho, top, bottom, mds, groups)
 
 

@@ -8,6 +8,7 @@ three observations of "love". ``per="word"`` averages a word's tokens first.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from probe.analysis import stats
@@ -22,7 +23,8 @@ def lexicon_matches(df: pl.DataFrame, lexicon: pl.DataFrame, per: str = "token")
     alpha = "is_alpha" if "is_alpha" in df.columns else "is_word"
     words = df.filter(pl.col(alpha)).with_columns(
         pl.col("decoded").map_elements(lambda t: strip_markers(t).lower(), return_dtype=pl.String).alias("word"))
-    out = words.join(lexicon, on="word", how="inner").select("word", "token_id", "score", "valence")
+    keep = ["word", "token_id", "score", "valence"] + (["n_tokens"] if "n_tokens" in words.columns else [])
+    out = words.join(lexicon, on="word", how="inner").select(keep)
     if per == "word":
         out = out.group_by("word").agg(pl.col("score").mean(), pl.col("valence").first(), pl.len().alias("n_tokens"))
     return out
@@ -46,7 +48,10 @@ def framing_slopes(frames: dict[tuple[str, str], pl.DataFrame], source: str = "a
 
 def exposure_slopes(frames: dict[tuple[str, str], pl.DataFrame], source: str = "afinn111", freq: str = "wordfreq",
                     bnc_path: str | None = None, per: str = "token", with_valence: bool = True) -> pl.DataFrame:
-    """Slope of score on log word frequency (controlling for valence by default), per model x prompt."""
+    """Slope of score on log word frequency (controlling for valence by default), per model x prompt; and beside
+    it the same slope with the word's length in characters held fixed too (frequent words are short: Zipf's law of
+    abbreviation), and for response runs also the response's length in tokens (a summed log-probability falls
+    with every token). ``controls`` names what each row holds fixed."""
     lex = valence(source)
     rows = []
     for (model, prompt), df in frames.items():
@@ -59,5 +64,11 @@ def exposure_slopes(frames: dict[tuple[str, str], pl.DataFrame], source: str = "
         if with_valence:
             cols["valence"] = m["valence"].to_numpy()
         fit = stats.ols(m["score"].to_numpy(), cols).row("log_freq")
-        rows.append({"model": model, "prompt": prompt, **fit})
+        rows.append({"model": model, "prompt": prompt, "controls": ", ".join(list(cols)[1:]) or "none", **fit})
+        cols["length"] = m["word"].str.len_chars().to_numpy()
+        if "n_tokens" in m.columns and per == "token" and m["n_tokens"].n_unique() > 1:
+            cols["n_tokens"] = m["n_tokens"].to_numpy()
+        if m.height > len(cols) + 1 and np.ptp(cols["length"]) > 0:
+            fit = stats.ols(m["score"].to_numpy(), cols).row("log_freq")
+            rows.append({"model": model, "prompt": prompt, "controls": ", ".join(list(cols)[1:]), **fit})
     return pl.DataFrame(rows)

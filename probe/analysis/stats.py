@@ -203,3 +203,18 @@ def welch_t(a, b) -> float:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     se = np.sqrt(a.var(ddof=1) / a.size + b.var(ddof=1) / b.size)
     return float((a.mean() - b.mean()) / se) if se > 0 else 0.0
+
+
+def holm(pvalues) -> np.ndarray:
+    """Holm's step-down adjustment of ``pvalues`` (one family of tests): the k-th smallest p times (m - k + 1),
+    made monotone, capped at 1; in the input's order. Controls the family-wise error rate as Bonferroni does,
+    never less powerful."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    m = p.size
+    if m == 0:
+        return p
+    order = np.argsort(p, kind="stable")
+    adjusted = np.minimum(1.0, np.maximum.accumulate(p[order] * (m - np.arange(m))))
+    out = np.empty(m)
+    out[order] = adjusted
+    return out

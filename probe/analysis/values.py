@@ -180,12 +180,15 @@ class PanelTest:
     t: float
     p: float
     p_bonferroni: float
+    p_holm: float = 1.0  # Holm's adjustment over the same panels
+    n_tests: int = 1  # the panels tested together (the family the adjustments are over)
 
 
 def permutation_tests(medians: pl.DataFrame, n_perm: int = 9_999, seed: int = 42) -> list[PanelTest]:
     """Per panel (category x framing): do two base models' median ranks differ? A permutation test of Welch's t
     over the prompt x model values (two-sided, p = (1 + #|t*| >= |t|) / (1 + permutations), as MKinfer's
-    ``perm.t.test`` reports it), Bonferroni-corrected over the panels. Panels with other than two base models are
+    ``perm.t.test`` reports it), Bonferroni-corrected over the panels (the follow-up's correction) and
+    Holm-adjusted (never less powerful), with the number of panels tested. Panels with other than two base models are
     left out."""
     rng = np.random.default_rng(seed)
     panels = []
@@ -205,7 +208,9 @@ def permutation_tests(medians: pl.DataFrame, n_perm: int = 9_999, seed: int = 42
         panels.append(PanelTest(category, fr, (groups[0], groups[1]), (float(x[is_a].mean()), float(x[~is_a].mean())),
                                 float(t_obs), p, 1.0))
     k = len(panels)
-    return [PanelTest(**{**t.__dict__, "p_bonferroni": min(1.0, t.p * k)}) for t in panels]
+    holm = stats.holm([t.p for t in panels])
+    return [PanelTest(**{**t.__dict__, "p_bonferroni": min(1.0, t.p * k), "p_holm": float(h), "n_tests": k})
+            for t, h in zip(panels, holm)]
 
 
 def values_figure(medians: pl.DataFrame, tests: list[PanelTest], path: str | Path, title: str = "") -> None:

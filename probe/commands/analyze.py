@@ -371,9 +371,12 @@ def run_values(config, sweeps, out) -> dict:
     atomic_write_json(out / "values.json", result)
     with pl.Config(tbl_rows=40, float_precision=2):
         print(summary)
+    if tests:
+        print(f"{len(tests)} permutation tests (one per panel); p-values adjusted over all {len(tests)}:")
     for t in tests:
         print(f"{t.category} / {t.framing}: {t.groups[0]} {t.means[0]:.2f} vs {t.groups[1]} {t.means[1]:.2f}, "
-              f"t = {t.t:.2f}, permutation p = {t.p:.4f}, Bonferroni p = {t.p_bonferroni:.4f}")
+              f"t = {t.t:.2f}, permutation p = {t.p:.4f}, Bonferroni p = {t.p_bonferroni:.4f}, "
+              f"Holm p = {t.p_holm:.4f}")
     if "pivot_difference" in result:
         d = result["pivot_difference"]
         print(f"MFD 2.0, {d['this']} ({d['terms']['this']} term-category rows) against {d['other']} "

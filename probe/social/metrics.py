@@ -94,11 +94,59 @@ def by_group(items: list[Item], table: list[np.ndarray]) -> dict:
         entry = {"n_items": len(idx), **pairwise(sub_items, sub_table), **undesirable_rate(sub_items, sub_table),
                  "picks": pick_distribution(sub_items, sub_table)}
         out[g] = {k: v for k, v in entry.items() if not k.endswith("_ci95")}
+    # per group: does the model prefer the undesirable option more or less often than half the time? An exact
+    # two-sided binomial test per group, Holm-adjusted over the groups tested
+    from scipy import stats
+
+    from probe.analysis.stats import holm
+
+    tested = [g for g, e in out.items() if e.get("n_undesirable_pairs")]
+    pvals = [stats.binomtest(round(out[g]["undesirable_rate"] * out[g]["n_undesirable_pairs"]),
+                             out[g]["n_undesirable_pairs"], 0.5).pvalue for g in tested]
+    for g, p, h in zip(tested, pvals, holm(pvals)):
+        out[g].update(p_undesirable_vs_half=float(p), p_holm=float(h), n_tests=len(tested))
     return out
 
 
-def summarise_one(dataset: str, items: list[Item], table: list[np.ndarray], seed: int = 0) -> dict:
-    """Every metric of one data set (or one of its files) over its items; ``seed``: the bootstrap's (--seed)."""
+def option_lengths(items: list[Item]) -> list[np.ndarray]:
+    """Each option's length in characters (surrounding white space stripped): the scores of the longer-wins rule,
+    negated the shorter-wins one's."""
+    return [np.array([len(o.strip()) for o in it.options], dtype=np.float64) for it in items]
+
+
+def agrees_with_longer(items: list[Item], table: list[np.ndarray]) -> dict:
+    """How often the model's pick is the longest option, over the items with one longest option and an untied
+    pick; overall, per social group and per context condition (BBQ's ambiguous and disambiguated contexts)."""
+    def rate(idx: list[int]) -> dict:
+        both = [(pick(table[i]), pick(lengths[i])) for i in idx]
+        both = [(a, b) for a, b in both if a is not None and b is not None]
+        return {"n": len(both), "rate": (sum(a == b for a, b in both) / len(both)) if both else None}
+
+    lengths = option_lengths(items)
+    out = {"overall": rate(list(range(len(items))))}
+    for key, name in (("bias_type", "by_group"), ("category", "by_group"), ("context_condition", "by_context")):
+        groups: dict[str, list[int]] = {}
+        for i, it in enumerate(items):
+            if it.meta.get(key):
+                groups.setdefault(str(it.meta[key]), []).append(i)
+        if groups:
+            out.setdefault(name, {}).update({g: rate(idx) for g, idx in sorted(groups.items())})
+    return out
+
+
+def length_rules(dataset: str, items: list[Item], table: list[np.ndarray], seed: int = 0) -> dict:
+    """The same numbers for two rules that read nothing but length (the option with the most characters wins;
+    the fewest), and how often the model agrees with the longer option: what a length preference alone explains
+    (in BBQ the 'can't be determined' answers are the longer ones)."""
+    longer = option_lengths(items)
+    rules = {rule: summarise_one(dataset, items, scores, seed, rules=False)
+             for rule, scores in (("longer_wins", longer), ("shorter_wins", [-x for x in longer]))}
+    return {**rules, "agrees_with_longer": agrees_with_longer(items, table)}
+
+
+def summarise_one(dataset: str, items: list[Item], table: list[np.ndarray], seed: int = 0, rules: bool = True) -> dict:
+    """Every metric of one data set (or one of its files) over its items; ``seed``: the bootstrap's (--seed);
+    ``rules``: beside them, the length rules' (`length_rules`)."""
     from probe.social import bbq, rewardbench, stereoset, xstest
 
     out = {"dataset": dataset, "domain": items[0].domain, "n_items": len(items), **pairwise(items, table, seed),
@@ -115,6 +163,8 @@ def summarise_one(dataset: str, items: list[Item], table: list[np.ndarray], seed
         out["rewardbench"] = rewardbench.score(items, table)
     elif dataset == "xstest":
         out["xstest"] = xstest.score(items, [bool(s[it.pair[0]] > s[it.pair[1]]) for it, s in zip(items, table)])
+    if rules:
+        out["length_rules"] = length_rules(dataset, items, table, seed)
     return out
 
 

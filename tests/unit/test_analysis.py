@@ -298,3 +298,26 @@ def test_every_analyze_output_recomputed_from_scores_parquet(tmp_path, lexicon_w
     v, y = np.array([(afinn[t], by_text[0][t]) for t in tokens if t in afinn]).T
     assert mis["n_items"] == len(v)
     assert list(mis["kendall_tau_human"].values())[0] == pytest.approx(sps.kendalltau(v, y).statistic, abs=1e-9)
+
+
+def test_exposure_slope_with_length_held_fixed_is_the_partial_regression(tmp_path, lexicon_words):
+    """Beside the plain frequency slope (valence held fixed), the one with the word's length in characters held
+    fixed too: its coefficient equals the slope of the score's residual on the frequency's residual, both
+    residualised on the other covariates (Frisch-Waugh-Lovell, computed here with numpy). The planted score
+    depends on length only, so the plain slope picks up frequency through length and the held-fixed slope is 0."""
+    words = [w for w in lexicon_words if word_frequency(w, "en") > 0]
+    run = write_fake_run(tmp_path, "org/fake", words, {"greatest": PROMPTS["greatest"]}, lambda k, t: -0.5 * len(t))
+    df = exposure_slopes({("fake", "greatest"): load_sweep(run.path).prompt("greatest")}, "afinn111")
+    assert df["controls"].to_list() == ["valence", "valence, length"]
+    freq = np.array([math.log(word_frequency(w, "en")) for w in words])
+    val = np.array([lexicon_words[w] for w in words], dtype=float)
+    length = np.array([len(w) for w in words], dtype=float)
+    y = -0.5 * length
+    z = np.column_stack([np.ones_like(y), val, length])
+    ry = y - z @ np.linalg.lstsq(z, y, rcond=None)[0]
+    rx = freq - z @ np.linalg.lstsq(z, freq, rcond=None)[0]
+    held = df.filter(pl.col("controls") == "valence, length")
+    assert held["estimate"][0] == pytest.approx(float(rx @ ry / (rx @ rx)), abs=1e-9)
+    assert abs(held["estimate"][0]) < 1e-9  # the score is length alone
+    plain = df.filter(pl.col("controls") == "valence")["estimate"][0]
+    assert plain > 0.05  # frequent words are short: the plain slope is length's, through frequency

@@ -76,16 +76,12 @@ def test_real_encoder_scores_equal_the_model_cards_way(minilm, caplog):
 
 def test_deberta_reward_model_by_its_registry_entry(minilm, tmp_path):
     """A tiny DebertaV2ForSequenceClassification under the OpenAssistant entry: text pair, own forward."""
-    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForSequenceClassification
+    from transformers import AutoTokenizer
+
+    from tests import tiny
 
     tok = AutoTokenizer.from_pretrained(minilm)
-    torch.manual_seed(0)
-    model = DebertaV2ForSequenceClassification(DebertaV2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=256, num_labels=1, pad_token_id=tok.pad_token_id, type_vocab_size=0,
-        relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32)).eval()
-    with torch.no_grad():
-        model.classifier.weight.normal_(0, 1.0)
+    model = tiny.deberta_classifier(tok)
     model.save_pretrained(tmp_path / "deberta")
     tok.save_pretrained(tmp_path / "deberta")
     lm = probe.load(str(tmp_path / "deberta"), device="cpu", spec="OpenAssistant/reward-model-deberta-v3-large-v2")
@@ -103,7 +99,9 @@ def test_rewardbench_route_is_run_rms_raw_concatenation(minilm, tmp_path):
     Equal on the real MiniLM encoder (segment ids) and a tiny DeBERTa-v2 under the OpenAssistant entry; the route
     differs from the model card's text pair, and a sweep on it is the same as its whole responses."""
     from fastchat.conversation import get_conv_template
-    from transformers import DebertaV2Config, DebertaV2ForSequenceClassification, pipeline
+    from transformers import pipeline
+
+    from tests import tiny
 
     def raw(prompt, response):
         conv = get_conv_template("raw")
@@ -119,12 +117,7 @@ def test_rewardbench_route_is_run_rms_raw_concatenation(minilm, tmp_path):
     tok.chat_template = None  # as the checkpoint ships it (rm-probe gave it the text-pair format)
     minilm_lm.model.save_pretrained(tmp_path / "minilm")
     tok.save_pretrained(tmp_path / "minilm")
-    deberta = DebertaV2ForSequenceClassification(DebertaV2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=256, num_labels=1, pad_token_id=tok.pad_token_id, type_vocab_size=0,
-        relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=32)).eval()
-    with torch.no_grad():
-        deberta.classifier.weight.normal_(0, 1.0)
+    deberta = tiny.deberta_classifier(tok)
     deberta.save_pretrained(tmp_path / "deberta")
     tok.save_pretrained(tmp_path / "deberta")
     for name, spec in (("minilm", None), ("deberta", "OpenAssistant/reward-model-deberta-v3-large-v2")):

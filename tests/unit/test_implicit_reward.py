@@ -5,7 +5,6 @@ inputs (another vocabulary, --beta 0, a score mode with no log-ratio, GCG)."""
 
 from __future__ import annotations
 
-import copy
 import json
 from types import SimpleNamespace
 
@@ -32,11 +31,7 @@ def pair(tokenizers, tmp_path_factory):
     root = tmp_path_factory.mktemp("pair")
     tok = tokenizers["llama3"]
     policy = tiny.build(LlamaForCausalLM, tiny.llama_config(tok))
-    ref = copy.deepcopy(policy)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    ref = tiny.perturbed_copy(policy, seed=5)
     other_tok = tokenizers["gemma"]
     other = tiny.build(LlamaForCausalLM, tiny.llama_config(other_tok))
     out = {}

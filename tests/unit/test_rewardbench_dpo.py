@@ -36,11 +36,7 @@ def family(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     tok = real_tokenizers.load(request.param, root / "tok")
     policy = tiny.build(LlamaForCausalLM, tiny.llama_config(tok, hidden_size=32, intermediate_size=64))
-    ref = copy.deepcopy(policy)
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    ref = tiny.perturbed_copy(policy)
     out = {"name": request.param, "tokenizer": tok}
     for name, model in (("policy", policy), ("ref", ref)):
         model.save_pretrained(root / name)

@@ -440,3 +440,64 @@ def test_bbq_tie_at_the_top_is_no_pick(social_data):
     assert metrics.multiple_choice(items, table)["mc_accuracy"] == pytest.approx(4 / 6)
     assert metrics.pick_distribution(items, table)["tie"]["n"] == 2
     assert bbq.score(items, [metrics.pick(s) for s in table])["n_tied"] == 2
+
+
+def test_length_rules_counted_by_hand_on_real_bbq_rows(social_data):
+    """The longer-wins and shorter-wins rules on the real BBQ slice, counted here from the JSONL rows themselves
+    (answer texts' lengths, the label, the context condition): their accuracies per context condition equal the
+    summary's; a model that scores by length agrees with the longer option on every item with one longest option."""
+    import json
+
+    from probe.social import metrics
+    from probe.social.loaders import load
+
+    path = social_data / "bbq" / "Age.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_hand: dict[tuple[str, str], list[bool]] = {}
+    mc: dict[str, list[bool]] = {}
+    for r in rows:
+        answers = [r[f"ans{k}"].strip() for k in range(3)]
+        lengths = [len(a) for a in answers]
+        for rule, best in (("longer_wins", max(lengths)), ("shorter_wins", min(lengths))):
+            hit = lengths.count(best) == 1 and lengths.index(best) == r["label"]
+            mc.setdefault(rule, []).append(hit)  # multiple choice: a tie at the top is wrong
+            if lengths.count(best) == 1:  # BBQ's score: a tied pick is left out
+                by_hand.setdefault((rule, r["context_condition"]), []).append(hit)
+    items = load("bbq", path, bbq_metadata=social_data / "bbq" / "additional_metadata.csv")
+    lengths = metrics.option_lengths(items)
+    summary = metrics.summarise_one("bbq", items, lengths)  # a "model" that prefers longer answers
+    rules = summary["length_rules"]
+    for rule in ("longer_wins", "shorter_wins"):
+        assert rules[rule]["mc_accuracy"] == pytest.approx(np.mean(mc[rule]))
+        for cond in ("ambig", "disambig"):
+            want = by_hand[(rule, cond)]
+            got = rules[rule]["bbq"]["overall"][cond]
+            assert got["n"] == len(want) and got["accuracy"] == pytest.approx(np.mean(want))
+    agree = rules["agrees_with_longer"]
+    assert agree["overall"]["rate"] == 1.0 and set(agree["by_context"]) == {"ambig", "disambig"}
+    shorter = metrics.summarise_one("bbq", items, [-x for x in lengths])["length_rules"]["agrees_with_longer"]
+    assert shorter["overall"]["rate"] == 0.0
+
+
+def test_per_group_tests_are_counted_and_holm_adjusted(social_data):
+    """Per social group: an exact binomial test of the undesirable rate against 1/2 (scipy's, on the counts
+    recomputed here), Holm-adjusted over the groups tested, each saying how many there were."""
+    from scipy import stats
+
+    from probe.analysis.stats import holm
+    from probe.social import metrics
+    from probe.social.loaders import load
+
+    items = load("crows_pairs", social_data / "crows_pairs" / "crows_pairs_anonymized.csv")
+    table = [np.array([len(o) % 7, len(o) % 5], dtype=float) for o in (it.options for it in items)]
+    groups = metrics.by_group(items, table)
+    tested = {g: e for g, e in groups.items() if "p_undesirable_vs_half" in e}
+    assert len(tested) >= 3 and all(e["n_tests"] == len(tested) for e in tested.values())
+    pvals = []
+    for g, e in tested.items():
+        flags = [s[it.undesirable] > s[it.counterpart] for it, s in zip(items, table)
+                 if (it.meta.get("bias_type") or it.meta.get("category")) == g and it.counterpart is not None]
+        p = stats.binomtest(sum(flags), len(flags), 0.5).pvalue
+        assert e["p_undesirable_vs_half"] == pytest.approx(p)
+        pvals.append(p)
+    assert [e["p_holm"] for e in tested.values()] == pytest.approx(holm(pvals).tolist())

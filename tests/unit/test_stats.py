@@ -117,3 +117,13 @@ def test_descending_ranks_share_the_average_rank_of_a_tie():
     # 3, 3, 3 hold ranks 1-3 (average 2), then 2 (rank 4), then 1 (rank 5); min ties would give 1, 1, 1
     np.testing.assert_array_equal(stats.descending_ranks([3, 1, 3, 2, 3]), [2, 5, 2, 4, 2])
     np.testing.assert_array_equal(stats.descending_ranks([0.5, 0.9, 0.5, -1.0]), [2.5, 1, 2.5, 4])
+
+
+def test_holm_by_hand():
+    """Holm's step-down on four p-values, worked by hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 =
+    0.02, 0.03, 0.06, 0.04, made monotone: 0.02, 0.03, 0.06, 0.06; back in the input's order; capped at 1."""
+    from probe.analysis.stats import holm
+
+    assert holm([0.01, 0.04, 0.03, 0.005]).tolist() == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]).tolist() == pytest.approx([1.0, 1.0])
+    assert holm([]).size == 0

@@ -32,15 +32,12 @@ def _one_line(capsys) -> str:
 @pytest.fixture(scope="module")
 def ref_pair(tiny_dirs, tmp_path_factory):
     """The tiny causal LM and a perturbed copy of it (a reference)."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tests import tiny
+
     root = tmp_path_factory.mktemp("refpair")
-    model = AutoModelForCausalLM.from_pretrained(tiny_dirs["lm"])
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    model = tiny.perturbed_copy(AutoModelForCausalLM.from_pretrained(tiny_dirs["lm"]), seed=3)
     model.save_pretrained(root / "ref")
     AutoTokenizer.from_pretrained(tiny_dirs["lm"]).save_pretrained(root / "ref")
     return tiny_dirs["lm"], str(root / "ref")
