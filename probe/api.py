@@ -134,6 +134,21 @@ def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str,
                       for rows in prepared])
 
 
+def trace(model, tokenizer, prompt: str, responses: Sequence[str], *, score: str = "auto", system: str | None = None,
+          date: str = DEFAULT_DATE, logprob_reduce: str = "sum") -> pl.DataFrame:
+    """Per-token reward traces (probe/core/trace.py): for each response, the score of every prefix of it (the
+    assistant turn cut after each token), one forward per response for reward heads and log-probabilities, and the
+    complete response's score: ``response, position, token_id, token, text_so_far, score, kind, method``.
+
+    >>> probe.trace(lm, None, "What is the greatest thing ever?", ["Love and peace"])  # doctest: +SKIP
+    """
+    from probe.core.trace import trace as run_trace
+
+    loaded, mode = _loaded(model, tokenizer, score)
+    opts = ScoringOptions(logprob_reduce, JUDGE_QUESTION, resolve_date(date))  # type: ignore[arg-type]
+    return run_trace(loaded, mode, prompt, list(responses), opts, system)[0]
+
+
 def gcg(model, tokenizer, prompt: str, *, score: str = "auto", config: GCGConfig | None = None, **settings):
     """Greedy Coordinate Gradient over n-token responses (``length=5, direction="max", steps=100, ...``: any
     field of `probe.config.GCGConfig`, or a whole ``config``). Returns a ``GCGResult``: ``best_ids``,
@@ -151,4 +166,4 @@ def gcg(model, tokenizer, prompt: str, *, score: str = "auto", config: GCGConfig
     return run(loaded, cfg)
 
 
-__all__ = ["load", "sweep", "score_responses", "gcg", "ScoreMode"]
+__all__ = ["load", "sweep", "score_responses", "trace", "gcg", "ScoreMode"]

@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "gcg": ("probe.commands.gcg", "multi-token search: GCG or the exact beam"),
     "social": ("probe.commands.social", "social-preference benchmark on bias, safety, morality and ethics data"),
     "analyze": ("probe.commands.analyze", "analyses of saved runs (agreement, framing, exposure, misalignment, ...)"),
+    "trace": ("probe.commands.trace", "per-token reward traces: the score of every prefix of a response"),
     "report": ("probe.commands.report", "the auditors' HTML report of one run or several side by side"),
     "batch": ("probe.commands.batch", "many sweeps from one job file: skip what is done, resume what is not"),
 }

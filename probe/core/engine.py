@@ -131,6 +131,18 @@ class PrefixScorer:
             hidden = self.hidden(input_ids=cont[:, :n_in])
             return self.head.score(hidden, *_on(hidden, cont, lengths)).float()
 
+    def score_prefixes(self, ids: Sequence[int]) -> Float[Tensor, " m"]:
+        """The score of every prefix ``ids[:k]`` (k = 1..m) as the continuation, from one forward over ``ids``: in
+        a causal model the hidden state at position k is that of ``prefix + ids[:k]`` alone, so the head reads each
+        prefix's score there (a reward head at its k-th token, the log-probability summed over the first k)."""
+        cont = torch.tensor([list(ids)], device=self.device)
+        m = cont.shape[1]
+        n_in = m - int(self.head.drops_last_input)
+        with torch.inference_mode():
+            hidden = self.hidden(input_ids=cont[:, :n_in])
+            rows, lengths = _on(hidden, cont.expand(m, m), torch.arange(1, m + 1, device=self.device))
+            return self.head.score(hidden.expand(m, -1, -1), rows, lengths).float()
+
     def score_embeds(
         self,
         embeds: Float[Tensor, "b n d"],

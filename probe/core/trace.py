@@ -1,0 +1,113 @@
+"""Per-token reward traces: the score of every prefix of a response, to see where in a response the reward moves.
+
+A response's ids ``r`` (as its chat template renders it) are cut after each token: the trace at k is the score of
+the conversation whose assistant turn holds ``r[:k]`` and stops there (no end-of-turn ids: a cut response has not
+ended). The last row, ``complete``, is the response's ordinary score, closing ids included.
+
+* Reward heads read at the last token (sequence classifiers, the families' module heads, the gated heads) and the
+  log-probability head: one forward over ``prefix + r`` (`PrefixScorer.score_prefixes`): in a causal model the
+  hidden state at position k is that of ``prefix + r[:k]`` alone, so each prefix's score is read there; the
+  log-probability trace is the cumulative sum (or running mean) of the response's token log-probabilities.
+* Families whose score is the model's own forward (encoders, remote code): every prefix re-scored through it
+  (``method`` says "re-scored"), one forward per prefix.
+* Pairwise models and the judge wrap the response in a question: a cut response would be another question; refused.
+
+`trace` takes whole responses (text); `trace_ids` takes ids (a GCG result's).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import polars as pl
+import torch
+
+from probe.config import ScoreMode, ScoringOptions
+from probe.core.engine import FullSequenceScorer, PrefixScorer
+from probe.core.heads import LogprobHead, OwnForwardHead
+from probe.core.scoring import conversation, make_head, split_template
+from probe.errors import ProbeError
+from probe.models.loading import LoadedModel
+
+
+def trace_method(loaded: LoadedModel, mode: ScoreMode) -> str:
+    """How the trace is computed for this model and score mode (one line of refusal where it cannot be)."""
+    if mode == "judge":
+        raise ProbeError("a judge's trace would cut the response inside the judging question: trace a reward model "
+                         "or a log-probability (--score logprob)")
+    if loaded.pairwise is not None or loaded.ref is not None and mode != "logprob":
+        raise ProbeError("a pairwise model scores a response against another one: a cut response has no trace here")
+    if loaded.ref is not None:
+        return "one forward per model"
+    return "one forward" if mode == "logprob" or loaded.spec.reader != "forward" else "re-scored"
+
+
+def trace_ids(loaded: LoadedModel, mode: ScoreMode, prompt: str, response_ids: Sequence[int],
+              opts: ScoringOptions = ScoringOptions(), system: str | None = None, label: str | None = None
+              ) -> pl.DataFrame:
+    """The trace of one response given as ids in the response slot of ``prompt``'s split: one row per prefix
+    (``position`` 1..n, the ``token_id`` ending it, its text, ``score``) and the complete response's score."""
+    method = trace_method(loaded, mode)
+    build = conversation(mode, prompt, system, opts, loaded)
+    split = split_template(loaded.tokenizer, build, n_verify=0, own_tokens=False)
+    ids = [int(i) for i in response_ids]
+    if not ids:
+        raise ProbeError("an empty response has no trace")
+    scores = _prefix_scores(loaded, mode, opts, split, ids, method)
+    full = _complete(loaded, mode, opts, split, ids)
+    tok = loaded.tokenizer
+    from probe.report.text import shown_ids
+
+    rows = [{"response": label if label is not None else shown_ids(tok, ids), "position": k + 1,
+             "token_id": ids[k], "token": shown_ids(tok, [ids[k]]), "text_so_far": shown_ids(tok, ids[: k + 1]),
+             "score": float(scores[k]), "kind": "prefix"} for k in range(len(ids))]
+    rows.append({**rows[-1], "position": len(ids) + 1, "token_id": None, "token": "(end of turn)",
+                 "score": float(full), "kind": "complete"})
+    return pl.DataFrame(rows, schema_overrides={"token_id": pl.Int64}).with_columns(pl.lit(method).alias("method"))
+
+
+def _head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions, k: int):
+    return make_head(loaded, mode, opts, response_in_prefix=k)
+
+
+def _prefix_scores(loaded, mode, opts, split, ids, method) -> torch.Tensor:
+    prefix = list(split.prefix_ids)
+    k = split.scored_in_prefix
+    if method == "re-scored":
+        head = _head(loaded, mode, opts, k)
+        scorer = FullSequenceScorer(loaded.model, head, prefix, batch_size=1)
+        return torch.stack([scorer.score([ids[: j + 1]])[0] for j in range(len(ids))])
+    models = [(loaded.model, _head(loaded, mode, opts, k))]
+    if loaded.ref is not None:
+        head = models[0][1]
+        models.append((loaded.ref.model, LogprobHead(loaded.ref.model, head.reduce, response_in_prefix=head.k_fixed,
+                                                     fused=head.fused)))
+    out = [PrefixScorer(model, head, prefix).score_prefixes(ids) for model, head in models]
+    return out[0] if len(out) == 1 else loaded.beta * (out[0] - out[1].to(out[0].device))
+
+
+def _complete(loaded, mode, opts, split, ids) -> float:
+    from probe.core.scoring import build_scorer
+
+    head = _head(loaded, mode, opts, split.scored_in_prefix)
+    scorer = build_scorer(loaded, head, list(split.prefix_ids),
+                          use_cache=not isinstance(head, OwnForwardHead))
+    return float(scorer.score([ids + list(split.suffix_ids)])[0])
+
+
+def trace(loaded: LoadedModel, mode: ScoreMode, prompt: str, responses: Sequence[str],
+          opts: ScoringOptions = ScoringOptions(), system: str | None = None) -> tuple[pl.DataFrame, float]:
+    """The traces of whole responses (text, rendered by the chat template), one after another; and the seconds
+    they took."""
+    from probe.core.responses import prepare
+
+    rows = prepare(loaded, mode, "trace", prompt, list(responses), opts, system)
+    t0 = time.perf_counter()
+    out = []
+    for text, prefix, cont, n in zip(rows.responses, rows.prefixes, rows.continuations, rows.n_tokens):
+        if prefix != rows.prefix_ids:
+            raise ProbeError(f"response {text!r}: the template merges it with the text before it; its trace would "
+                             "not start at the response")
+        out.append(trace_ids(loaded, mode, prompt, cont[:n], opts, system, label=text))
+    return pl.concat(out), time.perf_counter() - t0
