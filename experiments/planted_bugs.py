@@ -75,7 +75,7 @@ ROUND_2 = [
   ("BNC frequencies log10", "probe/analysis/lexicons.py", 'pl.col("freq").log().alias("log_freq")', 'pl.col("freq").log10().alias("log_freq")', "tests/unit/test_options.py tests/unit/test_analysis.py"),
   ("analyze file names unsanitised", "probe/commands/analyze.py", 'return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "run"', "return name", "tests/unit/test_user_paths.py tests/unit/test_analysis.py"),
   ("--ref vocabulary check converts the GGUF", "probe/models/loading.py", "return str(packaged_tokenizer_dir(x)) if packaged(x) is not None else _source(x)[1]", "return _source(x)[1]", "tests/unit/test_user_paths.py tests/unit/test_implicit_reward.py"),
-  ("encoder route keeps segment ids", "probe/core/scoring.py", '                    and input_call(tok) != "rewardbench")', "                    )", "tests/unit/test_encoders.py"),
+  ("encoder route keeps the text pair", "probe/models/loading.py", 'spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")', 'spec = replace(spec, rewardbench_pipeline="pipeline")', "tests/unit/test_encoders.py"),
   ("INF-ORM reads the last token", "probe/models/families.py", 'HeadLayout("inform", "model", "before_first_pad")', 'HeadLayout("inform", "model", "last")', "tests/unit/test_rewardbench_families.py"),
   ("rounding noise from the first model only", "probe/core/precision.py", "for k, model in enumerate(models):", "for k, model in enumerate(models[:1]):", "tests/unit/test_half_precision.py"),
 ]

@@ -80,10 +80,9 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
             return GatedRewardHead(model, pattern, spec.output)
         if spec.reader == "module":
             return ModuleRewardHead(model, spec.sign)
-        # a text pair's segment ids (the model card's call); not on RewardBench's route, whose pipeline passes
-        # return_token_type_ids=False
-        segments = (getattr(model.config, "type_vocab_size", 0) > 1 and spec.chat_template == "text-pair"
-                    and input_call(tok) != "rewardbench")
+        # a text pair's segment ids (the model card's call); RewardBench's route reads encoders through the "raw"
+        # format (probe/models/loading.py), one segment, as its pipeline passes return_token_type_ids=False
+        segments = getattr(model.config, "type_vocab_size", 0) > 1 and spec.chat_template == "text-pair"
         return OwnForwardHead(spec.output, spec.label_index, tok.sep_token_id if segments else None)
     if loaded.kind != "causal":
         raise ProbeError(f"--score {mode} needs a causal language model")

@@ -70,6 +70,10 @@ def test_top_and_agreement_read_response_runs(runs, tmp_path, capsys):
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files), files  # no spaces or brackets in file names
     table = pl.read_csv(next((tmp_path / "top").glob("tiny-rm*all.csv")))
     assert table.columns == ["rank", "response", "n_tokens", "score"] and table.height == 6
+    # two runs of one model are told apart by their mode and number: brackets and spaces never reach a file name
+    assert analyze_main(["top", runs["sweep"], runs["sweep"], "--top", "3", "--out", str(tmp_path / "twice")]) == 0
+    names = sorted(p.name for p in (tmp_path / "twice").iterdir())
+    assert len(names) > 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in names), names
     assert analyze_main(["agreement", runs["resp_rm"], runs["resp_ref"], "--out", str(tmp_path / "ag")]) == 0
     summary = json.loads((tmp_path / "ag" / "agreement.json").read_text())
     (entry,) = summary.values()
