@@ -131,17 +131,24 @@ class PrefixScorer:
             hidden = self.hidden(input_ids=cont[:, :n_in])
             return self.head.score(hidden, *_on(hidden, cont, lengths)).float()
 
-    def score_prefixes(self, ids: Sequence[int]) -> Float[Tensor, " m"]:
-        """The score of every prefix ``ids[:k]`` (k = 1..m) as the continuation, from one forward over ``ids``: in
-        a causal model the hidden state at position k is that of ``prefix + ids[:k]`` alone, so the head reads each
-        prefix's score there (a reward head at its k-th token, the log-probability summed over the first k)."""
-        cont = torch.tensor([list(ids)], device=self.device)
-        m = cont.shape[1]
-        n_in = m - int(self.head.drops_last_input)
+    def score_prefixes(self, responses: Sequence[Sequence[int]], chunk: int = 256) -> list[Float[Tensor, " m"]]:
+        """For each response, the score of every prefix ``ids[:k]`` (k = 1..m) as the continuation, from one
+        batched forward over the responses (right-padded): in a causal model the hidden state at position k is
+        that of ``prefix + ids[:k]`` alone, so the head reads each prefix's score there (a reward head at its k-th
+        token, the log-probability summed over the first k). The head runs on ``chunk`` prefixes at a time."""
+        cont, lengths = _as_batch([list(r) for r in responses], None, self.device)
+        n_in = cont.shape[1] - int(self.head.drops_last_input)
+        which = torch.cat([torch.full((int(n),), b) for b, n in enumerate(lengths.tolist())]).to(self.device)
+        upto = torch.cat([torch.arange(1, int(n) + 1) for n in lengths.tolist()]).to(self.device)
         with torch.inference_mode():
             hidden = self.hidden(input_ids=cont[:, :n_in])
-            rows, lengths = _on(hidden, cont.expand(m, m), torch.arange(1, m + 1, device=self.device))
-            return self.head.score(hidden.expand(m, -1, -1), rows, lengths).float()
+            if hasattr(self.head, "prefix_scores"):  # the log-probabilities: each token's read once, then summed
+                table = self.head.prefix_scores(hidden, *_on(hidden, cont, lengths)).float()
+                return [table[b, : int(n)] for b, n in enumerate(lengths.tolist())]
+            rows, which, upto = _on(hidden, cont, which, upto)
+            flat = torch.cat([self.head.score(hidden[which[s : s + chunk]], rows[which[s : s + chunk]],
+                                              upto[s : s + chunk]).float() for s in range(0, len(which), chunk)])
+        return list(flat.split(lengths.tolist()))
 
     def score_embeds(
         self,

@@ -353,6 +353,17 @@ class LogprobHead(ScoreHead):
         total = total + self.offset
         return total / (lengths.float() + self.k_fixed) if self.reduce == "mean" else total
 
+    def prefix_scores(self, hidden, cont, lengths):
+        """Every prefix's score of each row at once (row i, column k-1: its first k tokens), as `score` would give
+        it for length k: the running sum (or mean) of the token log-probabilities, each read once."""
+        lp = self.first[cont[:, 0]][:, None]
+        if cont.shape[1] > 1:
+            lp = torch.cat([lp, self._token_logprobs(hidden[:, : cont.shape[1] - 1], cont[:, 1:])], 1)
+        total = lp.cumsum(1) + self.offset
+        if self.reduce == "mean":
+            total = total / (torch.arange(1, cont.shape[1] + 1, device=total.device)[None] + self.k_fixed)
+        return total
+
     def own_forward(self, model, input_ids, n_prefix):
         logits = model(input_ids=input_ids).logits.float()
         start = n_prefix - self.k_fixed

@@ -54,8 +54,12 @@ def trace_ids(loaded: LoadedModel, mode: ScoreMode, prompt: str, response_ids: S
     ids = [int(i) for i in response_ids]
     if not ids:
         raise ProbeError("an empty response has no trace")
-    scores = _prefix_scores(loaded, mode, opts, split, ids, method)
-    full = _complete(loaded, mode, opts, split, ids)
+    scorers = _scorers(loaded, mode, opts, split, method)
+    return _rows(loaded, ids, _prefix_scores(loaded, scorers, [ids], method)[0],
+                 _complete(loaded, mode, opts, split, ids), method, label)
+
+
+def _rows(loaded, ids: list[int], scores, full: float, method: str, label: str | None) -> pl.DataFrame:
     tok = loaded.tokenizer
     from probe.report.text import shown_ids
 
@@ -71,20 +75,31 @@ def _head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions, k: int):
     return make_head(loaded, mode, opts, response_in_prefix=k)
 
 
-def _prefix_scores(loaded, mode, opts, split, ids, method) -> torch.Tensor:
+def _scorers(loaded, mode, opts, split, method) -> list:
+    """The scorers a trace reads (built once per prompt: the prefix's forward is shared by every response): the
+    model's own forward for re-scored families; else the prefix cache of the model, and of its reference."""
     prefix = list(split.prefix_ids)
-    k = split.scored_in_prefix
+    head = _head(loaded, mode, opts, split.scored_in_prefix)
     if method == "re-scored":
-        head = _head(loaded, mode, opts, k)
-        scorer = FullSequenceScorer(loaded.model, head, prefix, batch_size=1)
-        return torch.stack([scorer.score([ids[: j + 1]])[0] for j in range(len(ids))])
-    models = [(loaded.model, _head(loaded, mode, opts, k))]
+        return [FullSequenceScorer(loaded.model, head, prefix, batch_size=1)]
+    scorers = [PrefixScorer(loaded.model, head, prefix)]
     if loaded.ref is not None:
-        head = models[0][1]
-        models.append((loaded.ref.model, LogprobHead(loaded.ref.model, head.reduce, response_in_prefix=head.k_fixed,
-                                                     fused=head.fused)))
-    out = [PrefixScorer(model, head, prefix).score_prefixes(ids) for model, head in models]
-    return out[0] if len(out) == 1 else loaded.beta * (out[0] - out[1].to(out[0].device))
+        scorers.append(PrefixScorer(loaded.ref.model, LogprobHead(loaded.ref.model, head.reduce,
+                                                                  response_in_prefix=head.k_fixed, fused=head.fused),
+                                    prefix))
+    return scorers
+
+
+def _prefix_scores(loaded, scorers, responses: list[list[int]], method) -> list[torch.Tensor]:
+    """Each response's prefix scores: re-scored one prefix at a time, or read from one batched forward per model
+    (batches of 64 responses)."""
+    if method == "re-scored":
+        return [torch.stack([scorers[0].score([ids[: j + 1]])[0] for j in range(len(ids))]) for ids in responses]
+    out = []
+    for s in range(0, len(responses), 64):
+        part = [sc.score_prefixes(responses[s : s + 64]) for sc in scorers]
+        out += part[0] if len(part) == 1 else [loaded.beta * (a - b.to(a.device)) for a, b in zip(*part)]
+    return out
 
 
 def _complete(loaded, mode, opts, split, ids) -> float:
@@ -100,14 +115,21 @@ def trace(loaded: LoadedModel, mode: ScoreMode, prompt: str, responses: Sequence
           opts: ScoringOptions = ScoringOptions(), system: str | None = None) -> tuple[pl.DataFrame, float]:
     """The traces of whole responses (text, rendered by the chat template), one after another; and the seconds
     they took."""
-    from probe.core.responses import prepare
+    from probe.core.responses import prepare, score_rows
 
-    rows = prepare(loaded, mode, "trace", prompt, list(responses), opts, system)
     t0 = time.perf_counter()
-    out = []
-    for text, prefix, cont, n in zip(rows.responses, rows.prefixes, rows.continuations, rows.n_tokens):
+    method = trace_method(loaded, mode)
+    rows = prepare(loaded, mode, "trace", prompt, list(responses), opts, system)
+    for text, prefix in zip(rows.responses, rows.prefixes):
         if prefix != rows.prefix_ids:
             raise ProbeError(f"response {text!r}: the template merges it with the text before it; its trace would "
                              "not start at the response")
-        out.append(trace_ids(loaded, mode, prompt, cont[:n], opts, system, label=text))
+    build = conversation(mode, prompt, system, opts, loaded)
+    split = split_template(loaded.tokenizer, build, n_verify=0, own_tokens=False)
+    scorers = _scorers(loaded, mode, opts, split, method)
+    complete = score_rows(loaded, mode, rows, opts=opts, verify=0)  # the whole responses, batched
+    ids = [list(cont[:n]) for cont, n in zip(rows.continuations, rows.n_tokens)]
+    prefix_scores = _prefix_scores(loaded, scorers, ids, method)
+    out = [_rows(loaded, r, s, float(full), method, text)
+           for text, r, s, full in zip(rows.responses, ids, prefix_scores, complete)]
     return pl.concat(out), time.perf_counter() - t0

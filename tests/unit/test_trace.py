@@ -105,3 +105,12 @@ def test_trace_command_on_responses_and_a_gcg_run(tiny_dirs, tmp_path):
     assert gcg_rows.filter(pl.col("kind") == "prefix")["token_id"].to_list() == best["best_ids"]
     assert gcg_rows.filter(pl.col("kind") == "complete")["score"][0] == pytest.approx(best["best_score"], abs=1e-4)
     assert sorted(p.name for p in (tmp_path / "t").glob("*.png")) == ["trace_01.png", "trace_02.png"]
+
+
+def test_mean_trace_is_the_running_mean(tiny_dirs):
+    lm = probe.load(tiny_dirs["lm"], device="cpu", score="logprob")
+    total = probe.trace(lm, None, PROMPT, RESPONSES[:2], score="logprob")
+    mean = probe.trace(lm, None, PROMPT, RESPONSES[:2], score="logprob", logprob_reduce="mean")
+    prefix = total.filter(total["kind"] == "prefix")
+    got = mean.filter(mean["kind"] == "prefix")["score"].to_numpy() * prefix["position"].to_numpy()
+    np.testing.assert_allclose(got, prefix["score"].to_numpy(), rtol=1e-5, atol=1e-5)
