@@ -43,10 +43,11 @@ FAMILY_FIELDS = {
 def config_classes():
     from probe.commands.analyze import AnalysisConfig
     from probe.commands.report import ReportConfig
+    from probe.commands.trace import TraceConfig
     from probe.config import GCGConfig, ScoreVocabConfig, SocialConfig
 
     return {"probe score": ScoreVocabConfig, "probe gcg": GCGConfig, "probe social": SocialConfig,
-            "probe analyze": AnalysisConfig, "probe report": ReportConfig}
+            "probe analyze": AnalysisConfig, "probe report": ReportConfig, "probe trace": TraceConfig}
 
 
 def test_functions() -> list[tuple[str, str]]:

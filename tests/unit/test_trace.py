@@ -114,3 +114,25 @@ def test_mean_trace_is_the_running_mean(tiny_dirs):
     prefix = total.filter(total["kind"] == "prefix")
     got = mean.filter(mean["kind"] == "prefix")["score"].to_numpy() * prefix["position"].to_numpy()
     np.testing.assert_allclose(got, prefix["score"].to_numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_trace_command_reads_a_response_file_under_its_prompt(tiny_dirs, tmp_path):
+    """--responses FILE, --prompt, --logprob-reduce mean, --out: the file's responses traced under that prompt, the
+    same numbers as the API's."""
+    import polars as pl
+
+    from probe.commands.trace import main as trace_main
+
+    answers = tmp_path / "answers.txt"
+    answers.write_text("Love and peace\nThe Beatles\n")
+    q = "What is the best thing?"
+    assert trace_main(["--rm", tiny_dirs["lm"], "--score", "logprob", "--responses", str(answers), "--prompt", q,
+                       "--logprob-reduce", "mean", "--device", "cpu", "--out", str(tmp_path / "t")]) == 0
+    got = pl.read_parquet(tmp_path / "t" / "trace.parquet")
+    lm = probe.load(tiny_dirs["lm"], device="cpu", score="logprob")
+    want = probe.trace(lm, None, q, ["Love and peace", "The Beatles"], score="logprob", logprob_reduce="mean")
+    np.testing.assert_allclose(got["score"].to_numpy(), want["score"].to_numpy(), rtol=1e-5, atol=1e-5)
+    assert got["response"].unique(maintain_order=True).to_list() == ["Love and peace", "The Beatles"]
+    import json
+
+    assert json.loads((tmp_path / "t" / "trace.json").read_text())["prompt"] == q
