@@ -67,7 +67,7 @@ ROUND_2 = [
   ("constant run reaches the MDS", "probe/commands/analyze.py", "        if constant:\n", "        if False:\n", "tests/unit/test_user_paths.py tests/unit/test_analysis.py"),
   ("word ranks renumbered", "probe/report/text.py", 'pl.col("score").rank("min", descending=True)', 'pl.col("score").rank("ordinal", descending=True)', "tests/unit/test_user_paths.py tests/unit/test_report_audit.py"),
   ("sequence byte fragments as U+FFFD", "probe/report/text.py", '    if "\\ufffd" not in decoded:\n        return decoded', "    return decoded", "tests/unit/test_user_paths.py tests/unit/test_gcg.py"),
-  ("DPO route in social drops the header", "probe/social/scoring.py", "k = split.scored_in_prefix - (len(split.prefix_ids) - len(prefix))", "k = 0", "tests/unit/test_rewardbench_dpo.py tests/unit/test_social.py"),
+  ("DPO route in social drops the header", "probe/social/scoring.py", 'k = split.scored_within(len(prefix), f"item {item.item_id}")', "k = 0", "tests/unit/test_rewardbench_dpo.py tests/unit/test_social.py"),
   ("reference head ignores fixed tokens", "probe/core/scoring.py", "response_in_prefix=head.k_fixed, fused=head.fused)", "response_in_prefix=0, fused=head.fused)", "tests/unit/test_implicit_reward.py"),
   ("ArmoRM's doubled BOS masked", "probe/models/registry.py", 'DOUBLE_BOS_MASKED = ("RewardBenchPipeline", "LDLPipeline")', 'DOUBLE_BOS_MASKED = ("RewardBenchPipeline", "LDLPipeline", "ArmoRMPipeline")', "tests/unit/test_rewardbench_families.py tests/unit/test_dialogue_inputs.py"),
   ("social --seed not passed on", "probe/commands/social.py", "metrics.summarise(all_items, scores, cfg.seed)", "metrics.summarise(all_items, scores)", "tests/unit/test_options.py tests/unit/test_social.py"),

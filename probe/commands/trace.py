@@ -80,7 +80,7 @@ def run(cfg: TraceConfig) -> Path:
     from probe.config import PAPER_PROMPTS, ScoringOptions, model_kind, resolve_score_mode
     from probe.core.trace import trace, trace_ids
     from probe.models.loading import load_for_config
-    from probe.runs.rundir import utc_stamp, writable_dir
+    from probe.runs.rundir import RunDir, utc_stamp, writable_dir
 
     prompt, responses, ids = cfg.prompt, list(cfg.response), None
     if cfg.responses:
@@ -91,10 +91,8 @@ def run(cfg: TraceConfig) -> Path:
         result = Path(cfg.gcg) / "result.json"
         if not result.is_file():
             raise ProbeError(f"--gcg {cfg.gcg}: no result.json (a finished probe gcg run folder holds one)")
-        res = json.loads(result.read_text())
-        meta = json.loads((Path(cfg.gcg) / "meta.json").read_text())
-        ids = res.get("best_ids") or [int(i) for i in (res.get("levels") or [{}])[-1].get("ids", [[]])[0]]
-        prompt = prompt or meta.get("config", {}).get("prompt")
+        ids = json.loads(result.read_text())["best_ids"]  # GCG's and the beam's result.json alike
+        prompt = prompt or RunDir(cfg.gcg).read_meta().get("config", {}).get("prompt")
     prompt = prompt or PAPER_PROMPTS["greatest"]
     out = writable_dir(Path(cfg.out or Path("results") / f"trace_{utc_stamp()}"), "--out")
     mode = resolve_score_mode(cfg.score, cfg.rm, cfg.ref)

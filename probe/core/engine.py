@@ -138,17 +138,19 @@ class PrefixScorer:
         token, the log-probability summed over the first k). The head runs on ``chunk`` prefixes at a time."""
         cont, lengths = _as_batch([list(r) for r in responses], None, self.device)
         n_in = cont.shape[1] - int(self.head.drops_last_input)
-        which = torch.cat([torch.full((int(n),), b) for b, n in enumerate(lengths.tolist())]).to(self.device)
-        upto = torch.cat([torch.arange(1, int(n) + 1) for n in lengths.tolist()]).to(self.device)
+        sizes = lengths.tolist()
         with torch.inference_mode():
             hidden = self.hidden(input_ids=cont[:, :n_in])
             if hasattr(self.head, "prefix_scores"):  # the log-probabilities: each token's read once, then summed
                 table = self.head.prefix_scores(hidden, *_on(hidden, cont, lengths)).float()
-                return [table[b, : int(n)] for b, n in enumerate(lengths.tolist())]
+                return [table[b, :n] for b, n in enumerate(sizes)]
+            # one virtual row per prefix: row ``which[i]`` of the batch, its first ``upto[i]`` ids
+            which = torch.cat([torch.full((n,), b) for b, n in enumerate(sizes)])
+            upto = torch.cat([torch.arange(1, n + 1) for n in sizes])
             rows, which, upto = _on(hidden, cont, which, upto)
             flat = torch.cat([self.head.score(hidden[which[s : s + chunk]], rows[which[s : s + chunk]],
                                               upto[s : s + chunk]).float() for s in range(0, len(which), chunk)])
-        return list(flat.split(lengths.tolist()))
+        return list(flat.split(sizes))
 
     def score_embeds(
         self,

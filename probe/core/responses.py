@@ -24,7 +24,7 @@ import polars as pl
 from probe.config import ScoreMode, ScoringOptions
 from probe.core.engine import pad_rows
 from probe.core.scoring import AdaptiveBatcher, build_scorer, check_rows, conversation, make_head
-from probe.core.template import render, split_template
+from probe.core.template import TemplateSplit, render, split_template
 from probe.core.vocab import control_token_ids
 from probe.errors import DataFormatError
 from probe.models.loading import LoadedModel
@@ -44,16 +44,16 @@ class ResponseRows:
     slot_text: list[str]
     change: list[str | None]
     checks: list[dict] = field(default_factory=list)
-    scored_in_prefix: int = 0  # the shared prefix's last ids scored with each response (`TemplateSplit`)
+    split: TemplateSplit | None = None  # the prompt's split (its scored_in_prefix: `TemplateSplit.scored_within`)
+
+    @property
+    def scored_in_prefix(self) -> int:
+        """The shared prefix's last ids scored with each response (RewardBench's DPO route)."""
+        return self.split.scored_in_prefix if self.split is not None else 0
 
     def head_offset(self, prefix: tuple[int, ...]) -> int:
-        """How many of ``prefix``'s last ids are scored with its rows: the split's, less what a shorter prefix
-        (a merged rendering) moved into the continuation."""
-        k = self.scored_in_prefix - (len(self.prefix_ids) - len(prefix))
-        if k < 0:
-            raise DataFormatError(f"prompt {self.prompt_key!r}: a response merged with the prompt's ids before the "
-                                  "scored part of the input; it cannot be scored on this route")
-        return k
+        """How many of ``prefix``'s last ids are scored with its rows (`TemplateSplit.scored_within`)."""
+        return self.split.scored_within(len(prefix), f"prompt {self.prompt_key!r}") if self.split is not None else 0
 
     def groups(self) -> dict[tuple[int, ...], list[int]]:
         """prefix -> the rows that continue it, shortest continuation first."""
@@ -85,7 +85,7 @@ def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, 
     control = control_token_ids(tok)
     template_space = split.leading_space == "joined"
     rows = ResponseRows(prompt_key, list(responses), prefix, suffix, [], [], [], [], [],
-                        scored_in_prefix=split.scored_in_prefix)
+                        split=split)
     for k, text in enumerate(responses):
         if not isinstance(text, str) or text == "":
             raise DataFormatError(f"response {k + 1} of prompt {prompt_key!r} is empty; every response needs text")

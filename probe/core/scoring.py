@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from probe.config import ScoreMode, ScoringOptions, model_kind, resolve_score_mode  # noqa: F401 (re-exported)
+from probe.config import (ScoreMode, ScoringOptions, check_rewardbench_dpo, model_kind,  # noqa: F401 (re-exported)
+                          resolve_score_mode)
 from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.core.pairwise import OrderedPair, PairwiseConversation, second_prefix
 from probe.errors import ProbeError
@@ -19,7 +20,6 @@ from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolera
 from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, ModuleRewardHead,
                               OwnForwardHead, ScoreHead)
 from probe.models.loading import LoadedModel
-from probe.config import check_rewardbench_dpo
 from probe.core.template import (
     REWARDBENCH_DPO,
     ConversationBuilder,

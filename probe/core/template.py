@@ -142,6 +142,16 @@ class TemplateSplit:
     def full_ids(self, response_ids: Sequence[int]) -> list[int]:
         return [*self.prefix_ids, *response_ids, *self.suffix_ids]
 
+    def scored_within(self, prefix_len: int, where: str) -> int:
+        """How many of a prefix's last ids are scored with its rows, where a rendering that merges a response with
+        the text before it continues a prefix shorter than this split's (``prefix_len`` ids): the split's
+        ``scored_in_prefix`` less what moved into the continuation. ``where`` names the row in the error."""
+        k = self.scored_in_prefix - (len(self.prefix_ids) - prefix_len)
+        if k < 0:
+            raise TemplateError(f"{where}: a response merged with the prompt's ids before the scored part of the "
+                                "input; it cannot be scored on this route")
+        return k
+
     def to_json(self) -> dict:
         return asdict(self)
 

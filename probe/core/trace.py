@@ -25,8 +25,7 @@ import torch
 
 from probe.config import ScoreMode, ScoringOptions
 from probe.core.engine import FullSequenceScorer, PrefixScorer
-from probe.core.heads import LogprobHead, OwnForwardHead
-from probe.core.scoring import conversation, make_head, split_template
+from probe.core.scoring import build_scorer, conversation, make_head, reference_head, split_template
 from probe.errors import ProbeError
 from probe.models.loading import LoadedModel
 
@@ -36,7 +35,7 @@ def trace_method(loaded: LoadedModel, mode: ScoreMode) -> str:
     if mode == "judge":
         raise ProbeError("a judge's trace would cut the response inside the judging question: trace a reward model "
                          "or a log-probability (--score logprob)")
-    if loaded.pairwise is not None or loaded.ref is not None and mode != "logprob":
+    if loaded.pairwise is not None:
         raise ProbeError("a pairwise model scores a response against another one: a cut response has no trace here")
     if loaded.ref is not None:
         return "one forward per model"
@@ -54,9 +53,10 @@ def trace_ids(loaded: LoadedModel, mode: ScoreMode, prompt: str, response_ids: S
     ids = [int(i) for i in response_ids]
     if not ids:
         raise ProbeError("an empty response has no trace")
-    scorers = _scorers(loaded, mode, opts, split, method)
-    return _rows(loaded, ids, _prefix_scores(loaded, scorers, [ids], method)[0],
-                 _complete(loaded, mode, opts, split, ids), method, label)
+    head = make_head(loaded, mode, opts, response_in_prefix=split.scored_in_prefix)
+    complete = float(build_scorer(loaded, head, list(split.prefix_ids)).score([ids + list(split.suffix_ids)])[0])
+    scorers = _scorers(loaded, mode, opts, split.prefix_ids, split.scored_in_prefix, method)
+    return _rows(loaded, ids, _prefix_scores(loaded, scorers, [ids], method)[0], complete, method, label)
 
 
 def _rows(loaded, ids: list[int], scores, full: float, method: str, label: str | None) -> pl.DataFrame:
@@ -71,22 +71,16 @@ def _rows(loaded, ids: list[int], scores, full: float, method: str, label: str |
     return pl.DataFrame(rows, schema_overrides={"token_id": pl.Int64}).with_columns(pl.lit(method).alias("method"))
 
 
-def _head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions, k: int):
-    return make_head(loaded, mode, opts, response_in_prefix=k)
-
-
-def _scorers(loaded, mode, opts, split, method) -> list:
+def _scorers(loaded, mode, opts, prefix_ids, scored_in_prefix: int, method) -> list:
     """The scorers a trace reads (built once per prompt: the prefix's forward is shared by every response): the
     model's own forward for re-scored families; else the prefix cache of the model, and of its reference."""
-    prefix = list(split.prefix_ids)
-    head = _head(loaded, mode, opts, split.scored_in_prefix)
+    prefix = list(prefix_ids)
+    head = make_head(loaded, mode, opts, response_in_prefix=scored_in_prefix)
     if method == "re-scored":
         return [FullSequenceScorer(loaded.model, head, prefix, batch_size=1)]
     scorers = [PrefixScorer(loaded.model, head, prefix)]
     if loaded.ref is not None:
-        scorers.append(PrefixScorer(loaded.ref.model, LogprobHead(loaded.ref.model, head.reduce,
-                                                                  response_in_prefix=head.k_fixed, fused=head.fused),
-                                    prefix))
+        scorers.append(PrefixScorer(loaded.ref.model, reference_head(loaded, head), prefix))
     return scorers
 
 
@@ -102,15 +96,6 @@ def _prefix_scores(loaded, scorers, responses: list[list[int]], method) -> list[
     return out
 
 
-def _complete(loaded, mode, opts, split, ids) -> float:
-    from probe.core.scoring import build_scorer
-
-    head = _head(loaded, mode, opts, split.scored_in_prefix)
-    scorer = build_scorer(loaded, head, list(split.prefix_ids),
-                          use_cache=not isinstance(head, OwnForwardHead))
-    return float(scorer.score([ids + list(split.suffix_ids)])[0])
-
-
 def trace(loaded: LoadedModel, mode: ScoreMode, prompt: str, responses: Sequence[str],
           opts: ScoringOptions = ScoringOptions(), system: str | None = None) -> tuple[pl.DataFrame, float]:
     """The traces of whole responses (text, rendered by the chat template), one after another; and the seconds
@@ -124,9 +109,7 @@ def trace(loaded: LoadedModel, mode: ScoreMode, prompt: str, responses: Sequence
         if prefix != rows.prefix_ids:
             raise ProbeError(f"response {text!r}: the template merges it with the text before it; its trace would "
                              "not start at the response")
-    build = conversation(mode, prompt, system, opts, loaded)
-    split = split_template(loaded.tokenizer, build, n_verify=0, own_tokens=False)
-    scorers = _scorers(loaded, mode, opts, split, method)
+    scorers = _scorers(loaded, mode, opts, rows.prefix_ids, rows.scored_in_prefix, method)  # the split prepare made
     complete = score_rows(loaded, mode, rows, opts=opts, verify=0)  # the whole responses, batched
     ids = [list(cont[:n]) for cont, n in zip(rows.continuations, rows.n_tokens)]
     prefix_scores = _prefix_scores(loaded, scorers, ids, method)

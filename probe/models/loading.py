@@ -294,10 +294,9 @@ def load_model(
     if label_index is not None:
         spec = replace(spec, label_index=label_index)
     pairwise = _pairwise(model_id, spec, kind, reference_response)
-    if input_method == "rewardbench":
-        check_rewardbench_route(model_id, spec, kind)
-        if kind == "reward" and spec.chat_template == "text-pair":  # an encoder: run_rm.py's raw concatenation
-            spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
+    if input_method == "rewardbench" and kind == "reward" and spec.chat_template == "text-pair":
+        # an encoder: run_rm.py's raw concatenation (a language model takes run_dpo.py's inputs: _set_input_call)
+        spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
     own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
@@ -355,13 +354,6 @@ def rewardbench_differs(spec: RewardModelSpec) -> bool:
     without a chat template, fastchat's format with ``add_eos_token``); PairRM, the pair-preference LMs and InternLM2
     reward get their pipelines' own inputs by default already."""
     return spec.reader != "pairwise" and spec.append_token is None
-
-
-def check_rewardbench_route(model_id: str, spec: RewardModelSpec, kind: ModelKind) -> None:
-    """``--input-method rewardbench`` only where rm-probe reproduces RewardBench's inputs: one line otherwise, before
-    any weights load."""
-    if kind != "reward":
-        return  # a language model: run_dpo.py's inputs (the score mode is checked with the config's)
 
 
 def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_response: str | None):

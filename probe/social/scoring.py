@@ -39,10 +39,7 @@ def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: Scori
         if not all(f[: len(prefix)] == list(prefix) and len(f) > len(prefix) for f in full):
             lcp = common_prefix(full)
             prefix = tuple(lcp[: min(len(lcp), min(len(f) for f in full) - 1)])
-        k = split.scored_in_prefix - (len(split.prefix_ids) - len(prefix))
-        if k < 0:
-            raise ProbeError(f"item {item.item_id}: an option merged with the prompt's ids before the scored part of "
-                             "the input; it cannot be scored on this route")
+        k = split.scored_within(len(prefix), f"item {item.item_id}")
         if scored.setdefault(tuple(prefix), k) != k:
             raise ProbeError(f"item {item.item_id}: two prompts share a prefix but not its scored part")
         for j, f in enumerate(full):
