@@ -73,12 +73,20 @@ def _loaded(model, tokenizer, score: str):
     from probe.models.loading import LoadedModel
     from probe.models.registry import lookup, structural_spec
 
+    from probe.models.attention import use_trained_attention
+    from probe.versions import check_versions
+
+    check_versions()
     if isinstance(model, LoadedModel):
         loaded = model if tokenizer is None else replace(model, tokenizer=tokenizer)
+        for held in (loaded, loaded.ref):
+            if held is not None:
+                use_trained_attention(held.model)
         mode = score if score != "auto" else ("reward" if loaded.kind == "reward" else "logprob")
         return loaded, mode
     if tokenizer is None:
         raise ProbeError("pass the model's tokenizer (or a LoadedModel from probe.load)")
+    use_trained_attention(model)  # e.g. Gemma 2 loaded with SDPA, which ignores its soft-cap: switched, with a warning
     causal = model.get_output_embeddings() is not None
     kind = "causal" if causal else "reward"
     mode = score if score != "auto" else ("logprob" if causal else "reward")

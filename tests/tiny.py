@@ -8,6 +8,8 @@ architectures with float32 weights from a fixed seed.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -45,10 +47,13 @@ FAMILIES = {
 }
 
 
-def _corpus() -> list[str]:
-    import wordfreq
+# wordfreq 3.1.1's top_n_list("en", 3000), saved: the tiny tokenizers need no wordfreq (the GPU machine has none)
+# and do not change with its version
+WORDS = Path(__file__).resolve().parent / "testdata" / "top3000_en.txt"
 
-    words = wordfreq.top_n_list("en", 3000)
+
+def _corpus() -> list[str]:
+    words = WORDS.read_text(encoding="utf-8").split("\n")[:-1]
     lines = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
     caps = [" ".join(w.capitalize() for w in words[i : i + 8]) for i in range(0, 800, 8)]
     extra = ["What, in one word, is the greatest thing ever?", "Love Water Peace Music Hope Freedom Time Light Home Life",
@@ -129,8 +134,13 @@ def gemma3_config(tokenizer, **kw):
 
 
 def build(cls, config, seed: int = 0):
+    """A random-weight miniature, with the attention its family was trained with (Gemma 2's soft-cap: transformers
+    5.17 would build it with SDPA, which ignores the cap; probe/models/attention.py)."""
+    from probe.models.attention import use_trained_attention
+
     torch.manual_seed(seed)
     model = cls(config).float().eval()
+    use_trained_attention(model)
     # random init puts norms at 1 and heads near 0; spread the score head so scores differ visibly
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -155,8 +165,11 @@ def family_model(klass, config, fields: dict | None = None, backbone: str = "mod
     heads spread (`spread_heads`)."""
     for k, v in (fields or {}).items():
         setattr(config, k, v)
+    from probe.models.attention import use_trained_attention
+
     torch.manual_seed(0)
     model = klass(config).float().eval()
+    use_trained_attention(model)
     spread_heads(model, backbone)
     return model
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from probe.core.cache import check_replicable, replicate
 from probe.core.heads import ScoreHead
+from probe.models.attention import require_trained_attention
 
 
 def pad_rows(rows: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
@@ -54,6 +55,14 @@ def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, model.base_model_prefix)
 
 
+def cache_keyword(module: torch.nn.Module) -> str:
+    """The forward's name for a KV cache: ``cache`` from transformers 5.2x on (``past_key_values`` is deprecated
+    there, to be removed in 5.40), ``past_key_values`` before and in remote code."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
 class PrefixScorer:
     """Scores continuations of one prefix: ``score([[t, *suffix], ...]) -> scores``."""
 
@@ -64,13 +73,14 @@ class PrefixScorer:
         experiments/results/bench_sweep.md); other families, and ``False``, take the plain cache path."""
         if not prefix_ids:
             raise ValueError("empty prefix")
+        require_trained_attention(model)
         self.model, self.head, self.use_cache = model, head, use_cache
         self.backbone = backbone_of(model)
         self.device = input_device(model)
         self.prefix = torch.tensor(list(prefix_ids), device=self.device)[None]
         with torch.no_grad():  # not inference_mode: GCG back-propagates through rows that attend to this cache
             out = self.backbone(input_ids=self.prefix, use_cache=True)
-        self.cache = out.past_key_values
+        self.cache = out.cache if "cache" in out else out.past_key_values  # renamed in transformers 5.2x
         check_replicable(self.cache)
         self.prefix_hidden: Float[Tensor, "p d"] = out.last_hidden_state[0]
         head.prepare(list(prefix_ids), self.prefix_hidden)
@@ -97,9 +107,8 @@ class PrefixScorer:
             return self._hidden_uncached(input_ids, inputs_embeds)
         if self.shared is not None:
             return self._hidden_shared(input_ids, inputs_embeds, b, n)
-        out = self.backbone(
-            input_ids=input_ids, inputs_embeds=inputs_embeds, past_key_values=replicate(self.cache, b), use_cache=True
-        )
+        out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=True,
+                            **{cache_keyword(self.backbone): replicate(self.cache, b)})
         return out.last_hidden_state
 
     def _hidden_shared(self, input_ids, inputs_embeds, b: int, n: int):
@@ -177,24 +186,35 @@ class PrefixScorer:
 
 
 class FullSequenceScorer:
-    """Reference path: ``prefix + continuation`` through the model's own forward, no cache, no padding."""
+    """Reference path: ``prefix + continuation`` through the model's own forward, no cache, no padding. Rows of one
+    length run together, ``batch_size`` at a time (None: all of them, the batch the caller planned: the fast path of
+    the families scored by their own forward, encoders and PairRM); the scores stay on the device until one copy to
+    the host per call."""
 
-    def __init__(self, model: torch.nn.Module, head: ScoreHead, prefix_ids: Sequence[int], batch_size: int = 1):
+    def __init__(self, model: torch.nn.Module, head: ScoreHead, prefix_ids: Sequence[int],
+                 batch_size: int | None = 1):
+        require_trained_attention(model)
         self.model, self.head, self.batch_size = model, head, batch_size
         self.prefix_ids = list(prefix_ids)
         self.device = input_device(model)
 
     def score(self, cont, lengths=None) -> Float[Tensor, " b"]:
         cont, lengths = _as_batch(cont, lengths, self.device)
-        rows = [self.prefix_ids + r[:n] for r, n in zip(cont.tolist(), lengths.tolist())]
-        out = torch.empty(len(rows), dtype=torch.float32)
+        prefix = torch.tensor(self.prefix_ids, device=self.device, dtype=torch.long)
+        sizes = lengths.tolist()
         by_len: dict[int, list[int]] = {}
-        for i, r in enumerate(rows):
-            by_len.setdefault(len(r), []).append(i)
+        for i, n in enumerate(sizes):
+            by_len.setdefault(n, []).append(i)
+        step = self.batch_size or len(sizes)
+        parts, order = [], []
         with torch.inference_mode():
-            for idx in by_len.values():
-                for s in range(0, len(idx), self.batch_size):
-                    part = idx[s : s + self.batch_size]
-                    ids = torch.tensor([rows[i] for i in part], device=self.device)
-                    out[part] = self.head.own_forward(self.model, ids, len(self.prefix_ids)).cpu()
+            for n, idx in by_len.items():
+                for s in range(0, len(idx), step):
+                    part = idx[s : s + step]
+                    rows = cont[torch.tensor(part, device=self.device), :n]
+                    ids = torch.cat([prefix[None].expand(len(part), -1), rows], 1)
+                    parts.append(self.head.own_forward(self.model, ids, len(self.prefix_ids)).float())
+                    order += part
+        out = torch.empty(len(sizes), dtype=torch.float32)
+        out[torch.tensor(order)] = torch.cat([p.to(parts[0].device) for p in parts]).cpu()  # one copy to the host
         return out

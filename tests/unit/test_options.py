@@ -292,6 +292,7 @@ def test_ldl_gating_softmax_and_temperature(tokenizers, tmp_path):
     """LDL-Reward's ``softmax`` and ``temperature`` config fields (its GatingNN reads them): on, at 0.5, rm-probe
     equals RewardBench's LDLRewardModel27B through LDLPipeline."""
     from tests import rewardbench_code as rb
+    from probe.models.attention import use_trained_attention
     from tests import tiny
 
     tok = tokenizers["gemma"]
@@ -299,6 +300,7 @@ def test_ldl_gating_softmax_and_temperature(tokenizers, tmp_path):
     config.num_objectives, config.softmax, config.temperature = 20, True, 0.5
     torch.manual_seed(0)
     model = rb.load("ldlreward").LDLRewardModel27B(config).float().eval()
+    use_trained_attention(model)  # capped, as trained (transformers 5.17 would build it with SDPA)
     tiny.spread_heads(model)
     with torch.no_grad():  # gate logits of a size where the temperature moves the softmax
         model.gating_layer.network[-1].weight.mul_(0.001)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import probe
+from probe.models.attention import use_trained_attention
 from tests import rewardbench_code as rb
 from tests import tiny
 
@@ -67,6 +68,7 @@ def families(tokenizers, tmp_path_factory):
             tok.chat_template = chat_template_text(template)
         torch.manual_seed(0)
         model = getattr(rb.load(module), cls)(_config(kind, tok, **fields)).float().eval()
+        use_trained_attention(model)  # Gemma 2 as trained (capped), as under RewardBench's transformers 4.51
         backbone = "transformer" if name.startswith("starling") else "model"
         _spread_heads(model, backbone)
         folder = root / name
