@@ -216,17 +216,15 @@ def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
     if input_call(tokenizer) == REWARDBENCH_DPO:
         prompt_ids, answer_ids = rewardbench_dpo_ids(tokenizer, build, response)
         return prompt_ids + answer_ids
+    from probe.core.control_tokens import chat_ids
+
     messages, gen = build(response)
     try:
-        out = tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=gen, return_dict=False, sanitize_control_tokens=True,
-            **template_kwargs(build),
-        )
+        out = chat_ids(tokenizer, messages, gen, **template_kwargs(build))
+    except TemplateError:
+        raise
     except Exception as err:  # jinja2 raises its own errors from inside the template (role order, ...)
         raise TemplateError(f"the chat template failed to render: {type(err).__name__}: {err}") from None
-    if out and isinstance(out[0], list):
-        out = out[0]
-    out = [int(i) for i in out]
     if input_call(tokenizer) != "chat_template":  # tokenizer(text): what its call adds around the text, too
         call = getattr(tokenizer, "rm_probe_call_ids", None) or CallIds(*call_special_tokens(tokenizer))
         out = call.apply(out)
