@@ -46,7 +46,10 @@ def allowed_tokens(vocab: pl.DataFrame, which: str, allow_special: bool) -> Bool
     if not allow_special:
         ok &= ~(vocab["is_special"].to_numpy() | vocab["is_added"].to_numpy())
     if which == "words":
-        ok &= vocab["is_word"].to_numpy()
+        if vocab["is_word"].null_count() == vocab.height:
+            raise ProbeError("--allowed words: the W flag is empty here (wordfreq is not installed: pip install "
+                             "wordfreq), so no token is known to be a word; or use --allowed ascii or all")
+        ok &= vocab["is_word"].fill_null(False).to_numpy()
     elif which == "ascii":
         ok &= np.array([d.isascii() and d.isprintable() and d.strip() != "" for d in vocab["decoded"].to_list()])
     if not ok.any():

@@ -173,7 +173,7 @@ def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int]
         return PairScorer(build_scorer(replace(loaded, ref=None), head, prefix_ids, use_cache),
                           build_scorer(ref, reference_head(loaded, head), prefix_ids, use_cache), loaded.beta)
     if isinstance(head, OwnForwardHead) or not use_cache:
-        return FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=64)
+        return FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=None)  # the planned batch, whole
     return PrefixScorer(loaded.model, head, prefix_ids)
 
 

@@ -12,7 +12,12 @@ the property the paper's text-based method silently relied on).
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import polars as pl
+
+log = logging.getLogger(__name__)
 
 SPACE_MARKERS = ("Ġ", "▁", "##")
 VOCAB_SCHEMA = {
@@ -43,13 +48,24 @@ CONTRACTION_TAILS = frozenset({"ll", "ve", "re", "nt", "s", "t", "d", "m"})
 MIN_ZIPF, MIN_ZIPF_SHORT = 3.0, 4.5
 
 
-def english_word_frequencies() -> dict[str, float]:
-    from wordfreq import get_frequency_dict
-
+def english_word_frequencies() -> dict[str, float] | None:
+    """wordfreq's English word list; None where wordfreq is not installed (a dependency of rm-probe, missing only
+    where a machine runs the GPU paths without it, such as the GPU kit's): the ``W`` flag is then left empty (null),
+    said once, and scores are unaffected."""
+    try:
+        from wordfreq import get_frequency_dict
+    except ImportError:
+        _warn_no_wordfreq()
+        return None
     return get_frequency_dict("en", wordlist="large")
 
 
-def is_english_word(form: str, freqs: dict[str, float]) -> bool:
+@functools.cache
+def _warn_no_wordfreq() -> None:
+    log.warning("wordfreq is not installed: the W flag (English word) is left empty (pip install wordfreq)")
+
+
+def is_english_word(form: str, freqs: dict[str, float] | None) -> bool | None:
     """A word, not a fragment: ``form`` (markers and spaces stripped) is alphabetic and, case-folded, in
     wordfreq's English list at a Zipf frequency of at least 3 (one per million words of running text); forms of
     one to three letters need 4.5 (wordfreq counts abbreviations and fragments such as "ing" or "abc"), single
@@ -57,6 +73,8 @@ def is_english_word(form: str, freqs: dict[str, float]) -> bool:
     meant for the English prompts of the paper; tokens of other languages are not called words."""
     import math
 
+    if freqs is None:
+        return None
     if not form.isalpha():
         return False
     key = form.casefold()

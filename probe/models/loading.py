@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from probe.errors import ModelLoadError, TemplateError
+from probe.errors import ModelLoadError, ProbeError, TemplateError
 from probe.models.chat_templates import chat_template_text, resolve_chat_template, template_names
 from probe.models.embedded import model_id_for, packaged, packaged_dir
 if TYPE_CHECKING:
@@ -90,12 +90,55 @@ def weights_identity(loaded: LoadedModel) -> dict:
     return out
 
 
+INSTALL_CUDA_TORCH = ("install a PyTorch built for the CUDA version your NVIDIA driver supports (nvidia-smi shows it; "
+                      "e.g. pip install torch --index-url https://download.pytorch.org/whl/cu126), or use --device cpu")
+
+
+def cuda_problem() -> str | None:
+    """Why this process cannot run on a CUDA device, in one sentence that says what to install; None where it can.
+    A CPU-only build of torch; a CUDA build that the driver cannot run (torch 2.11+'s default wheels are built for
+    CUDA 13 and need driver 580 or newer); no driver; no device visible."""
+    import warnings
+
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return f"torch {torch.__version__} is a CPU-only build: {INSTALL_CUDA_TORCH}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        usable = torch.cuda.is_available()
+    if usable:
+        return None
+    reason = next((str(w.message).strip().splitlines()[0] for w in caught if "CUDA" in str(w.message)), None)
+    if reason is None:
+        try:
+            torch.cuda.init()
+        except Exception as err:  # noqa: BLE001 (RuntimeError, AssertionError, ...: all one answer)
+            reason = _first_line(err)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if reason is None and visible is not None:
+        reason = f"CUDA_VISIBLE_DEVICES={visible!r} hides every device"
+    return (f"torch {torch.__version__} (built for CUDA {torch.version.cuda}) cannot use a GPU here"
+            f"{f' ({reason})' if reason else ': no CUDA device is visible'}; {INSTALL_CUDA_TORCH}")
+
+
 def resolve_device(device: str) -> torch.device:
+    """``auto``: the first GPU where one can run, else the CPU (with a warning where a GPU is present that this torch
+    cannot use); ``cuda``/``cuda:N`` where none can run, or N is not a device: one line naming the fix."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"--device {device}: no CUDA device is visible (use --device cpu)")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if Path("/dev/nvidia0").exists() and (problem := cuda_problem()) is not None:
+            log.warning("--device auto: running on the CPU, although an NVIDIA GPU is present: %s", problem)
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ModelLoadError(f"--device {device}: not a device (use auto, cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda":
+        if (problem := cuda_problem()) is not None:
+            raise ModelLoadError(f"--device {device}: {problem}")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ModelLoadError(f"--device {device}: this machine shows {torch.cuda.device_count()} CUDA device(s) "
+                                 f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     return dev
 
 
@@ -272,6 +315,9 @@ def load_model(
     """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head.
     ``reference_response``: what a pairwise model compares each response with (default `pairwise.DEFAULT_REFERENCE`);
     an error for any other model."""
+    from probe.versions import check_versions
+
+    check_versions()
     if spec_name is None and ref is not None and (known := lookup(ref)[0]).unsupported:
         raise ModelLoadError(f"{ref}: not supported: {known.unsupported}")
     model_id, path = _source(ref)
@@ -308,8 +354,9 @@ def load_model(
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
     apply_shims(spec, trust_remote_code)
-    model = _from_pretrained(path, kind, spec, revision, trust_remote_code, torch_dtype, device_map, allow_random_head,
-                             config)
+    model = _from_pretrained(path, kind, spec, revision, trust_remote_code, torch_dtype,
+                             dev if device_map is None else device_map, allow_random_head, config)
+    _trained_attention(model, spec)
     if kind == "reward" and (found := structural_spec(model, spec)) is not None:
         log.warning("%s: no linear score head, but an ArmoRM/QRM-style regression layer and gating network: using "
                     "the gated reader (%s); every sweep re-checks it against the model's own forward",
@@ -322,11 +369,23 @@ def load_model(
             "pass --label-index K (the output column to use) or --spec NAME"
         )
     if device_map is None:
-        model.to(dev)
+        model.to(dev)  # loaded there already (_placement); side files (LDL's .pt heads) and remote code's extras
     model.eval()
     model.requires_grad_(False)
     source = pkg.source() if (pkg := packaged(ref)) is not None else None
     return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise)
+
+
+def _trained_attention(model, spec: RewardModelSpec) -> None:
+    """The model runs the attention it was trained with (probe/models/attention.py): where rm-probe chose it at
+    loading, recorded; where remote code ignored the choice, switched now or refused in one line."""
+    from probe.models.attention import mark_chosen, use_trained_attention
+
+    mark_chosen(model, spec.attn_implementation)
+    try:
+        use_trained_attention(model)
+    except ProbeError as err:
+        raise ModelLoadError(str(err)) from None
 
 
 def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_method: str) -> None:
@@ -388,6 +447,22 @@ def model_class(auto, config, path: str, revision: str | None, trust_remote_code
     return _get_model_class(config, auto._model_mapping)
 
 
+def _placement(config, spec: RewardModelSpec, device_map) -> dict:
+    """``from_pretrained`` keywords for where the weights go and which attention runs: straight onto the target
+    device (``device_map`` is ``--device-map``, or the one device as a torch.device: a single-device map loads each
+    tensor there, never a whole copy in host memory first, and adds no dispatch hooks), with an attention
+    implementation that applies the model's soft-cap (probe/models/attention.py)."""
+    from probe.models.attention import load_kwargs
+
+    try:
+        out = load_kwargs(config, spec.attn_implementation)
+    except ProbeError as err:
+        raise ModelLoadError(str(err)) from None
+    if device_map is not None and not (isinstance(device_map, torch.device) and device_map.type == "cpu"):
+        out["device_map"] = device_map
+    return out
+
+
 def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, device_map, allow_random_head, config):
     """Load the weights. Remote classes that override ``from_pretrained`` (QRM's forces flash-attention and
     drops every other argument, output_loading_info included) are loaded through the library's own
@@ -402,13 +477,10 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
         import transformers
 
         auto = getattr(transformers, spec.auto_class)
-    kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype)
+    kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype,
+                        **_placement(config, spec, device_map))
     if kind == "reward" and allow_random_head:
         kwargs["num_labels"] = 1
-    if spec.attn_implementation:
-        kwargs["attn_implementation"] = spec.attn_implementation
-    if device_map is not None:
-        kwargs["device_map"] = device_map
     what = "sequence-classification (reward)" if kind == "reward" else "causal language"
     try:
         cls = model_class(auto, config, path, revision, trust_remote_code)
@@ -446,11 +518,7 @@ def _load_family(path, spec, revision, dtype, device_map, allow_random_head, con
     checkpoint lacks is an error, not a random head."""
     from probe.models.families import LAYOUTS, family_model, load_side_files, pairrm_model
 
-    kwargs: dict = dict(revision=revision, dtype=dtype)
-    if spec.attn_implementation:
-        kwargs["attn_implementation"] = spec.attn_implementation
-    if device_map is not None:
-        kwargs["device_map"] = device_map
+    kwargs: dict = dict(revision=revision, dtype=dtype, **_placement(config, spec, device_map))
     try:
         cls = pairrm_model(config) if spec.layout == "pairrm" else family_model(spec.layout, config)
         model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
