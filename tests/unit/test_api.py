@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "What, in one word, is the greatest thing ever?"
 
 
+@pytest.mark.parity
 def test_sweep_equals_the_command(tiny_dirs, tmp_path):
     cli = run(ScoreVocabConfig(rm=tiny_dirs["rm"], prompt=(PROMPT,), device="cpu", output=str(tmp_path), limit=300,
                                progress=False, batch_size=64)).read_table("scores.parquet")
@@ -51,6 +52,7 @@ def test_sweep_runs_the_self_check(tiny_dirs, monkeypatch):
         probe.sweep(lm, None, PROMPT, limit=50)
 
 
+@pytest.mark.parity
 def test_score_responses_equals_the_models_own_forward(tiny_dirs):
     lm = probe.load(tiny_dirs["rm"], device="cpu")
     responses = ["Love", "Black people", "The Beatles", "self-sacrifice", "café au lait", "🎉 joy", "a b c d e f g"]
@@ -70,6 +72,7 @@ def test_score_responses_equals_the_models_own_forward(tiny_dirs):
     assert df.sort("rank")["response"].to_list() == ranked
 
 
+@pytest.mark.parity
 def test_gcg_api_reports_the_own_forward_score(tiny_dirs):
     lm = probe.load(tiny_dirs["rm"], device="cpu")
     res = probe.gcg(lm, None, PROMPT, length=2, steps=2, search_width=8, topk=4)

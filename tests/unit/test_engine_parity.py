@@ -10,6 +10,8 @@ from probe.core.heads import pool_positions
 from probe.core.scoring import ScoringOptions, make_head
 from probe.core.template import judge_conversation, response_conversation, split_template
 
+pytestmark = pytest.mark.parity
+
 PROMPT = "What, in one word, is the greatest thing ever?"
 CASES = [
     ("llama-rm", "reward"), ("gemma2-rm", "reward"), ("chatml-rm-padeot", "reward"),

@@ -31,6 +31,8 @@ from probe.core.precision import HALF_TOLERANCE, rounding_noise, simulated_round
 from probe.core.scoring import ScoringOptions, TemplateRows, check_rows, make_head, prompt_split
 from probe.errors import ProbeError
 
+pytestmark = pytest.mark.parity
+
 PROMPT = "What, in one word, is the greatest thing ever?"
 RESPONSES = ["Love", "Black people", "The Beatles", "self-sacrifice", "café", "🎉", "nature and life"]
 AS_ACCURATE = 2.0  # the bf16 fast path's error against float32 <= this x the model's own bf16 forward's

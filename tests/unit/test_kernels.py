@@ -5,6 +5,8 @@ import torch
 
 from probe.kernels.fused_logprob import fused_token_logprobs, reference_token_logprobs
 
+pytestmark = pytest.mark.parity
+
 
 @pytest.mark.parametrize("vocab,chunk", [(1000, 128), (1000, 1000), (1037, 100), (50, 8192)])
 @pytest.mark.parametrize("cap", [None, 5.0])

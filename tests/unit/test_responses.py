@@ -168,6 +168,7 @@ def test_the_report_of_response_runs(tiny_dirs, tmp_path):
         report([str(run_dir), "--rows", "x"])
 
 
+@pytest.mark.parity
 def test_judge_and_logprob_responses_equal_the_models_own_forward(tiny_dirs):
     """The two proxies on a causal LM: logprob sums log p over the response and closing tokens; judge reads
     logit(Yes) - logit(No) after the question that shows prompt and response (probe.core.template)."""

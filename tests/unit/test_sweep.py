@@ -130,6 +130,7 @@ def test_outputs_are_complete_and_ranked(tiny_dirs, tmp_path):
     assert rd2.path != rd.path and rd.read_table("scores.parquet").equals(df)
 
 
+@pytest.mark.parity
 def test_front_door_matches_the_command(tiny_dirs, tiny_models, tmp_path):
     from probe.models.loading import load_model
 

