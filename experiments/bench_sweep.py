@@ -117,7 +117,14 @@ def run_methods(lm: LoadedModel, prompts: dict[str, str], n_tokens: int, batch: 
                 methods: list[str]) -> dict:
     device = lm.device
     rng = np.random.default_rng(0)
-    vocab = min(len(lm.tokenizer), lm.model.get_input_embeddings().num_embeddings)
+    # a random-weight model's ids need no tokenizer (its tiny one only renders the template): its whole embedding
+    # matrix, unless the paper's method decodes each id to text
+    rows = lm.model.get_input_embeddings().num_embeddings
+    vocab = rows if lm.path == "random" and "paper" not in methods else min(len(lm.tokenizer), rows)
+    if n_tokens > vocab:
+        raise SystemExit(f"--tokens {n_tokens}: this run can score {vocab:,} ids"
+                         + (" (the paper's method decodes each id with the tiny tokenizer: drop 'paper' from --methods "
+                            "to sweep the model's whole vocabulary)" if "paper" in methods and rows > vocab else ""))
     ids = np.sort(rng.choice(vocab, size=n_tokens, replace=False))
     head = LinearRewardHead(lm.model, 0)
     out = {m: 0.0 for m in methods}

@@ -111,6 +111,25 @@ def child(names: list[str]) -> list[dict]:
     return out
 
 
+def cuda(device: torch.device) -> list[dict]:
+    """The tiny families on ``device``, 48 rows each: bf16_tolerance_cuda.{json,md} (no kernel levels to vary)."""
+    import transformers
+
+    rows = []
+    for name, mode in TINY:
+        loaded = _tiny(name)
+        loaded.model.to(device)
+        rows.append({"model": name, "mode": mode, "kernels": torch.cuda.get_device_name(device),
+                     **measure(loaded, mode, 48)})
+    meta = {"cpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
+            "transformers": transformers.__version__, "command": f"python -m experiments.bf16_tolerance --device {device}"}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bf16_tolerance_cuda.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    (RESULTS / "bf16_tolerance_cuda.md").write_text(markdown(rows, meta).replace("(CPU)", "(CUDA)"))
+    print(markdown(rows, meta))
+    return rows
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = ["# bf16 rounding noise and the self-check's tolerance (CPU)", "",
              f"`python -m experiments.bf16_tolerance` on {meta['cpu']}, torch {meta['torch']}, transformers "
@@ -137,10 +156,15 @@ def markdown(rows: list[dict], meta: dict) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", choices=["tiny", "all"], default="all")
+    ap.add_argument("--device", default="cpu", help="cpu (both kernel levels, in child processes) or cuda (the tiny "
+                    "families on the GPU; the GPU kit runs this through experiments/gpu_bench.py)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         child(args.child)
+        return
+    if args.device != "cpu":
+        cuda(torch.device(args.device))
         return
     cases = TINY + (REAL if args.models == "all" else [])
     rows = []

@@ -41,7 +41,7 @@ PROMPT = "What, in one word, is the greatest thing ever?"
 SHAPES = {"llama-3.1-8b": "llama3", "gemma-2-27b": "gemma"}  # shape -> tiny tokenizer family (its template)
 SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
              num_hidden_layers=2, vocab_size=4096, query_pre_attn_scalar=32)
-STEPS = ("sweep", "ref", "gcg", "responses", "social", "bf16", "torchrun")
+STEPS = ("sweep:llama-3.1-8b", "sweep:gemma-2-27b", "ref", "gcg", "responses", "social", "bf16", "torchrun")
 
 
 def sync(device: torch.device) -> None:
@@ -88,25 +88,28 @@ def flops_per_row(model, new_tokens: int) -> float:
     return 2 * non_embedding_params(model) * new_tokens + 2 * model.config.hidden_size
 
 
-def sweep_seconds(scorer, rows: torch.Tensor, batch: int, device, timed_rows: int | None = None) -> tuple[float, int]:
-    """Seconds to score all of ``rows`` in batches of ``batch``: timed over the first ``timed_rows`` (whole batches;
-    all where None) after one warm-up batch, and scaled to all rows (batches of one shape cost alike)."""
+def sweep_seconds(scorer, rows: torch.Tensor, batch: int, device, timed_rows: int | None = None) -> tuple[float, int, int]:
+    """Seconds to score all of ``rows`` (halving the batch on out-of-memory, as the commands do): timed over the
+    first ``timed_rows`` (whole batches; all where None) after one warm-up batch, and scaled to all rows (batches of
+    one shape cost alike). Returns (seconds, rows timed, the batch size that ran)."""
+    from probe.core.scoring import AdaptiveBatcher
+
+    batcher = AdaptiveBatcher(batch)
     n = rows.shape[0] if timed_rows is None else min(rows.shape[0], max(batch, timed_rows // batch * batch))
-    scorer.score(rows[: min(batch, n)])  # warm-up: the allocator, kernels, autotuning
+    batcher.run(scorer.score, rows[: min(batch, n)])  # warm-up: the allocator, kernels; the first halvings
     sync(device)
     t = time.perf_counter()
-    for s in range(0, n, batch):
-        scorer.score(rows[s : min(s + batch, n)])
+    batcher.run(scorer.score, rows[:n])
     sync(device)
-    return (time.perf_counter() - t) * rows.shape[0] / n, n
+    return (time.perf_counter() - t) * rows.shape[0] / n, n, batcher.batch_size
 
 
-def largest_batch(scorer, rows: torch.Tensor, start: int, device) -> int:
-    """Doubling from ``start``: the largest batch one forward ran at before the allocator refused (GPU only)."""
+def largest_batch(scorer, rows: torch.Tensor, start: int, device, cap: int = 16384) -> int:
+    """Doubling from ``start`` up to ``cap``: the largest batch one forward ran at before the allocator refused."""
     from probe.core.scoring import is_oom
 
     ok, b = start, start * 2
-    while b <= min(rows.shape[0], 65536):
+    while b <= min(rows.shape[0], cap):
         try:
             scorer.score(rows[:b])
             sync(device)
@@ -120,46 +123,73 @@ def largest_batch(scorer, rows: torch.Tensor, start: int, device) -> int:
     return ok
 
 
-def bench_sweep(shape: str, device, dtype, small: bool, rate: float, uncached_rows: int) -> dict:
+PLAN_PATH = {"shared": "shared", "cache": "cache", "uncached": "full"}  # this benchmark's path -> the plan's
+
+
+def path_plan(lm, head, n_prefix: int, n_new: int, path: str) -> tuple[int, int, int]:
+    """(batch, bytes per row, fixed bytes) the memory plan gives ``path``: the shared path's batch is the commands'
+    own (`default_batch_size`); the other paths' from the same plan with their own costs."""
+    from probe.core.scoring import default_batch_size
+    from probe.models.memory import batch_for, fixed_bytes, row_cost
+
+    plan = PLAN_PATH[path]
+    cost = row_cost(lm.model.config, n_prefix, n_new, lm.dtype, "reward", plan).total
+    fixed = fixed_bytes(lm.model.config, n_prefix, lm.dtype, plan)
+    if path == "shared" or lm.device.type != "cuda":
+        return default_batch_size(lm, n_prefix, n_new, "reward", head), cost, fixed
+    return max(1, batch_for(torch.cuda.mem_get_info(lm.device)[0], fixed, cost)), cost, fixed
+
+
+def bench_sweep(shape: str, device, dtype, small: bool, rate: float, timed: dict) -> dict:
+    """One shape's whole-vocabulary sweep on each path; ``timed``: path -> rows timed (None: all), scaled to all."""
     from probe.core.engine import PrefixScorer
     from probe.core.heads import LinearRewardHead
-    from probe.core.scoring import default_batch_size, scoring_path, sweep_rows
+    from probe.core.scoring import is_oom, sweep_rows
     from probe.core.template import response_conversation, split_template
-    from probe.models.memory import fixed_bytes, row_cost
 
     lm = random_model(shape, device, dtype, small)
     weights = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
     split = split_template(lm.tokenizer, response_conversation(PROMPT), n_verify=0)
     vocab = lm.model.get_input_embeddings().num_embeddings
     rows = sweep_rows(np.arange(vocab), split.suffix_ids).to(device)
-    new = rows.shape[1]
+    new, n_prefix = rows.shape[1], len(split.prefix_ids)
     head = LinearRewardHead(lm.model, 0)
-    plan = default_batch_size(lm, len(split.prefix_ids), new, "reward", head)
-    cost = row_cost(lm.model.config, len(split.prefix_ids), new, lm.dtype, "reward", scoring_path(lm, head))
     floor = vocab * flops_per_row(lm.model, new) / rate
-    out = {"shape": shape, "vocab": vocab, "layers": lm.model.config.num_hidden_layers, "prefix": len(split.prefix_ids),
-           "new_tokens_per_row": new, "plan_batch": plan, "plan_bytes_per_row": cost.total,
-           "plan_fixed_bytes": fixed_bytes(lm.model.config, len(split.prefix_ids), lm.dtype, scoring_path(lm, head)),
-           "weights_bytes": weights, "flops_per_row": flops_per_row(lm.model, new), "floor_s": floor, "paths": {}}
-    timed_rows = {"shared": None, "cache": vocab // 4, "uncached": uncached_rows}
+    out = {"shape": shape, "vocab": vocab, "layers": lm.model.config.num_hidden_layers, "prefix": n_prefix,
+           "new_tokens_per_row": new, "weights_bytes": weights, "flops_per_row": flops_per_row(lm.model, new),
+           "floor_s": floor, "paths": {}, "errors": {}}
     for path in ("shared", "cache", "uncached"):
+        batch, per_row, fixed = path_plan(lm, head, n_prefix, new, path)
         scorer = PrefixScorer(lm.model, head, split.prefix_ids, use_cache=path != "uncached",
                               shared_attention=path == "shared")
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        seconds, n = sweep_seconds(scorer, rows, plan, device, timed_rows[path])
+        try:
+            seconds, n, ran = sweep_seconds(scorer, rows, batch, device, timed[path])
+        except Exception as err:  # noqa: BLE001 (one path's failure is recorded; the other paths still run)
+            if not is_oom(err) and not isinstance(err, RuntimeError):
+                raise
+            out["errors"][path] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            say(f"sweep {shape} {path} FAILED: {out['errors'][path]}")
+            del scorer
+            _free(device)
+            continue
         entry = {"seconds": seconds, "rows_per_s": vocab / seconds, "tokens_per_s": vocab * new / seconds,
-                 "fraction_of_floor": floor / seconds, "timed_rows": n, "scaled_to_vocabulary": n != vocab}
+                 "fraction_of_floor": floor / seconds, "timed_rows": n, "scaled_to_vocabulary": n != vocab,
+                 "plan_batch": batch, "batch_that_ran": ran, "plan_bytes_per_row": per_row, "plan_fixed_bytes": fixed}
         if device.type == "cuda":
             entry["max_memory_allocated"] = torch.cuda.max_memory_allocated(device)
-            entry["measured_bytes_per_row"] = (entry["max_memory_allocated"] - weights - out["plan_fixed_bytes"]) / plan
+            entry["measured_bytes_per_row"] = (entry["max_memory_allocated"] - weights - fixed) / ran
             if path == "shared":
-                entry["largest_batch_that_ran"] = largest_batch(scorer, rows, plan, device)
+                entry["largest_batch_that_ran"] = largest_batch(scorer, rows, ran, device)
         out["paths"][path] = entry
-        say(f"sweep {shape} {path}: {seconds:.2f} s ({100 * floor / seconds:.1f}% of the floor {floor:.2f} s)")
+        say(f"sweep {shape} {path}: {seconds:.2f} s ({100 * floor / seconds:.1f}% of the floor {floor:.2f} s), "
+            f"batch {ran}")
         del scorer
-    out["speedup_shared_vs_uncached"] = out["paths"]["uncached"]["seconds"] / out["paths"]["shared"]["seconds"]
-    del lm
+        _free(device)
+    if "uncached" in out["paths"] and "shared" in out["paths"]:
+        out["speedup_shared_vs_uncached"] = out["paths"]["uncached"]["seconds"] / out["paths"]["shared"]["seconds"]
+    del lm, head, rows
     _free(device)
     return out
 
@@ -187,14 +217,14 @@ def bench_ref(device, dtype, small: bool) -> dict:
     vocab = lm.model.get_input_embeddings().num_embeddings
     rows = sweep_rows(np.arange(vocab), split.suffix_ids).to(device)
     batch = default_batch_size(lm, len(split.prefix_ids), rows.shape[1], "logprob", make_head(lm, "logprob"))
-    single, n = sweep_seconds(build_scorer(policy, make_head(policy, "logprob"), split.prefix_ids), rows, batch,
-                              device, vocab // 4)
-    both, _ = sweep_seconds(build_scorer(lm, make_head(lm, "logprob"), split.prefix_ids), rows, batch, device,
-                            vocab // 4)
+    single, n, _ = sweep_seconds(build_scorer(policy, make_head(policy, "logprob"), split.prefix_ids), rows, batch,
+                                 device, vocab // 4)
+    both, _, ran = sweep_seconds(build_scorer(lm, make_head(lm, "logprob"), split.prefix_ids), rows, batch, device,
+                                 vocab // 4)
     say(f"ref: {single:.2f} s alone, {both:.2f} s with --ref ({both / single:.2f}x)")
     del policy, lm
     _free(device)
-    return {"shape": shape, "rows": vocab, "timed_rows": n, "batch_with_ref": batch, "seconds_alone": single,
+    return {"shape": shape, "rows": vocab, "timed_rows": n, "batch_with_ref": ran, "seconds_alone": single,
             "seconds_with_ref": both, "ratio": both / single}
 
 
@@ -318,7 +348,8 @@ def bench_torchrun(device, limit: int) -> dict:
         times = {}
         for name, cmd in (("plain", [sys.executable, *args]), ("torchrun", [*runner, *args])):
             t = time.perf_counter()
-            done = subprocess.run([*cmd, "--output", f"{tmp}/{name}"], env=env, capture_output=True, text=True)
+            done = subprocess.run([*cmd, "--output", f"{tmp}/{name}"], env=env, capture_output=True, text=True,
+                                  timeout=300)
             times[name] = time.perf_counter() - t
             if done.returncode != 0:
                 tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -347,9 +378,14 @@ def main(argv=None) -> dict:
     say(f"matmul rate {rate / 1e12:.2f} TFLOP/s ({dtype}, {device})")
     result: dict = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "small": args.small,
                     "matmul_flops_per_s": rate, "results": {}, "errors": {}}
+    def timed(shape):  # rows timed per path (None: all), each scaled to the whole vocabulary
+        if args.small:
+            return {"shared": None, "cache": 1024, "uncached": 256}
+        big = shape == "gemma-2-27b"  # about a minute for its shared path alone at the floor: half is timed
+        return {"shared": 128000 if big else None, "cache": 32768, "uncached": 8192}
+
     plans = {
-        "sweep": lambda: {s: bench_sweep(s, device, dtype, args.small, rate, 8192 if not args.small else 256)
-                          for s in SHAPES},
+        **{f"sweep:{s}": (lambda s=s: bench_sweep(s, device, dtype, args.small, rate, timed(s))) for s in SHAPES},
         "ref": lambda: bench_ref(device, dtype, args.small),
         "gcg": lambda: bench_gcg(device, dtype, args.small),
         "responses": lambda: bench_responses(device, dtype, args.small, 2048 if not args.small else 64),
@@ -361,13 +397,20 @@ def main(argv=None) -> dict:
         t = time.perf_counter()
         say(f"{step} ...")
         try:
-            result["results"][step] = plans[step]()
+            value = plans[step]()
+            if step.startswith("sweep:"):
+                result["results"].setdefault("sweep", {})[step.split(":", 1)[1]] = value
+            else:
+                result["results"][step] = value
         except Exception as err:  # noqa: BLE001 (one benchmark's failure is recorded, the others still run)
             result["errors"][step] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
             say(f"{step} FAILED: {result['errors'][step]}")
             _free(device)
         result.setdefault("seconds", {})[step] = time.perf_counter() - t
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")  # what is done so far survives a kill
+        tmp = Path(args.out).with_suffix(".tmp")  # what is done so far survives a kill, whole
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(args.out)
+        _free(device)
     return result
 
 

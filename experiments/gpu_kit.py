@@ -43,8 +43,9 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 TEST_FILES = ("tests/gpu", "tests/unit/test_engine_parity.py", "tests/unit/test_kernels.py", "tests/unit/test_softcap.py",
               "tests/unit/test_half_precision.py", "tests/unit/test_gcg.py", "tests/unit/test_api.py",
               "tests/unit/test_responses.py", "tests/unit/test_sweep.py")
-# (name, seconds expected on an H100 for the progress line, seconds allowed)
-STEPS = (("tests", 120, 300), ("bench", 330, 450))
+# (name, seconds expected on an H100 and on CI's 2-core CPU at --small, for the progress line; the share of the
+# deadline the step may take where the steps before it left it time)
+STEPS = (("tests", (150, 220), 0.35), ("bench", (320, 80), 0.65))
 IMPORTS = ("probe", "probe.kernels.prefix_attention", "probe.core.scoring", "probe.core.gcg", "probe.social.scoring",
            "probe.commands.cli", "polars", "experiments.gpu_bench")
 
@@ -117,10 +118,40 @@ def preflight(kit: Path, out: Path) -> list[Path]:
     return wheels
 
 
-def install(wheels: list[Path]) -> None:
-    """The carried wheels and rm-probe (editable, as in the project's own venv) into this Python, from files only:
+def check_device(device: str) -> None:
+    """Before anything is installed: a device that cannot run is rm-probe's own one line (probe.models.loading needs
+    nothing but torch, so it is read from the tree)."""
+    if device == "cpu":
+        return
+    sys.path.insert(0, str(ROOT))
+    from probe.errors import ProbeError
+    from probe.models.loading import resolve_device
+
+    try:
+        resolve_device(device)
+    except ProbeError as err:
+        raise KitError(f"gpu-kit: {err}") from None
+
+
+def make_venv(where: Path) -> Path:
+    """A new venv at ``where`` that sees this Python's packages (a .pth file names its site-packages folders, so the
+    machine's torch and transformers are the ones that run) and keeps whatever the kit installs out of the
+    machine's own environment, which may be read-only or externally managed. Returns its python."""
+    import venv
+
+    venv.EnvBuilder(with_pip=True, clear=True, symlinks=True).create(where)
+    python = where / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    parents = [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
+    (Path(purelib) / "zz_rm_probe_kit_parent.pth").write_text("\n".join(dict.fromkeys(parents)) + "\n")
+    return python
+
+
+def install(python: Path, wheels: list[Path]) -> None:
+    """The carried wheels and rm-probe (editable, as in the project's own venv) into the kit's venv, from files only:
     no index, no dependencies resolved, no build isolation (the machine's setuptools builds the editable shim)."""
-    cmd = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation", "-q",
+    cmd = [str(python), "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation", "-q",
            "--disable-pip-version-check", *map(str, wheels), "-e", str(ROOT)]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
     if done.returncode != 0:
@@ -128,12 +159,13 @@ def install(wheels: list[Path]) -> None:
         raise KitError(f"gpu-kit: installing the carried wheels failed: {last[-1] if last else done.returncode}")
 
 
-def check_imports(device: str) -> None:
+def check_imports(python: Path, device: str) -> None:
     """In a new process (an editable install is seen from the next start on): every GPU path imports, and the
-    device runs (probe.models.loading.resolve_device's one line where it does not)."""
+    device runs a matrix product (probe.models.loading.resolve_device's one line where it cannot)."""
     code = (f"import importlib\nfor m in {IMPORTS!r}:\n    importlib.import_module(m)\n"
-            f"from probe.models.loading import resolve_device\nresolve_device({device!r})\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+            f"import torch\nfrom probe.models.loading import resolve_device\nd = resolve_device({device!r})\n"
+            "x = torch.ones(64, 64, device=d)\nassert float((x @ x).sum()) == 64.0 ** 3\n")
+    done = subprocess.run([str(python), "-c", code], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else str(done.returncode)
         if "ModuleNotFoundError" in last:
@@ -141,7 +173,7 @@ def check_imports(device: str) -> None:
         raise KitError(f"gpu-kit: {last.removeprefix('probe.errors.ModelLoadError: ')}")
 
 
-def environment() -> dict:
+def environment(python: Path) -> dict:
     """This machine: Python, the packages that decide the numbers, the device and its driver."""
     code = ("import json, platform, torch, transformers, accelerate, numpy\n"
             "d = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
@@ -153,7 +185,7 @@ def environment() -> dict:
             "    d.update(gpu=p.name, capability=f'{p.major}.{p.minor}', gpu_memory_bytes=p.total_memory,\n"
             "             multiprocessors=p.multi_processor_count)\n"
             "print(json.dumps(d))\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    done = subprocess.run([str(python), "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     env = json.loads(done.stdout)
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -168,50 +200,84 @@ def _clock(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
-def run_step(name: str, cmd: list[str], log, allowed: float, started: float, expected_left: float) -> int:
-    """One step as a child process, its output shown and logged, stopped after ``allowed`` seconds."""
-    elapsed = time.monotonic() - started
-    line = f"== gpu-kit {name} (elapsed {_clock(elapsed)}, about {_clock(expected_left)} left): {' '.join(cmd[1:])}"
+def run_step(name: str, cmd: list[str], log, allowed: float, started: float, expected_left: float) -> int | None:
+    """One step as a child process in its own process group, its output shown and logged as it comes; the whole
+    group (torchrun's workers too) is killed after ``allowed`` seconds. Returns its exit code, None if killed."""
+    import signal
+    import threading
+
+    line = (f"== gpu-kit {name} (elapsed {_clock(time.monotonic() - started)}, about {_clock(expected_left)} left, "
+            f"stopped after {_clock(allowed)}): {' '.join(cmd[1:])}")
     print(line, flush=True)
     log.write(line + "\n")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"})
-    deadline = time.monotonic() + allowed
-    for text in proc.stdout:
-        print(text, end="", flush=True)
-        log.write(text)
-        if time.monotonic() > deadline:
-            proc.kill()
-            log.write(f"== gpu-kit {name}: stopped after {allowed:.0f} s\n")
-            break
-    return proc.wait()
+
+    def copy():
+        for text in proc.stdout:
+            print(text, end="", flush=True)
+            log.write(text)
+
+    reader = threading.Thread(target=copy, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=max(1.0, allowed))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        code = None
+    reader.join(timeout=10)
+    if code is None:
+        log.write(f"== gpu-kit {name}: stopped after {allowed:.0f} s\n")
+        print(f"== gpu-kit {name}: stopped after {allowed:.0f} s", flush=True)
+    log.flush()
+    return code
 
 
 def run(args) -> int:
+    import shutil
+    import tempfile
+
     kit, out = Path(args.kit), Path(args.out)
     device = args.device
     wheels = preflight(kit, out)
-    if not args.no_install:
-        install(wheels)
-    check_imports(device)
-    out.mkdir(parents=True, exist_ok=True)
+    check_device(device)
+    where = Path(args.venv) if args.venv else Path(tempfile.mkdtemp(prefix="rm-probe-kit-"))
+    try:
+        python = make_venv(where)
+        install(python, wheels)
+        check_imports(python, device)
+        out.mkdir(parents=True, exist_ok=True)
+        return _run_steps(python, args, out, device)
+    finally:
+        if not args.venv:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+def _run_steps(python: Path, args, out: Path, device: str) -> int:
     started = time.monotonic()
-    env = environment()
-    steps = {
-        "tests": [sys.executable, "-m", "pytest", *TEST_FILES, "-m", "parity or gpu", "--device", device, "-q",
+    env = environment(python)
+    commands = {
+        "tests": [str(python), "-m", "pytest", *TEST_FILES, "-m", "parity or gpu", "--device", device, "-q",
                   "-p", "no:cacheprovider", "-o", "addopts=-ra --strict-markers", f"--junitxml={out / 'tests.xml'}"],
-        "bench": [sys.executable, "-m", "experiments.gpu_bench", "--device", device, "--out", str(out / "bench.json"),
+        "bench": [str(python), "-m", "experiments.gpu_bench", "--device", device, "--out", str(out / "bench.json"),
                   *(["--small"] if args.small else []), *(["--steps", args.bench] if args.bench else [])],
     }
-    codes = {}
+    steps = [s for s in STEPS if args.only in (None, s[0])]
+    expected = {name: seconds[0 if device.startswith("cuda") else 1] for name, seconds, _ in steps}
+    codes: dict = {}
     with (out / "log.txt").open("w") as log:
         log.write(json.dumps(env) + "\n")
-        for i, (name, expected, allowed) in enumerate(STEPS):
-            left = sum(e for _, e, _ in STEPS[i:])
+        for i, (name, _, share) in enumerate(steps):
+            left = args.deadline - (time.monotonic() - started)
+            later = sum(s for _, _, s in steps[i + 1 :])
+            allowed = max(30.0, min(share * args.deadline, left - later * args.deadline * 0.5))
             t = time.monotonic()
-            codes[name] = run_step(name, steps[name], log, allowed, started, left)
+            codes[name] = run_step(name, commands[name], log, allowed, started,
+                                   sum(expected[n] for n, _, _ in steps[i:]))
             log.write(f"== gpu-kit {name}: exit {codes[name]} after {time.monotonic() - t:.0f} s\n")
-    summary = report(out, env, codes, time.monotonic() - started, args)
+            summary = report(out, env, codes, time.monotonic() - started, args)  # kept if a later step is killed
     print(summary["markdown"])
     return 0 if all(c == 0 for c in codes.values()) else 1
 
@@ -231,7 +297,10 @@ def test_summary(xml: Path) -> dict:
 
 def report(out: Path, env: dict, codes: dict, seconds: float, args) -> dict:
     bench_path = out / "bench.json"
-    bench = json.loads(bench_path.read_text()) if bench_path.is_file() else {}
+    try:
+        bench = json.loads(bench_path.read_text()) if bench_path.is_file() else {}
+    except json.JSONDecodeError:
+        bench = {}
     result = {"command": " ".join(["python3", "experiments/gpu_kit.py", *sys.argv[1:]]), "environment": env,
               "exit_codes": codes, "seconds": seconds, "small": args.small, "tests": test_summary(out / "tests.xml"),
               "bench": bench}
@@ -254,6 +323,11 @@ def markdown(r: dict) -> str:
              "| | |", "|---|---|",
              *[f"| {k} | {env.get(k)} |" for k in ("gpu", "driver", "cuda", "capability", "python", "torch",
                                                    "transformers", "accelerate", "numpy", "polars") if k in env], ""]
+    said = {0: "passed", 1: "had failures", None: "was stopped at its time limit"}
+    lines += ["Steps: " + "; ".join(f"{name} {said.get(code, f'exited {code}')}" for name, code in
+                                    r.get("exit_codes", {}).items()) + ".", ""]
+    if "tests" in r.get("exit_codes", {}) and not t.get("ran"):
+        lines += ["**Tests**: the step ended without a result file.", ""]
     if t.get("ran"):
         lines += [f"**Tests** (engine parity and tests/gpu on the device): {t['tests']} run, {t['failures']} failed, "
                   f"{t['errors']} errors, {t['skipped']} skipped, {t['seconds']:.0f} s.", ""]
@@ -264,18 +338,21 @@ def markdown(r: dict) -> str:
     if "sweep" in res:
         lines += ["**Full-vocabulary sweep** (random weights, full depth, one prompt; `timed rows` below the vocabulary "
                   "are scaled to it):", "",
-                  "| shape | ids | path | seconds | % of floor | tokens/s | timed rows | plan batch | largest batch run "
+                  "| shape | ids | path | seconds | % of floor | tokens/s | timed rows | plan batch (ran) | largest batch run "
                   "| plan bytes/row | measured bytes/row |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for shape, s in res["sweep"].items():
             for path, p in s["paths"].items():
                 lines.append(f"| {shape} | {s['vocab']:,} | {path} | {p['seconds']:.2f} | "
                              f"{100 * p['fraction_of_floor']:.1f} | {p['tokens_per_s']:,.0f} | {p['timed_rows']:,} | "
-                             f"{s['plan_batch']} | {p.get('largest_batch_that_ran', '-')} | "
-                             f"{s['plan_bytes_per_row']:,} | {_f(p.get('measured_bytes_per_row'), ',.0f')} |")
+                             f"{p['plan_batch']} ({p['batch_that_ran']}) | {p.get('largest_batch_that_ran', '-')} | "
+                             f"{p['plan_bytes_per_row']:,} | {_f(p.get('measured_bytes_per_row'), ',.0f')} |")
+            lines += [f"| {shape} | {s['vocab']:,} | {path} | failed: {err} | | | | | | | |"
+                      for path, err in s.get("errors", {}).items()]
         lines += ["", "Floor: " + "; ".join(f"{k} {v['floor_s']:.2f} s ({v['new_tokens_per_row']} new tokens per row, "
                                             f"{v['flops_per_row'] / 1e9:.1f} GFLOP each)" for k, v in res["sweep"].items())
                   + ". Shared prefix against the uncached (paper's) method: " + ", ".join(
-                      f"{k} {v['speedup_shared_vs_uncached']:.1f}x" for k, v in res["sweep"].items()) + ".", ""]
+                      f"{k} {v['speedup_shared_vs_uncached']:.1f}x" for k, v in res["sweep"].items()
+                      if "speedup_shared_vs_uncached" in v) + ".", ""]
     if "ref" in res:
         x = res["ref"]
         lines += [f"**--ref** ({x['shape']}, log-probabilities): {x['seconds_alone']:.2f} s alone, "
@@ -315,7 +392,12 @@ def main(argv=None) -> int:
     r.add_argument("--device", default="cuda", help="cuda (the GPU machine) or cpu (CI's proof of the kit)")
     r.add_argument("--small", action="store_true", help="reduced model widths (CI's CPU run)")
     r.add_argument("--bench", default=None, help="only these benchmarks (comma-separated; experiments/gpu_bench.py)")
-    r.add_argument("--no-install", action="store_true", help="the wheels and rm-probe are installed already")
+    r.add_argument("--only", choices=[name for name, _, _ in STEPS], default=None,
+                   help="run one step only (to split the kit over two device calls)")
+    r.add_argument("--deadline", type=float, default=540.0,
+                   help="seconds for all steps together (the device tool stops a command at 600); a step that runs "
+                        "over its share is stopped and what it wrote is kept")
+    r.add_argument("--venv", default=None, help="where to build the kit's venv, kept (default: a temporary one)")
     args = ap.parse_args(argv)
     try:
         if args.verb == "build":

@@ -102,14 +102,21 @@ def response_rows(df: pl.DataFrame) -> pl.DataFrame:
 
 def upgrade_vocab_columns(df: pl.DataFrame) -> pl.DataFrame:
     """Runs written before the word flag meant a word: their ``is_word`` was "alphabetic" (now ``is_alpha``);
-    ``is_word`` is recomputed from the decoded text (probe.core.vocab.is_english_word)."""
-    if "is_alpha" in df.columns or "decoded" not in df.columns:
+    ``is_word`` is recomputed from the decoded text (probe.core.vocab.is_english_word). Runs made without wordfreq
+    (the GPU machine) have an empty ``is_word``: recomputed here where wordfreq is installed, else left empty."""
+    if "decoded" not in df.columns or "is_word" not in df.columns:
+        return df
+    old = "is_alpha" not in df.columns
+    if not old and df["is_word"].null_count() < df.height:
         return df
     from probe.core.vocab import english_word_frequencies, is_english_word
 
     freqs = english_word_frequencies()
+    if freqs is None and not old:
+        return df
     words = [is_english_word(strip_markers(d), freqs) for d in df["decoded"].to_list()]
-    return df.rename({"is_word": "is_alpha"}).with_columns(pl.Series("is_word", words, dtype=pl.Boolean))
+    out = df.rename({"is_word": "is_alpha"}) if old else df  # (with_columns replaces a column in its place)
+    return out.with_columns(pl.Series("is_word", words, dtype=pl.Boolean))
 
 
 def normalise(text: str, mode: str = "exact") -> str:

@@ -38,9 +38,15 @@ def template_literals(template: str) -> frozenset[str]:
     import jinja2
     from jinja2 import nodes
 
+    try:  # transformers' own environment (trim_blocks, lstrip_blocks, its {% generation %} tag), as it renders
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        environment = _compile_jinja_template(template).environment
+    except (ImportError, AttributeError, jinja2.TemplateError):
+        environment = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     try:
-        tree = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
-    except jinja2.TemplateSyntaxError:  # a tag of transformers' own environment ({% generation %}): the raw text
+        tree = environment.parse(template)
+    except jinja2.TemplateSyntaxError:
         return frozenset({template})
     out = {node.data for node in tree.find_all(nodes.TemplateData)}
     out |= {node.value for node in tree.find_all(nodes.Const) if isinstance(node.value, str)}

@@ -200,6 +200,8 @@ class FullSequenceScorer:
 
     def score(self, cont, lengths=None) -> Float[Tensor, " b"]:
         cont, lengths = _as_batch(cont, lengths, self.device)
+        if cont.shape[0] == 0:
+            return torch.empty(0, dtype=torch.float32)
         prefix = torch.tensor(self.prefix_ids, device=self.device, dtype=torch.long)
         sizes = lengths.tolist()
         by_len: dict[int, list[int]] = {}

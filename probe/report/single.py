@@ -35,7 +35,7 @@ def report_data(run: RunDir) -> dict:
     vocab = vocab.filter(pl.col("token_id").is_in(scores["token_id"].unique().implode())).sort("token_id")
     flags = np.zeros(vocab.height, dtype=np.int64)
     for col, bit in FLAG_BITS.items():
-        flags |= vocab[col].to_numpy().astype(np.int64) * bit
+        flags |= vocab[col].fill_null(False).to_numpy().astype(np.int64) * bit  # (is_word is empty without wordfreq)
     prompts = {}
     for key, info in meta["prompts"].items():
         part = scores.filter(pl.col("prompt_key") == key).sort("rank", "token_id")

@@ -10,6 +10,8 @@ rule, and against ids built by hand (the text around each token encoded separate
 from __future__ import annotations
 
 import functools
+import json
+from pathlib import Path
 
 import pytest
 
@@ -55,11 +57,42 @@ def _messages(response: str):
 def test_rm_probes_rule_gives_transformers_ids(real, name, response):
     tok = real[name]
     if not native(tok):
-        pytest.skip("this transformers has no rule of its own to compare with (the hand-built test covers it)")
+        pytest.skip("this transformers has no rule of its own: the golden ids of its 5.24 run are compared instead")
     for gen, messages in ((False, _messages(response)), (True, _messages(response)[:2])):
         want = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=gen, return_dict=False,
                                        sanitize_control_tokens=True, date_string="26 Jul 2024")
         assert marked_chat_ids(tok, messages, gen, date_string="26 Jul 2024") == list(want)
+
+
+GOLDEN = Path(__file__).resolve().parents[1] / "testdata" / "control_token_ids.json"
+NAMES = ["llama3.1", "llama3.2", "qwen2.5", "qwen3", "gemma3", "mistral-True", "mistral-False", "mistral-None",
+         "chatml-tiny"]
+
+
+def _cases(real):
+    for name in NAMES:
+        for i, response in enumerate(RESPONSES):
+            for gen, messages in ((False, _messages(response)), (True, _messages(response)[:2])):
+                yield f"{name}|{i}|{int(gen)}", real[name], messages, gen
+
+
+def write_golden(real) -> None:
+    """tests/testdata/control_token_ids.json: transformers' own rule's ids for every case (run where it has one)."""
+    out = {key: list(tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=gen, return_dict=False,
+                                             sanitize_control_tokens=True, date_string="26 Jul 2024"))
+           for key, tok, messages, gen in _cases(real)}
+    import transformers
+
+    GOLDEN.write_text(json.dumps({"transformers": transformers.__version__, "ids": out}) + "\n")
+
+
+def test_rm_probes_rule_gives_the_ids_transformers_own_rule_gave(real):
+    """On every version (where rm-probe's rule is the one used: 5.2-5.17), the ids transformers 5.24's own rule gave
+    for the same tokenizers and messages (tests/testdata/control_token_ids.json, `write_golden`)."""
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["transformers"].startswith("5.2") and len(golden["ids"]) == len(NAMES) * len(RESPONSES) * 2
+    for key, tok, messages, gen in _cases(real):
+        assert marked_chat_ids(tok, messages, gen, date_string="26 Jul 2024") == golden["ids"][key], key
 
 
 @pytest.mark.parametrize("name", ["llama3.1", "qwen2.5", "gemma3", "mistral-False", "mistral-True"])
@@ -84,10 +117,23 @@ def test_a_control_token_in_a_response_is_its_text(real, name):
 
 
 def test_control_tokens_follow_the_template(real):
-    """Special tokens always; other added tokens only where the template writes them (Gemma's "\\n" never)."""
+    """Special tokens always; other added tokens only where the template writes them, and never whitespace
+    (Gemma's "\\n" tokens)."""
     llama = control_tokens(real["llama3.1"], real["llama3.1"].chat_template)
     assert "<|eot_id|>" in llama and "<|begin_of_text|>" in llama
     assert list(llama) == sorted(llama, key=len, reverse=True)
+    gemma = real["gemma3"]
+    added = {t.content: t.special for t in gemma.added_tokens_decoder.values()}
+    plain = [t for t, special in added.items() if not special]
+    assert any(t.isspace() for t in plain)  # the case the whitespace rule is for
+    chosen = set(control_tokens(gemma, gemma.chat_template))
+    assert not any(t.isspace() and not added[t] for t in chosen)
+    assert {t for t, special in added.items() if special} <= chosen
+    # a non-special added token (Gemma 3's '<table>') is a control token exactly where the template writes it
+    token = next(t for t in plain if not t.isspace() and t not in gemma.chat_template)
+    assert token not in chosen
+    template = "{{ bos_token }}{% for m in messages %}" + token + "{{ m['content'] }}{% endfor %}"
+    assert token in control_tokens(gemma, template)
 
 
 def test_chat_ids_uses_transformers_where_it_can(real, monkeypatch):
@@ -104,5 +150,22 @@ def test_chat_ids_uses_transformers_where_it_can(real, monkeypatch):
         monkeypatch.setattr(type(tok), "apply_chat_template", spy)
         chat_ids(tok, _messages("x <|eot_id|>"), False)
         assert calls == [True]
-    else:
-        assert chat_ids(tok, _messages("x <|eot_id|>"), False) == marked_chat_ids(tok, _messages("x <|eot_id|>"), False)
+    else:  # rm-probe's rule, which test_rm_probes_rule_gives_the_ids_transformers_own_rule_gave checks
+        calls = []
+        original = marked_chat_ids
+
+        def spy(*a, **k):
+            calls.append(1)
+            return original(*a, **k)
+
+        import probe.core.control_tokens as module
+
+        monkeypatch.setattr(module, "marked_chat_ids", spy)
+        chat_ids(tok, _messages("x <|eot_id|>"), False)
+        assert calls == [1]
+
+
+if __name__ == "__main__":  # python -m tests.unit.test_control_tokens: rewrite the golden ids (transformers 5.2x)
+    import tempfile
+
+    write_golden(real.__wrapped__(type("F", (), {"mktemp": staticmethod(lambda n: Path(tempfile.mkdtemp()))})()))

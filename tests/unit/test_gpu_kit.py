@@ -67,10 +67,10 @@ def test_device_cuda_where_no_gpu_can_run_stops_before_any_result(kit, tmp_path,
         pytest.skip("this machine can run CUDA")
     folder, _ = kit
     assert gpu_kit.main(["run", "--out", str(tmp_path / "out"), "--kit", str(folder), "--device", "cuda",
-                         "--no-install"]) == 2
+                         "--venv", str(tmp_path / "venv")]) == 2
     err = capsys.readouterr().err
     assert "gpu-kit: --device cuda: torch" in err and "install" in err and "Traceback" not in err
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "venv").exists()  # nothing built or installed
 
 
 def test_the_kit_runs_every_parity_test_module():
@@ -133,11 +133,12 @@ def test_the_result_page_names_every_number(tmp_path):
                        "failed": ["tests.unit.test_x::test_a"]}
     path = {"seconds": 4.5, "tokens_per_s": 5.7e4, "fraction_of_floor": 0.61, "timed_rows": 128256,
             "rows_per_s": 2.8e4, "scaled_to_vocabulary": False, "largest_batch_that_ran": 8192,
-            "max_memory_allocated": 3e10, "measured_bytes_per_row": 1.1e6}
+            "max_memory_allocated": 3e10, "measured_bytes_per_row": 1.1e6, "plan_batch": 4096, "batch_that_ran": 2048,
+            "plan_bytes_per_row": 1_200_000, "plan_fixed_bytes": 10}
     bench = {"dtype": "bfloat16", "matmul_flops_per_s": 7.9e14, "errors": {"social": "RuntimeError: x"}, "results": {
-        "sweep": {"llama-3.1-8b": {"vocab": 128256, "plan_batch": 4096, "plan_bytes_per_row": 1_200_000,
-                                   "floor_s": 2.7, "new_tokens_per_row": 2, "flops_per_row": 2.8e10,
-                                   "speedup_shared_vs_uncached": 19.5, "paths": {"shared": path}}},
+        "sweep": {"llama-3.1-8b": {"vocab": 128256, "floor_s": 2.7, "new_tokens_per_row": 2, "flops_per_row": 2.8e10,
+                                   "speedup_shared_vs_uncached": 19.5, "paths": {"shared": path},
+                                   "errors": {"cache": "OutOfMemoryError: CUDA out of memory"}}},
         "ref": {"shape": "llama-3.1-8b", "seconds_alone": 1.0, "seconds_with_ref": 2.1, "ratio": 2.1,
                 "batch_with_ref": 2048},
         "gcg": {"cached": 0.2, "full_sequence": 1.4, "speedup": 7.0},
@@ -146,10 +147,13 @@ def test_the_result_page_names_every_number(tmp_path):
         "torchrun": {"rows": 4096, "bitwise_equal": True, "seconds": {}}}}
     env = {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "torch": "2.11.0+cu130", "transformers": "5.17.0"}
     page = gpu_kit.markdown({"command": "python3 experiments/gpu_kit.py run --out x", "environment": env,
-                             "seconds": 300.0, "small": False, "tests": summary, "bench": bench})
+                             "seconds": 300.0, "small": False, "tests": summary, "bench": bench,
+                             "exit_codes": {"tests": 1, "bench": None}})
     for text in ("# GPU kit: NVIDIA H100 80GB HBM3", "| driver | 580.159.04 |", "5 run, 1 failed",
                  "`tests.unit.test_x::test_a`", "790.0 TFLOP/s", "| llama-3.1-8b | 128,256 | shared | 4.50 | 61.0 | "
-                 "57,000 | 128,256 | 4096 | 8192 | 1,200,000 | 1,100,000 |", "19.5x", "(2.10x), batch 2048",
+                 "57,000 | 128,256 | 4096 (2048) | 8192 | 1,200,000 | 1,100,000 |",
+                 "| cache | failed: OutOfMemoryError: CUDA out of memory |",
+                 "Steps: tests had failures; bench was stopped at its time limit.", "19.5x", "(2.10x), batch 2048",
                  "(7.0x)", "2048 responses in 3.00 s, 682.7 per second", "0.40 x the tolerance", "bitwise equal",
                  "benchmark `social` failed: RuntimeError: x"):
         assert text in page, text

@@ -187,10 +187,11 @@ def test_families_scored_by_their_own_forward_run_the_planned_batch_whole(tiny_m
     monkeypatch.setattr(type(head), "own_forward", counting)
     whole = FullSequenceScorer(lm.model, head, split.prefix_ids, batch_size=None).score(rows)
     assert sorted(calls) == sorted([67, 67, 66]) and len(calls) == 3
-    calls.clear()
-    one = FullSequenceScorer(lm.model, head, split.prefix_ids, batch_size=1).score(rows)
-    assert len(calls) == 200
+    with torch.inference_mode():  # each row by itself through the model's own forward, in the rows' order
+        one = torch.cat([original(head, lm.model, torch.tensor([[*split.prefix_ids, *r]]), len(split.prefix_ids))
+                         .float() for r in rows])
     torch.testing.assert_close(whole, one, atol=2e-5, rtol=2e-5)
+    assert one.std() > 1e-3  # the rows' scores differ: a wrong order would show
 
 
 def test_without_wordfreq_the_word_flag_is_empty_and_said_and_words_only_gcg_refused(tokenizers, monkeypatch, caplog):
@@ -211,3 +212,32 @@ def test_without_wordfreq_the_word_flag_is_empty_and_said_and_words_only_gcg_ref
     with pytest.raises(ProbeError, match="--allowed words: the W flag is empty here .wordfreq is not installed"):
         allowed_tokens(table, "words", False)
     vocab_mod._warn_no_wordfreq.cache_clear()
+
+
+def test_a_run_made_without_wordfreq_reports_and_regains_its_word_flag(tiny_dirs, tmp_path, monkeypatch):
+    """A sweep on the GPU machine (no wordfreq) writes an empty W flag; its report still builds there, and where
+    wordfreq is installed the readers recompute the flag from the decoded tokens."""
+    from probe.analysis.sweeps import upgrade_vocab_columns
+    from probe.commands.score import ScoreVocabConfig, run
+    from probe.core import vocab as vocab_mod
+    from probe.report.single import report_data
+
+    monkeypatch.setitem(sys.modules, "wordfreq", None)
+    vocab_mod._warn_no_wordfreq.cache_clear()
+    rd = run(ScoreVocabConfig(rm=tiny_dirs["rm"], prompt=("What is best?",), output=str(tmp_path / "out"),
+                              device="cpu", limit=300, progress=False))
+    raw = rd.read_table("vocab.parquet")
+    assert raw["is_word"].null_count() == raw.height
+    assert report_data(rd)["prompts"]  # the page's data builds with the flag empty
+    monkeypatch.delitem(sys.modules, "wordfreq")
+    vocab_mod._warn_no_wordfreq.cache_clear()
+    again = upgrade_vocab_columns(raw)
+    want = vocab_mod.build_vocab_table(vocab_mod_tokenizer(tiny_dirs["rm"]), n_ids=raw.height)["is_word"]
+    assert again["is_word"].null_count() == 0 and again["is_word"].to_list() == want.to_list()
+    assert again["is_word"].sum() > 10 and again.columns == raw.columns
+
+
+def vocab_mod_tokenizer(folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
