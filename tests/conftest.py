@@ -17,7 +17,8 @@ from probe.models.loading import LoadedModel
 from probe.models.registry import DEFAULT, REGISTRY
 from tests import tiny
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# two threads per test process; one per worker where pytest-xdist runs several (make test-all: -n 2 on CI's 2 cores)
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 
 def pytest_sessionstart(session):
