@@ -28,7 +28,7 @@ class Sweep:
     @property
     def responses(self) -> bool:
         """A run of ``probe score --responses``: its rows are responses (``decoded`` holds each response's text,
-        ``token_id`` its position in the response file), not the vocabulary's tokens."""
+        ``token_id`` the response's identity: `response_rows`), not the vocabulary's tokens."""
         return self.meta.get("experiment") == "responses"
 
     @property
@@ -84,14 +84,21 @@ def load_sweep(path: str | Path) -> Sweep:
 
 def response_rows(df: pl.DataFrame) -> pl.DataFrame:
     """A response run's table with the columns the sweep analyses read: ``decoded`` = the response, ``token_id`` =
-    its row in the response file, and flags that hold for a response (valid text, not special; ``is_word``: a
-    one-word response that is an English word)."""
+    the response's identity (the same id for the same text in every prompt of the run: the dense rank of its text,
+    and of its occurrence among equal texts of the prompt, in the table's order), and flags that hold for a response
+    (valid text, not special; ``is_word``: a one-word response that is an English word). Whatever joins rows of
+    response runs (persona grids, agreement, contrast) joins the responses themselves, never their places in a
+    ranking (issue 49: the rows are in rank order)."""
     from probe.core.vocab import english_word_frequencies, is_english_word
 
     freqs = english_word_frequencies()
     words = [" " not in r.strip() and is_english_word(r.strip(), freqs) for r in df["response"].to_list()]
+    df = df.with_row_index("_row")
+    df = df.with_columns(pl.int_range(pl.len()).over("prompt_key", "response").alias("_nth"))
+    ids = df.select("response", "_nth").unique().sort("response", "_nth").with_row_index("token_id")
+    df = df.join(ids.with_columns(pl.col("token_id").cast(pl.UInt32)), on=["response", "_nth"], how="left")
+    df = df.sort("_row").drop("_row", "_nth")
     return df.with_columns(
-        pl.int_range(pl.len()).over("prompt_key").cast(pl.UInt32).alias("token_id"),
         pl.col("response").alias("decoded"), pl.col("response").alias("piece"),
         pl.lit(False).alias("is_special"), pl.lit(False).alias("is_added"),
         pl.Series("is_word", words, dtype=pl.Boolean),

@@ -163,12 +163,13 @@ def response_batch_size(loaded: LoadedModel, mode: ScoreMode, rows: list[Respons
 
 
 def ranked_responses(rows: ResponseRows, scores: np.ndarray) -> pl.DataFrame:
-    """``prompt_key, response, n_tokens, score, rank`` (1 = best within the prompt; ties share the best rank)
-    and what the template did: ``slot_text``, ``change``."""
+    """``prompt_key, response, n_tokens, score, rank`` (1 = best within the prompt; ties share the best rank,
+    in the list's order) and what the template did: ``slot_text``, ``change``."""
     df = pl.DataFrame({
         "prompt_key": [rows.prompt_key] * len(rows.responses), "response": rows.responses,
         "n_tokens": pl.Series(rows.n_tokens, dtype=pl.UInt32), "score": pl.Series(scores, dtype=pl.Float32),
         "slot_text": rows.slot_text, "change": pl.Series(rows.change, dtype=pl.String),
     })
     df = df.with_columns(pl.col("score").rank(method="min", descending=True).cast(pl.UInt32).alias("rank"))
-    return df.select("prompt_key", "response", "n_tokens", "score", "rank", "slot_text", "change").sort("rank")
+    return df.select("prompt_key", "response", "n_tokens", "score", "rank", "slot_text", "change").sort(
+        "rank", maintain_order=True)

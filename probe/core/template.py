@@ -160,7 +160,10 @@ class TemplateSplit:
     def scored_within(self, prefix_len: int, where: str) -> int:
         """How many of a prefix's last ids are scored with its rows, where a rendering that merges a response with
         the text before it continues a prefix shorter than this split's (``prefix_len`` ids): the split's
-        ``scored_in_prefix`` less what moved into the continuation. ``where`` names the row in the error."""
+        ``scored_in_prefix`` less what moved into the continuation. ``where`` names the row in the error. Where
+        nothing of the prefix is scored (every route but RewardBench's DPO inputs), a shorter prefix is no matter."""
+        if self.scored_in_prefix == 0:
+            return 0
         k = self.scored_in_prefix - (len(self.prefix_ids) - prefix_len)
         if k < 0:
             raise TemplateError(f"{where}: a response merged with the prompt's ids before the scored part of the "

@@ -166,3 +166,36 @@ def test_the_api_grid_equals_the_command(tiny_dirs, grid_run):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     with pytest.raises(Exception, match="system and systems"):
         probe.sweep(model, tok, PROMPT, score="logprob", limit=5, system="x", systems=SYSTEMS)
+
+
+def test_a_persona_that_reverses_the_responses_is_a_reversal(tiny_dirs, tmp_path, capsys):
+    """A response grid whose persona scores every response as the control's negative (the order reversed): the
+    cells join the responses themselves, not their ranks (issue 49: joined by rank, this read tau 1.0, "same best"
+    true and "Love" with Gold's persona score)."""
+    responses = ["Love", "War", "The sea", "Gold", "Nothing at all"]
+    (tmp_path / "r.txt").write_text("\n".join(responses) + "\n")
+    systems = _systems_file(tmp_path, control="control")
+    assert score_main(["--rm", tiny_dirs["rm"], "--allow-random-head", "--responses", str(tmp_path / "r.txt"),
+                       "--prompt", PROMPT, "--systems", str(systems), "--device", "cpu", "--no-progress",
+                       "--output", str(tmp_path / "o")]) == 0
+    run = Path(_run(tmp_path / "o"))
+    scores = pl.read_parquet(run / "scores.parquet")
+    control = dict(scores.filter(pl.col("prompt_key") == "greatest@control").select("response", "score").iter_rows())
+    assert len(set(control.values())) == len(responses)
+    reversed_ = (scores.filter(pl.col("prompt_key") == "greatest@pirate")
+                 .with_columns(pl.col("response").replace_strict(control, return_dtype=pl.Float32).neg().alias("score"))
+                 .with_columns(pl.col("score").rank(method="min", descending=True).cast(pl.UInt32).alias("rank"))
+                 .sort("rank"))
+    scores = pl.concat([scores.filter(pl.col("prompt_key") != "greatest@pirate"), reversed_])
+    scores.write_parquet(run / "scores.parquet")
+    assert analyze_main(["personas", str(run), "--out", str(tmp_path / "a"), "--top", "2"]) == 0
+    row = pl.read_csv(tmp_path / "a" / "personas.csv").filter(pl.col("persona") == "pirate").row(0, named=True)
+    assert row["n"] == 5 and row["kendall_tau_b"] == pytest.approx(-1.0) and row["spearman"] == pytest.approx(-1.0)
+    assert row["same_best"] is False
+    by_hand = sorted(responses, key=control.get)  # the control's worst first: the persona's best, rising most
+    moved = json.loads((tmp_path / "a" / "movers.json").read_text())["greatest@pirate"]
+    assert [m["decoded"] for m in moved["up"]] == by_hand[:2]
+    assert [m["decoded"] for m in moved["down"]] == by_hand[::-1][:2]
+    for m in moved["up"] + moved["down"]:
+        assert m["score_control"] == pytest.approx(control[m["decoded"]])
+        assert m["score_persona"] == pytest.approx(-control[m["decoded"]])

@@ -256,3 +256,59 @@ def test_response_table_gives_tied_scores_the_best_rank_they_share(tiny_dirs):
     love = df.filter(pl.col("response") == "Love")
     assert love["score"].n_unique() == 1 and love["rank"].n_unique() == 1
     assert df["rank"].n_unique() < df.height  # the ties are really there
+
+
+@pytest.fixture(scope="module")
+def qwen25_rm(tmp_path_factory):
+    """A tiny Qwen 2 reward model on the real Qwen 2.5 tokenizer and chat template, saved as a folder."""
+    from transformers import Qwen2ForSequenceClassification
+
+    from tests import real_tokenizers, tiny
+
+    folder = tmp_path_factory.mktemp("qwen25-rm")
+    tok = real_tokenizers.load("qwen2.5", folder / "tok")
+    model = tiny.build(Qwen2ForSequenceClassification, tiny.qwen2_config(tok))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder, model, tok
+
+
+@pytest.mark.parametrize("input_method", ["ids", "rewardbench"])
+def test_responses_that_merge_with_the_prompt_are_scored(qwen25_rm, input_method):
+    """A response that starts with a newline merges with the end of the Qwen 2.5 template's prefix ("\\n" + "\\n" is
+    one id): the row continues a shorter prefix. Nothing of the prefix is scored on these routes, so the merge is
+    no reason to refuse (issue 49: "cannot be scored on this route"): each score equals the model's own forward on
+    the chat template's ids, the merged response second in its batch, and a social item's option likewise."""
+    import torch
+
+    from probe.social.items import Item
+    from probe.social.scoring import score_items
+
+    folder, model, tok = qwen25_rm
+    responses = ["War", "\nLove", "\n\nThe sea"]
+    conv = lambda r: [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": r}]  # noqa: E731
+    ids = [list(tok.apply_chat_template(conv(r), tokenize=True, return_dict=True)["input_ids"]) for r in responses]
+    prefix = tok.apply_chat_template(conv("Love"), tokenize=True, return_dict=True)["input_ids"][:-3]  # Love <|im_end|> \n
+    assert ids[0][: len(prefix)] == prefix and ids[1][: len(prefix)] != prefix  # the newline merged with the prefix
+    with torch.no_grad():
+        want = [model(input_ids=torch.tensor([i])).logits[0, 0].item() for i in ids]
+    lm = probe.load(str(folder), device="cpu", input_method=input_method)
+    got = dict(probe.score_responses(lm, None, PROMPT, responses, verify=0).select("response", "score").iter_rows())
+    np.testing.assert_allclose([got[r] for r in responses], want, rtol=1e-5, atol=1e-5)
+    item = Item("toy", "bias", "1", PROMPT, ("War", "\nLove"), ("a", "b"))
+    social = score_items(lm, "reward", [item], verify=0)
+    np.testing.assert_allclose(social.sort("option")["score"].to_numpy(), want[:2], rtol=1e-5, atol=1e-5)
+
+
+def test_a_shorter_prefix_moves_scored_ids_only_where_the_prefix_has_some():
+    """`TemplateSplit.scored_within`: nothing scored in the prefix -> 0 however much shorter the merged prefix;
+    RewardBench's DPO route (2 of its ids scored) keeps what did not move, and refuses where the merge ate them."""
+    from probe.core.template import TemplateSplit
+    from probe.errors import TemplateError
+
+    split = TemplateSplit((1, 2, 3, 4), (9,), "p", "s", "kept", "kept", 0, 0)
+    assert split.scored_within(4, "x") == 0 and split.scored_within(2, "x") == 0
+    dpo = TemplateSplit((1, 2, 3, 4), (9,), "p", "s", "kept", "kept", 0, 0, scored_in_prefix=2)
+    assert dpo.scored_within(4, "x") == 2 and dpo.scored_within(3, "x") == 1 and dpo.scored_within(2, "x") == 0
+    with pytest.raises(TemplateError, match="row 7: a response merged"):
+        dpo.scored_within(1, "row 7")
