@@ -14,6 +14,12 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+# Two float32 forwards of one input that differ in shape (batch, length, padding, cache or not) sum in other orders
+# at each of a model's reductions: |error| <= n * eps * sum|terms| per reduction (eps = 2**-23 = 1.19e-7, n up to a
+# few hundred here). 2e-5 relative (168 units of float32's eps) with 2e-5 absolute near zero: what the engine-parity
+# tests use; on any CPU (AVX2 or AVX-512, any thread count), never a bitwise or few-ulp comparison of two forwards.
+F32_FORWARD = {"rel": 2e-5, "abs": 2e-5}
+
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"

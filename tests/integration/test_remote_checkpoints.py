@@ -17,6 +17,7 @@ from probe.models.loading import load_model
 from probe.core.scoring import make_head
 from probe.core.template import response_conversation, split_template
 from tests import real_tokenizers
+from tests.tiny import F32_FORWARD
 
 pytestmark = pytest.mark.slow
 PROMPT = "What, in one word, is the greatest thing ever?"
@@ -75,7 +76,7 @@ def _cached_equals_own_forward(lm) -> None:
     # the reference is the remote code's own forward: its score output for one whole conversation
     full = torch.tensor([split.full_ids([ids[0]])])
     own = lm.model(input_ids=full).score
-    assert own.shape == (1, 1) and float(own[0, 0]) == pytest.approx(float(ref[0]), abs=1e-5)
+    assert own.shape == (1, 1) and float(own[0, 0]) == pytest.approx(float(ref[0]), **F32_FORWARD)
 
 
 def test_snapshot_path_is_recognised_and_its_remote_code_loads(qrm_folder, tmp_path, caplog):

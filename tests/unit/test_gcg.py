@@ -11,6 +11,7 @@ from probe.config import GCGConfig
 from probe.core.gcg import GCG, allowed_tokens, beam_search, run
 from probe.core.scoring import ScoringOptions, make_head, prompt_split, sweep_rows
 from probe.core.vocab import build_vocab_table
+from tests.tiny import F32_FORWARD
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 
@@ -173,7 +174,7 @@ def test_random_baseline_is_in_the_models_units_for_both_directions(tiny_models)
     hi = run(lm, _cfg(steps=1, direction="max"))
     lo = run(lm, _cfg(steps=1, direction="min"))
     for key in ("mean", "min", "max", "std"):
-        assert lo.random_baseline[key] == pytest.approx(hi.random_baseline[key], abs=1e-5)
+        assert lo.random_baseline[key] == pytest.approx(hi.random_baseline[key], **F32_FORWARD)
     cfg = _cfg(steps=1)
     gcg, split = _gcg(lm, cfg)
     allowed = allowed_tokens(build_vocab_table(lm.tokenizer), cfg.allowed, cfg.allow_special)

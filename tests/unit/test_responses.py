@@ -288,7 +288,8 @@ def test_responses_that_merge_with_the_prompt_are_scored(qwen25_rm, input_method
     responses = ["War", "\nLove", "\n\nThe sea"]
     conv = lambda r: [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": r}]  # noqa: E731
     ids = [list(tok.apply_chat_template(conv(r), tokenize=True, return_dict=True)["input_ids"]) for r in responses]
-    prefix = tok.apply_chat_template(conv("Love"), tokenize=True, return_dict=True)["input_ids"][:-3]  # Love <|im_end|> \n
+    # the prefix: the ids before 'Love', '<|im_end|>', '\n'
+    prefix = tok.apply_chat_template(conv("Love"), tokenize=True, return_dict=True)["input_ids"][:-3]
     assert ids[0][: len(prefix)] == prefix and ids[1][: len(prefix)] != prefix  # the newline merged with the prefix
     with torch.no_grad():
         want = [model(input_ids=torch.tensor([i])).logits[0, 0].item() for i in ids]

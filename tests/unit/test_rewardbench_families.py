@@ -14,6 +14,7 @@ import probe
 from probe.models.attention import use_trained_attention
 from tests import rewardbench_code as rb
 from tests import tiny
+from tests.tiny import F32_FORWARD
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 RESPONSES = ["Love", "Black people", "The Beatles", "nature and life", "peace"]
@@ -389,7 +390,9 @@ def test_inform_reads_before_the_first_pad_id_anywhere_in_the_row(families, tmp_
 
     want = [own(conv(r)) for r in responses]
     np.testing.assert_allclose([got[r] for r in responses], want, rtol=2e-5, atol=2e-5)
-    assert want[0] == pytest.approx(want[1], abs=1e-6)  # both read before the pad: at the prefix's last token
+    # both read before the pad, at the prefix's last token, by forwards of different lengths: equal to float32's
+    # rounding through the model (F32_FORWARD), not bitwise (1.4e-6 apart at 7.94 on one CPU, 0 on another)
+    assert want[0] == pytest.approx(want[1], **F32_FORWARD)
     assert abs(want[2] - want[0]) > 1e-4 and abs(want[3] - want[0]) > 1e-4
     from probe.core.scoring import ScoringOptions, prompt_split
 
@@ -397,4 +400,4 @@ def test_inform_reads_before_the_first_pad_id_anywhere_in_the_row(families, tmp_
     split = prompt_split(lm, "reward", PROMPT, None, ScoringOptions(), len(tok))
     row = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
     for t in (pad, pad + 1):
-        assert row[t] == pytest.approx(own(list(split.prefix_ids) + [t] + list(split.suffix_ids)), abs=2e-5)
+        assert row[t] == pytest.approx(own(list(split.prefix_ids) + [t] + list(split.suffix_ids)), **F32_FORWARD)
