@@ -4,7 +4,7 @@ combined as the family's own pipeline combines them (RewardBench 0.1.4, ``reward
 
 | format | family (RewardBench pipeline) | input | one order gives | score of a candidate |
 |---|---|---|---|---|
-| ``pairrm`` | PairRM (``PairRMPipeline``, ``DebertaV2PairRM``) | ``<|source|>`` instruction + prompt, ``<|candidate1|>`` and ``<|candidate2|>`` responses, each encoded with [CLS]/[SEP] | the model's logit of "1 beats 2" | logit(cand, ref) - logit(ref, cand), RewardBench's delta; > 0: preferred to the reference |
+| ``pairrm`` | PairRM (its card's ``tokenize_pair``; ``PairRMPipeline`` under ``--input-method rewardbench``) | ``<|source|>`` prompt, ``<|candidate1|>`` and ``<|candidate2|>`` responses, each encoded with [CLS]/[SEP] (RewardBench: the prompt in PairRM's instruction and turn format) | the model's logit of "1 beats 2" | logit(cand, ref) - logit(ref, cand), RewardBench's delta; > 0: preferred to the reference |
 | ``judge`` | an instruction-tuned LM as a pairwise judge (``--score judge-pair``, probe/core/judges.py) | the judge prompt with both responses in one user turn of the model's chat template, the assistant's turn opened (and its answer prefix) | P(A) = softmax of the LM's logits for the two label tokens at the last position | the mean of P(candidate chosen) over both orders, in [0, 1] |
 | ``slicpairpm`` | RLHFlow pair-preference models (``SlicPairPMPipeline``) | one user turn ``[CONTEXT] ... [RESPONSE A] a [RESPONSE B] b \\n`` in the tokenizer's chat template, BOS removed | P(A) = softmax of the LM's logits for "A" and "B" at the last position | the mean of P(candidate chosen) over both orders, in [0, 1]; > 0.5: preferred |
 
@@ -127,14 +127,21 @@ class PairwiseConversation:
         return self._slic(tokenizer, *self.pair(response))
 
     def _pairrm(self, tok, first: str, second: str) -> list[int]:
-        """PairRM's ``tokenize_conv_pair`` for one turn: three encodings (each with [CLS] and [SEP]), truncated as
-        its ``tokenize_pair`` truncates them (source to 1,224 ids, each candidate to half of what is left of 2,048)."""
+        """PairRM's ``tokenize_pair`` (its model card's call): the prompt and both responses as plain texts, each
+        after its prefix token, three encodings (each with [CLS] and [SEP]) truncated as it truncates them (source
+        to 1,224 ids, each candidate to half of what is left of 2,048). Under ``--input-method rewardbench``,
+        RewardBench's PairRMPipeline input, ``tokenize_conv_pair``: the source as PairRM's instruction and a
+        USER/Assistant turn, each candidate as ``<Response 1>: text``."""
+        from probe.core.template import input_call
+
         source, c1, c2 = PAIRRM_PREFIXES
-        text = f"{source}{PAIRRM_INSTRUCTION}USER: {self.prompt}\nAssistant: <Response 1>"
-        src = tok.encode(text, max_length=PAIRRM_SOURCE_MAX, truncation=True)
+        conv = input_call(tok) == "rewardbench"
+        text = f"{PAIRRM_INSTRUCTION}USER: {self.prompt}\nAssistant: <Response 1>" if conv else self.prompt
+        src = tok.encode(source + text, max_length=PAIRRM_SOURCE_MAX, truncation=True)
         room = (PAIRRM_SOURCE_MAX + 2 * PAIRRM_CANDIDATE_MAX - len(src)) // 2
+        said = "<Response 1>: " if conv else ""
         return src + [i for prefix, cand in ((c1, first), (c2, second))
-                      for i in tok.encode(f"{prefix}<Response 1>: {cand}", max_length=room, truncation=True)]
+                      for i in tok.encode(f"{prefix}{said}{cand}", max_length=room, truncation=True)]
 
     def _slic(self, tok, first: str, second: str) -> list[int]:
         """SlicPairPM's input: the context by its template, both responses in its prompt, one user turn of the

@@ -228,10 +228,23 @@ def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
         raise
     except Exception as err:  # jinja2 raises its own errors from inside the template (role order, ...)
         raise TemplateError(f"the chat template failed to render: {type(err).__name__}: {err}") from None
+    end = getattr(tokenizer, "rm_probe_ends_at", None)  # the card's input ends there (registry input_ends_at)
+    if end:
+        out = _cut_after(out, list(end), tokenizer)
     if input_call(tokenizer) != "chat_template":  # tokenizer(text): what its call adds around the text, too
         call = getattr(tokenizer, "rm_probe_call_ids", None) or CallIds(*call_special_tokens(tokenizer))
         out = call.apply(out)
     return out
+
+
+def _cut_after(ids: list[int], end: list[int], tokenizer) -> list[int]:
+    """``ids`` up to and including the last occurrence of ``end`` (the template's own control token: one inside a
+    message is text, other ids)."""
+    for i in range(len(ids) - len(end), -1, -1):
+        if ids[i : i + len(end)] == end:
+            return ids[: i + len(end)]
+    raise TemplateError(f"the chat template's rendering holds no {tokenizer.decode(end)!r}, where the model card's "
+                        "input ends: pass the family's template with --chat-template")
 
 
 def rewardbench_dpo_ids(tokenizer, build: ConversationBuilder, response: str) -> tuple[list[int], list[int]]:

@@ -402,6 +402,8 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
     route = input_method == "rewardbench" and rewardbench_differs(spec)
     if route:
         tokenizer.rm_probe_input_call = "rewardbench"
+    elif spec.input_ends_at is not None and kind == "reward":  # the card's input stops there (registry)
+        tokenizer.rm_probe_ends_at = tokenizer.encode(spec.input_ends_at, add_special_tokens=False)
     if input_call(tokenizer) != "chat_template":
         tokenizer.rm_probe_call_ids = (rewardbench_call_ids(tokenizer, spec.rewardbench_pipeline) if route
                                        else CallIds(*call_special_tokens(tokenizer)))
@@ -410,9 +412,10 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
 def rewardbench_differs(spec: RewardModelSpec) -> bool:
     """Whether RewardBench's run script feeds this family other ids than rm-probe's default: it does for every family
     its pipelines encode as ``tokenizer(text)`` (the chat template's text, so a tokenizer that adds BOS doubles it;
-    without a chat template, fastchat's format with ``add_eos_token``); PairRM, the pair-preference LMs and InternLM2
-    reward get their pipelines' own inputs by default already."""
-    return spec.reader != "pairwise" and spec.append_token is None
+    without a chat template, fastchat's format with ``add_eos_token``), and for PairRM (its card's ``tokenize_pair``
+    on plain texts; RewardBench's ``tokenize_conv_pair``); the pair-preference LMs and InternLM2 reward get their
+    pipelines' own inputs by default already."""
+    return (spec.reader != "pairwise" or spec.pairwise == "pairrm") and spec.append_token is None
 
 
 def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_response: str | None):

@@ -54,6 +54,10 @@ REWARDBENCH_DPO_INPUT = ("RewardBench 0.1.4's run_dpo.py (DPOInference.tokenize_
 REWARDBENCH_RAW_INPUT = ("RewardBench 0.1.4's run_rm.py with fastchat's 'raw' template (its README's command for "
                          "OpenAssistant's DeBERTa): tokenizer(prompt + response), the plain concatenation in one "
                          "segment, [CLS] .. [SEP]")
+STARLING_INPUT = ("model card (Nexusflow/Starling-RM-34B, get_reward): reward_tokenizer(samples) on ChatML written by "
+                  "hand, '<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n{response}<|im_end|>': the "
+                  "chat template's text cut after the last '<|im_end|>' (no newline), the ids Yi's tokenizer adds "
+                  "(none); the reward read before the first id 0")
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
@@ -90,6 +94,11 @@ class RewardModelSpec:
     input_call: Literal["tokenizer(text)"] | None = field(default=None, metadata={
         "help": "'tokenizer(text)': the chat template's text is encoded by the tokenizer's own call (BOS and EOS as "
                 "it adds them: GRM's training code and cards); None: as the template says (probe/core/template.py)"})
+    input_ends_at: str | None = field(default=None, metadata={
+        "help": "the model card's input ends right after the last occurrence of this text (a control token of the "
+                "template): the default route cuts the rendering there; --input-method rewardbench keeps the "
+                "template's whole text (Starling-RM-34B: its card writes ChatML by hand and stops at the last "
+                "'<|im_end|>', without the newline Yi's template adds)"})
     input_source: str = field(default=CHAT_TEMPLATE_INPUT, metadata={
         "help": "where the family's input convention comes from (the model card's or training code's call) and how "
                 "BOS and EOS are handled; the ids follow it (probe/core/template.py: input_call)"})
@@ -187,7 +196,8 @@ REGISTRY: dict[str, RewardModelSpec] = {
                         notes="EurusRewardModel, read as UltraRM's class (MistralModel + regression_head at the last "
                               "token), as RewardBench reads both with one pipeline; its remote code is not run"),
         RewardModelSpec("Nexusflow/Starling-RM-34B", reader="module", layout="starling", family="Yi",
-                        rewardbench_pipeline="StarlingPipeline",
+                        rewardbench_pipeline="StarlingPipeline", input_call="tokenizer(text)",
+                        input_ends_at="<|im_end|>", input_source=STARLING_INPUT,
                         notes="Starling's LlamaForSequenceClassification: transformer + v_head before the first id 0; "
                               "RewardBench renders Yi-34B-Chat's ChatML"),
         *[RewardModelSpec(f"PKU-Alignment/beaver-7b-{v}-{kind}", reader="module", layout="beaver",
@@ -214,8 +224,11 @@ REGISTRY: dict[str, RewardModelSpec] = {
         # Pairwise preference models: each candidate against a reference response, both orders
         *[RewardModelSpec(name, reader="pairwise", pairwise="pairrm", layout="pairrm", dtype="float32",
                           rewardbench_pipeline="PairRMPipeline",
-                          input_source="PairRM's tokenize_pair: [CLS] <|source|> prompt [SEP], <|candidate1|>, "
-                                       "<|candidate2|>, each encoded with [CLS]/[SEP] and truncated as it truncates",
+                          input_source="model card (llm-blender/PairRM-hf): tokenize_pair(prompt, candidate, "
+                                       "reference) on the plain texts, in both orders: <|source|> prompt, "
+                                       "<|candidate1|> .., <|candidate2|> .., each encoded with [CLS]/[SEP] and "
+                                       "truncated as it truncates; --input-method rewardbench: PairRMPipeline's "
+                                       "tokenize_conv_pair (PairRM's instruction, 'USER: .. Assistant: <Response 1>')",
                           family="DeBERTa-v3", notes="DebertaV2PairRM: logit(candidate over reference) - logit(reference "
                           "over candidate), RewardBench's PairRMPipeline; an encoder: full sequences, batched")
           for name in ("llm-blender/PairRM-hf", "DebertaV2PairRM")],

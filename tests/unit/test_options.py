@@ -276,7 +276,7 @@ def test_pairrm_with_two_tasks_is_the_mean_over_tasks(tmp_path):
         model.head_layer[4].weight.normal_(0, 1.0)
     model.save_pretrained(tmp_path / "pairrm")
     tok.save_pretrained(tmp_path / "pairrm")
-    lm = probe.load(str(tmp_path / "pairrm"), device="cpu", reference_response="Nothing.")
+    lm = probe.load(str(tmp_path / "pairrm"), device="cpu", reference_response="Nothing.", input_method="rewardbench")
     responses = ["Love", "Black people", "peace"]
     got = probe.score_responses(lm, None, PROMPT, responses)
     pipe = module.PairRMPipeline("text-classification", module.DebertaV2PairRM.from_pretrained(tmp_path / "pairrm"),

@@ -166,9 +166,39 @@ def pairrm(pairrm_dir):
     return probe.load(str(pairrm_dir), device="cpu", reference_response=REFERENCE)
 
 
-def test_pairrm_found_by_its_class_and_scores_equal_rewardbench_pipeline(pairrm, pairrm_dir):
-    """Found by the class its checkpoint declares; every response's score = PairRMPipeline's logits(A vs B) -
-    logits(B vs A) for (response, reference), the pipeline batching all of them (padded, masked)."""
+@pytest.fixture(scope="module")
+def pairrm_rb(pairrm_dir):
+    return probe.load(str(pairrm_dir), device="cpu", reference_response=REFERENCE, input_method="rewardbench")
+
+
+def _card_scores(pairrm_dir, tok, responses: list[str]) -> np.ndarray:
+    """PairRM's model card: ``tokenize_pair(sources, candidate1s, candidate2s)`` on the plain texts (padded to 2,048
+    as it pads), the model's logits, (response, reference) less (reference, response)."""
+    module = rewardbench_code.load("pairrm")  # RewardBench's copy of the card's tokenize_pair and class
+    model = module.DebertaV2PairRM.from_pretrained(pairrm_dir).eval()
+    n, refs = len(responses), [REFERENCE] * len(responses)
+    with torch.no_grad():
+        ab, ba = (model(**module.tokenize_pair(tok, [PROMPT] * n, a, b)).logits for a, b in ((responses, refs),
+                                                                                          (refs, responses)))
+    return (ab - ba).reshape(-1).float().numpy()
+
+
+def test_pairrm_reads_its_model_cards_input_and_rewardbench_on_its_route(pairrm, pairrm_rb, pairrm_dir):
+    """The default is the card's ``tokenize_pair`` on the plain prompt and responses; RewardBench's conversation
+    format (``tokenize_conv_pair``) is ``--input-method rewardbench``'s: the two differ."""
+    got = dict(probe.score_responses(pairrm, None, PROMPT, RESPONSES).select("response", "score").iter_rows())
+    want = _card_scores(pairrm_dir, pairrm.tokenizer, RESPONSES)
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-4, atol=1e-5)
+    assert np.ptp(want) > 1e-3
+    rb = dict(probe.score_responses(pairrm_rb, None, PROMPT, RESPONSES).select("response", "score").iter_rows())
+    assert max(abs(rb[r] - got[r]) for r in RESPONSES) > 1e-3
+
+
+def test_pairrm_found_by_its_class_and_scores_equal_rewardbench_pipeline(pairrm_rb, pairrm_dir):
+    """Found by the class its checkpoint declares; under ``--input-method rewardbench`` every response's score =
+    PairRMPipeline's logits(A vs B) - logits(B vs A) for (response, reference), the pipeline batching all of them
+    (padded, masked)."""
+    pairrm = pairrm_rb
     assert pairrm.spec.name == "DebertaV2PairRM" and pairrm.spec_match == "architecture"
     assert type(pairrm.model).__name__ == "PairRMModel" and pairrm.pairwise.format == "pairrm"
     df = probe.score_responses(pairrm, None, PROMPT, RESPONSES)
@@ -183,18 +213,23 @@ def test_pairrm_found_by_its_class_and_scores_equal_rewardbench_pipeline(pairrm,
     assert np.ptp(want) > 1e-3
 
 
-def test_pairrm_sweep_is_its_own_forward_on_both_orders(pairrm, pairrm_dir):
-    """The sweep (full sequences, batched) equals RewardBench's class on inputs built here in both orders; a response
-    holding PairRM's own <|candidate2|> id is read at the input's structural positions (RewardBench's class fails)."""
+@pytest.mark.parametrize("route", ["ids", "rewardbench"])
+def test_pairrm_sweep_is_its_own_forward_on_both_orders(pairrm, pairrm_rb, pairrm_dir, route):
+    """The sweep (full sequences, batched) equals RewardBench's class on inputs built here in both orders, the card's
+    (plain texts) and RewardBench's (PairRM's conversation format); a response holding PairRM's own <|candidate2|>
+    id is read at the input's structural positions (RewardBench's class fails)."""
+    pairrm = pairrm if route == "ids" else pairrm_rb
     sweep = probe.sweep(pairrm, None, PROMPT, limit=200, batch_size=64)
     tok = pairrm.tokenizer
     reference_model = rewardbench_code.load("pairrm").DebertaV2PairRM.from_pretrained(pairrm_dir).eval()
-    src = tok.encode("<|source|>Finish the following coversation in each i-th turn by filling in <Response i> with "
-                     f"your response.USER: {PROMPT}\nAssistant: <Response 1>")
+    said = "" if route == "ids" else "<Response 1>:"
+    src = tok.encode(f"<|source|>{PROMPT}" if route == "ids" else "<|source|>Finish the following coversation in "
+                     f"each i-th turn by filling in <Response i> with your response.USER: {PROMPT}\nAssistant: "
+                     "<Response 1>")
     ref_ids = tok.encode(REFERENCE, add_special_tokens=False)
 
     def cand(prefix: str, body: list[int]) -> list[int]:
-        return tok.encode(f"{prefix}<Response 1>:")[:-1] + body + [tok.sep_token_id]
+        return tok.encode(f"{prefix}{said}")[:-1] + body + [tok.sep_token_id]
 
     def own(ids: list[int]) -> float:
         with torch.no_grad():
@@ -315,12 +350,19 @@ def test_social_benchmark_on_a_pairwise_model(slic_dir, slic, tmp_path):
     np.testing.assert_allclose(sorted(scores["score"].to_numpy()), sorted(df["score"].to_numpy()), rtol=1e-5, atol=1e-6)
 
 
-def test_pairrm_long_responses_are_truncated_as_tokenize_pair_truncates(pairrm, pairrm_dir):
+def test_pairrm_long_responses_are_truncated_as_tokenize_pair_truncates(pairrm, pairrm_rb, pairrm_dir):
     """A response longer than 412 ids under a short prompt: tokenize_pair gives each candidate half of what the
     source leaves of 2,048 ids (here about 990), not a fixed 412; one longer than that half is cut there. Both
-    equal PairRMPipeline's scores."""
+    equal the card's tokenize_pair, and PairRMPipeline's scores on RewardBench's route."""
     module = rewardbench_code.load("pairrm")
     tok = pairrm.tokenizer
+    medium = " ".join(["peace", "and", "love"] * 200)
+    long = " ".join(["the", "greatest", "thing"] * 500)
+    card = dict(probe.score_responses(pairrm, None, PROMPT, [medium, long, "Love"]).select("response", "score")
+                .iter_rows())
+    np.testing.assert_allclose([card[r] for r in (medium, long, "Love")],
+                               _card_scores(pairrm_dir, tok, [medium, long, "Love"]), rtol=1e-4, atol=1e-5)
+    pairrm = pairrm_rb
     medium = " ".join(["peace", "and", "love"] * 200)  # ~600 ids: over 412, under the half
     long = " ".join(["the", "greatest", "thing"] * 500)  # ~1,500 ids: over the half
     responses = [medium, long, "Love"]

@@ -12,6 +12,7 @@ import torch
 
 import probe
 from probe.models.attention import use_trained_attention
+from probe.models.registry import REGISTRY
 from tests import rewardbench_code as rb
 from tests import tiny
 from tests.tiny import F32_FORWARD
@@ -102,7 +103,9 @@ def _texts(tok) -> list[str]:
 def test_scores_equal_rewardbench_pipeline(families, name):
     template, spec = CASES[name][4], CASES[name][5]
     folder, model, tok = families[name]
-    lm = probe.load(str(folder), device="cpu", spec=spec)
+    # Starling-RM-34B's card input ends before the template's last newline: RewardBench's is its route's
+    route = "rewardbench" if REGISTRY[spec].input_ends_at else "ids"
+    lm = probe.load(str(folder), device="cpu", spec=spec, input_method=route)
     assert lm.spec.name == spec and lm.spec.reader == "module"
     if template:  # the repository has no chat template: the registry's dialogue format is used
         assert lm.tokenizer.chat_template == tok.chat_template
@@ -121,6 +124,41 @@ def _pipeline_scores(name: str, model, tok, texts: list[str], truncation: bool) 
         out = getattr(rb.load(mod), cls_name)("text-classification", model, tok)(
             texts, batch_size=8, padding=True, truncation=truncation, max_length=2048)
     return read(out.float() if torch.is_tensor(out) else torch.stack(list(out)).float()).numpy()
+
+
+def test_starling_reads_its_model_cards_input_and_rewardbench_on_its_route(families):
+    """Starling-RM-34B's card: ``reward_tokenizer(samples, truncation=True, max_length=2048, padding="max_length")``
+    on ChatML written by hand that stops at the last ``<|im_end|>``, through its LlamaForSequenceClassification (the
+    reward before the first id 0). The default route equals it, whole responses and sweep rows; ``--input-method
+    rewardbench`` equals StarlingPipeline on the chat template's text (which ends with a newline): the two differ."""
+    folder, model, tok = families["starling-34b"]
+    spec = CASES["starling-34b"][5]
+    card = [f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n{r}<|im_end|>" for r in RESPONSES]
+    enc = tok(card, truncation=True, max_length=2048, padding="max_length", return_tensors="pt")
+    assert tok.pad_token_id == 0 and int(enc["input_ids"][0, -1]) == 0
+    with torch.no_grad():
+        want = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])["scores"].float().numpy()
+    lm = probe.load(str(folder), device="cpu", spec=spec)
+    got = dict(probe.score_responses(lm, None, PROMPT, RESPONSES).select("response", "score").iter_rows())
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
+    from probe.core.scoring import ScoringOptions, prompt_split
+
+    split = prompt_split(lm, "reward", PROMPT, None, ScoringOptions(), len(tok))
+    head = f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n"
+    assert list(split.prefix_ids) == tok(head)["input_ids"] and list(split.suffix_ids) == tok("<|im_end|>")["input_ids"]
+    sweep = probe.sweep(lm, None, PROMPT, limit=60, batch_size=16)
+    ids = [t for t in sweep["token_id"].to_list()[::9] if t != 0]
+    rows = torch.tensor([tok(head)["input_ids"] + [t] + tok("<|im_end|>")["input_ids"] for t in ids])
+    with torch.no_grad():
+        ref = model(input_ids=rows, attention_mask=torch.ones_like(rows))["scores"].float().numpy()
+    row = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
+    np.testing.assert_allclose([row[t] for t in ids], ref, rtol=2e-5, atol=2e-5)
+    rb_lm = probe.load(str(folder), device="cpu", spec=spec, input_method="rewardbench")
+    rb_got = dict(probe.score_responses(rb_lm, None, PROMPT, RESPONSES).select("response", "score").iter_rows())
+    pipe = _pipeline_scores("starling-34b", model, tok, _texts(tok), truncation=True)
+    assert all(t.endswith("<|im_end|>\n") for t in _texts(tok))
+    np.testing.assert_allclose([rb_got[r] for r in RESPONSES], pipe, rtol=2e-5, atol=2e-5)
+    assert np.abs(pipe - want).max() > 1e-3  # the newline moves the score: the routes are told apart
 
 
 @pytest.mark.parametrize("name", ["grm-mlp", "inform", "starling-34b", "ldl"])
