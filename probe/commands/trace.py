@@ -29,6 +29,7 @@ import json
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from probe.commands.args import config_from_args
 from probe.config import DEFAULT_DATE, ModelOptions, resolve_date
@@ -57,11 +58,11 @@ class TraceConfig(ModelOptions):
     date: str | None = field(default=None, metadata={
         "help": f"date for chat templates that write one ({FROM_RUN}{DEFAULT_DATE})"})
     score: str = field(default="auto", metadata={
-        "help": "reward or logprob (auto: " + FROM_RUN + "logprob for the packaged language models, reward "
-                "otherwise)"})
-    logprob_reduce: str | None = field(default=None, metadata={
+        "help": "reward or logprob (auto: the run's with --gcg/--social, else logprob for the packaged language "
+                "models, reward otherwise)"})
+    logprob_reduce: Literal["sum", "mean"] | None = field(default=None, metadata={
         "help": "sum or mean (the running mean) of log-probabilities (" + FROM_RUN + "sum)"})
-    input_method: str | None = field(default=None, metadata={
+    input_method: Literal["ids", "rewardbench"] | None = field(default=None, metadata={
         "help": "ids (the family's own input) or rewardbench (RewardBench's; see probe social) (" + FROM_RUN + "ids)"})
     out: str | None = field(default=None, metadata={
         "help": "output folder, new or empty (default: results/trace_<time>)"})
