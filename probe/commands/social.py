@@ -23,7 +23,8 @@ mappings of model settings: rm, score, allow_random_head, label, ...) and ``data
 limit, subset, split). Per model the results go to
 ``<output>/<model>/social_<time>/``: ``scores.parquet`` (item x option, with data set, source file, the data
 set's own example id and social group), ``summary.json`` (per data set, and per file where there are several:
-accuracy, undesirable rate, pick distributions per social group, and the data set's own scores) and
+accuracy, undesirable rate (how often the undesirable option scores above its desirable counterpart), the
+distributions of top picks (the option scored first among all) per social group, and the data set's own scores) and
 ``meta.json``; with several models a comparison folder holds one CSV per domain, the pick distributions per
 group and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept; in a
 suite, finished models too).
@@ -445,6 +446,7 @@ def main_from_args(ns: argparse.Namespace) -> int:
         print(f"wrote {run.path}")
     table = domain_table(summaries)
     print_tables(table)
+    print(f"\n{metrics.UNDESIRABLE_RATE}.\n{metrics.TOP_PICK}.")  # which "undesirable" each number is
     print_group_tests(summaries)
     print_bbq_tables(summaries)
     print_rewardbench_tables(summaries)

@@ -3,15 +3,23 @@
     python -m probe.trace --rm MODEL --prompt "What is the greatest thing ever?" --response "Love and peace"
     python -m probe.trace --rm MODEL --responses answers.txt
     python -m probe.trace --gcg results/<model>/gcg_max_<time>/      # the best response a GCG or beam run found
-    python -m probe.trace --social results/<model>/social_<time>/    # items where the model picked the undesirable
+    python -m probe.trace --social results/<model>/social_<time>/    # items where the undesirable option won
 
 For each response: the score of every prefix of it (the assistant turn cut after each token, without the
 end-of-turn ids) and of the complete response. Reward heads and log-probabilities take one forward per response;
 the families whose score is the model's own forward (encoders, remote code) re-score every prefix, and say so.
-With ``--gcg`` or ``--social`` the model, score mode and system prompt default to the run's. ``--social`` traces
-the items where the model picked the socially undesirable option (the first ``--limit``): that option and the one it
-is compared with, each under the item's prompt. Writes ``trace.parquet`` (one row per prefix), ``trace.csv``, a plot
-per response and ``trace.html`` (every trace with its plot and its largest rise and fall) into ``--out``.
+
+With ``--gcg`` or ``--social`` the trace is scored as the run was: its model (from the run's own model record,
+checked by its weights), score mode, log-probability reduction, input method, reference model and beta, system
+prompt, date and (GCG) prompt. A command-line value that contradicts the run's is refused in one line (leave it
+out); runs scored by a judge (judge, rating, judge-pair) or a pairwise model have no trace: a cut response would
+sit inside the judge's question. ``--social`` traces the items the run's undesirable rate counts (the undesirable
+option scores above its counterpart: probe/social/metrics.py), the first ``--limit``: both options, each under the
+item's prompt. The complete responses' scores are compared with the run's own (trace.json: ``run_scores``).
+
+Writes ``trace.parquet`` (one row per prefix; ``trace`` names each trace as its plot ``trace_NN.png`` is named),
+``trace.csv``, the plots, ``trace.html`` and ``trace.json`` (every setting that changes the numbers, and each
+trace's prompt) into ``--out``, a new or empty folder, written whole at the end: bad input writes nothing.
 """
 
 from __future__ import annotations
@@ -19,47 +27,66 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from probe.commands.args import config_from_args
 from probe.config import DEFAULT_DATE, ModelOptions, resolve_date
 from probe.errors import ProbeError
 
+FROM_RUN = "default: the run's with --gcg/--social, else "
+
 
 @dataclass(frozen=True)
 class TraceConfig(ModelOptions):
     prompt: str | None = field(default=None, metadata={
-        "help": "the user prompt (default: the paper's greatest-thing prompt; with --gcg: the run's)"})
+        "help": "the user prompt of --response/--responses (" + FROM_RUN + "the paper's greatest-thing prompt)"})
     response: tuple[str, ...] = field(default=(), metadata={"help": "a response to trace (repeatable)",
                                                             "repeat": True, "metavar": "TEXT"})
     responses: str | None = field(default=None, metadata={
         "help": "a text file of responses, one per line", "metavar": "FILE"})
     gcg: str | None = field(default=None, metadata={
-        "help": "a GCG or beam run folder: trace its best response (its ids, under its prompt)", "metavar": "DIR"})
+        "help": "a GCG or beam run folder: trace its best response (its ids, under its prompt), scored as the run "
+                "was", "metavar": "DIR"})
     social: str | None = field(default=None, metadata={
-        "help": "a probe social run folder: trace the items where the model picked the undesirable option (that "
-                "option and its counterpart, under the item's prompt)", "metavar": "DIR"})
+        "help": "a probe social run folder: trace the items where the undesirable option scores above its "
+                "counterpart (what the run's undesirable rate counts): both options, under the item's prompt, "
+                "scored as the run was", "metavar": "DIR"})
     limit: int = field(default=10, metadata={"help": "with --social: how many such items (the first N)"})
-    system: str | None = field(default=None, metadata={"help": "system prompt"})
-    date: str = field(default=DEFAULT_DATE, metadata={"help": "date for chat templates that write one"})
+    system: str | None = field(default=None, metadata={"help": "system prompt (" + FROM_RUN + "the template's)"})
+    date: str | None = field(default=None, metadata={
+        "help": f"date for chat templates that write one ({FROM_RUN}{DEFAULT_DATE})"})
     score: str = field(default="auto", metadata={
-        "help": "reward or logprob (auto: logprob for the packaged language models, reward otherwise)"})
-    logprob_reduce: str = field(default="sum", metadata={"help": "sum or mean (the running mean) of log-probabilities"})
-    out: str | None = field(default=None, metadata={"help": "output folder (default: results/trace_<time>)"})
+        "help": "reward or logprob (auto: the run's with --gcg/--social, else logprob for the packaged language "
+                "models, reward otherwise)"})
+    logprob_reduce: Literal["sum", "mean"] | None = field(default=None, metadata={
+        "help": "sum or mean (the running mean) of log-probabilities (" + FROM_RUN + "sum)"})
+    input_method: Literal["ids", "rewardbench"] | None = field(default=None, metadata={
+        "help": "ids (the family's own input) or rewardbench (RewardBench's; see probe social) (" + FROM_RUN + "ids)"})
+    out: str | None = field(default=None, metadata={
+        "help": "output folder, new or empty (default: results/trace_<time>)"})
 
     def __post_init__(self) -> None:
         self.check_reference()
         if not (self.response or self.responses or self.gcg or self.social):
             raise ValueError("give --response TEXT, --responses FILE, --gcg RUN_DIR or --social RUN_DIR")
+        if any(not r.strip() for r in self.response):
+            raise ValueError("--response is empty: an empty response has no trace")
         if self.limit < 1:
             raise ValueError("--limit must be >= 1")
-        if self.logprob_reduce not in ("sum", "mean"):
+        if self.logprob_reduce not in (None, "sum", "mean"):
             raise ValueError("--logprob-reduce is sum or mean")
+        if self.input_method not in (None, "ids", "rewardbench"):
+            raise ValueError("--input-method is ids or rewardbench")
         if self.score not in ("auto", "reward", "logprob"):
-            raise ValueError(f"--score {self.score}: a trace cuts the response after each token; a judge's question "
-                             "would be cut with it: trace a reward model, or a log-probability (--score logprob)")
-        resolve_date(self.date)
+            raise ValueError(f"--score {self.score}: {NO_JUDGE}")
+        if self.date is not None:
+            resolve_date(self.date)
+
+
+NO_JUDGE = ("a trace cuts the response after each token, and a judge's question (judge, rating, judge-pair) or a "
+            "pairwise model's comparison would be cut with it: trace a reward model or a log-probability")
 
 
 def _plot(df, path: Path, title: str) -> None:
@@ -83,49 +110,139 @@ def _plot(df, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def _run_defaults(cfg: TraceConfig, folder: str) -> TraceConfig:
-    """``--gcg``/``--social``: the run's model, score mode and system prompt where the command line leaves them."""
-    from dataclasses import replace
+@dataclass(frozen=True)
+class TracedRun:
+    """A GCG, beam or social run as a trace reads it: its settings as TraceConfig fields, its weights' identity."""
 
+    flag: str  # --gcg or --social
+    folder: str
+    settings: dict
+    weights: dict | None
+    ref_weights: dict | None
+    seed: int  # a random head's (social draws it from --seed before loading)
+    allow_random_head: bool
+    trust_remote_code: bool
+    dtype: str | None  # what the run computed in (its model record)
+
+
+def _model_ref(record: dict) -> str:
+    """What loads the model a run's model record describes: a packaged model's short name, else its folder or id."""
+    from probe.models.embedded import PACKAGED
+
+    package = (record.get("source") or {}).get("package")
+    named = [m.name for m in PACKAGED.values() if m.pip_name == package]
+    return named[0] if named else record.get("path") or record["id"]
+
+
+def read_run(flag: str, folder: str) -> TracedRun:
+    """The run's own settings, from its meta.json (the model from its model record, not the command's first --rm);
+    one line where the folder is not such a run or its score has no trace."""
+    from probe.config import resolve_score_mode
     from probe.runs.rundir import RunDir
 
+    want = "probe social" if flag == "--social" else "probe gcg"
+    if not (Path(folder) / "meta.json").is_file():
+        raise ProbeError(f"{flag} {folder}: no meta.json: not a {want} run folder")
     meta = RunDir(folder).read_meta()
-    config = meta.get("config") or {}
-    rm = config.get("rm")
-    rm = rm[0] if isinstance(rm, list) and rm else (rm or None)
-    mode = (meta.get("settings") or {}).get("mode") or (meta.get("score") or {}).get("mode")
-    return replace(cfg, rm=cfg.rm or rm, score=mode if cfg.score == "auto" and mode else cfg.score,
-                   system=cfg.system if cfg.system is not None else config.get("system"))
+    experiment = str(meta.get("experiment"))
+    if (experiment == "social") != (flag == "--social") or not experiment.startswith(("social", "gcg", "beam")):
+        raise ProbeError(f"{flag} {folder}: a {experiment} run, not a {want} run")
+    s, config, model = meta.get("settings") or {}, meta.get("config") or {}, meta.get("model") or {}
+    ref = model.get("ref")
+    mode = s.get("mode") or resolve_score_mode(s.get("score", "auto"), s.get("rm"), ref and _model_ref(ref))
+    if mode not in ("reward", "logprob") or s.get("pairwise"):
+        how = f"--score {mode}" if mode not in ("reward", "logprob") else f"a pairwise model ({s['pairwise']})"
+        raise ProbeError(f"{flag} {folder}: scored with {how}; {NO_JUDGE}")
+    settings = {"rm": _model_ref(model), "revision": model.get("revision"), "spec": s.get("spec"),
+                "label_index": s.get("label_index"), "chat_template": s.get("chat_template"),
+                "ref": ref and _model_ref(ref), "beta": float(s.get("beta", 1.0)), "score": mode,
+                "input_method": s.get("input_method", "ids"), "system": s.get("system"),
+                "date": s.get("date", DEFAULT_DATE)}
+    if mode == "logprob":
+        settings["logprob_reduce"] = s.get("logprob_reduce", "sum")  # GCG and beam sum (probe/core/gcg.py)
+    if s.get("prompt") is not None:
+        settings["prompt"] = s["prompt"]  # a GCG run's (a social run's are its items')
+    return TracedRun(flag, folder, settings, s.get("weights"), (s.get("ref") or {}).get("weights"),
+                     int(config.get("seed") or 0), bool(config.get("allow_random_head")),
+                     bool(config.get("trust_remote_code")), model.get("dtype"))
 
 
-def social_picks(folder: str, limit: int):
-    """The first ``limit`` items of a social run where the model's pick is the undesirable option: (item id, prompt,
-    [(role, text)]): the undesirable option and its counterpart (the gold option, else the anti-stereotypical one)."""
+NAMES = {"rm": "models", "ref": "reference models", "score": "score modes", "logprob_reduce": "log-probability "
+         "reductions", "input_method": "input methods", "system": "system prompts", "date": "dates"}
+
+
+def with_runs(cfg: TraceConfig, runs: list[TracedRun]) -> TraceConfig:
+    """The command's settings completed from the runs'. A value given on the command line that differs from a
+    run's is refused, and so are two runs scored differently (a trace is scored one way)."""
+    merged: dict = {}
+    for run in runs:
+        for k, v in run.settings.items():
+            if k in merged and merged[k] != v:
+                raise ProbeError(f"{runs[0].flag} {runs[0].folder} and {run.flag} {run.folder} were scored with "
+                                 f"different {NAMES.get(k, k.replace('_', ' '))} ({merged[k]!r}, {v!r}): trace them one at a "
+                                 "time")
+            merged[k] = v
+    unset = {"score": "auto", "beta": 1.0}  # the other fields are unset when None
+    fill = {}
+    for k, theirs in merged.items():
+        given = getattr(cfg, k)
+        if given in (None, unset.get(k)):
+            fill[k] = theirs
+        elif k == "ref" and theirs is None:
+            raise ProbeError(f"--ref {given}: {runs[0].flag} {runs[0].folder} was scored without a reference model "
+                             "(no implicit reward): leave --ref out")
+        elif k not in ("rm", "ref") and (resolve_date(given) if k == "date" else given) != theirs:
+            source = next(r for r in runs if r.settings.get(k) == theirs)
+            flag = "--" + k.replace("_", "-")
+            raise ProbeError(f"{flag} {given!r}: {source.flag} {source.folder} was scored with "
+                             f"{'none' if theirs is None else repr(theirs)}; a trace "
+                             f"of a run is scored as the run was: leave {flag} out (or trace --response under other "
+                             "settings)")
+    return replace(cfg, **fill, allow_random_head=cfg.allow_random_head or any(r.allow_random_head for r in runs),
+                   trust_remote_code=cfg.trust_remote_code or any(r.trust_remote_code for r in runs))
+
+
+def check_weights(loaded, runs: list[TracedRun]) -> None:
+    """The loaded model (and reference) are the ones the runs were scored with, by the weights' identity."""
+    from probe.models.loading import weights_identity
+
+    for run in runs:
+        for what, want, got in (("model", run.weights, loaded), ("reference", run.ref_weights, loaded.ref)):
+            if want is not None and got is not None and weights_identity(got) != want:
+                raise ProbeError(f"{run.flag} {run.folder} was scored with other weights than the {what} loaded "
+                                 f"here ({got.model_id}): {weights_identity(got)} against the run's {want}")
+
+
+def social_picks(folder: str, limit: int) -> tuple[list, int, int]:
+    """The first ``limit`` items of a social run where the undesirable option scores above its counterpart (the
+    pairs the run's undesirable rate counts: `metrics.undesirable_wins`): (item id, prompt, [(role, text, the
+    run's score)]); and
+    how many such items and how many items with a counterpart the run has."""
     from probe.runs.rundir import RunDir
     from probe.social.items import counterpart_of
-    from probe.social.metrics import pick
+    from probe.social.metrics import undesirable_wins
 
-    run = RunDir(folder)
-    if run.read_meta().get("experiment") != "social":
-        raise ProbeError(f"--social {folder}: not a probe social run")
-    scores = run.read_table("scores.parquet")
+    scores = RunDir(folder).read_table("scores.parquet") if (Path(folder) / "scores.parquet").is_file() else None
+    if scores is None:
+        raise ProbeError(f"--social {folder}: no scores.parquet (an unfinished run? finish it with --resume)")
     if "prompt" not in scores.columns:
         raise ProbeError(f"--social {folder}: the run predates the prompts in scores.parquet; run probe social again")
-    out = []
+    out, n_wins, n_pairs = [], 0, 0
     for (item,), part in scores.group_by("item_id", maintain_order=True):
         part = part.sort("option")
         bad = part["undesirable"][0]
-        if bad is None or pick(part["score"].to_numpy()) != bad:
-            continue
-        texts = part["text"].to_list()
-        pairs = [("undesirable (picked)", texts[bad])]
         other = counterpart_of(part["gold"][0], bad, part["label"].to_list())
-        if other is not None:
-            pairs.append(("counterpart", texts[other]))
-        out.append((item, part["prompt"][0], pairs))
-        if len(out) == limit:
-            break
-    return out
+        if other is None:
+            continue
+        n_pairs += 1
+        if not undesirable_wins(part["score"].to_numpy(), bad, other):
+            continue
+        n_wins += 1
+        if len(out) < limit:
+            texts, own = part["text"].to_list(), part["score"].to_list()
+            out.append((item, part["prompt"][0], [("undesirable", texts[bad], own[bad]),
+                                                  ("counterpart", texts[other], own[other])]))
+    return out, n_wins, n_pairs
 
 
 def _moves(tokens: list[str], scores: list[float]) -> str:
@@ -140,21 +257,21 @@ def _moves(tokens: list[str], scores: list[float]) -> str:
 
 
 def trace_page(df, meta: dict, plots: dict[str, Path]) -> str:
-    """trace.html: every traced response with its plot, its complete score and where it rises and falls most."""
+    """trace.html: the settings, then every traced response with its prompt, its plot, its complete score and
+    where it rises and falls most."""
     import base64
     import html
 
-    parts = [f"<h1>Per-token traces: {html.escape(meta['model'])}</h1><p>score: {html.escape(meta['mode'])}; "
-             f"computed by {html.escape(meta['method'])}. Each point is the score of the response cut after that "
-             "token (no end-of-turn ids); the dashed line is the complete response's score.</p>"]
+    said = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in meta["settings"].items() if v is not None)
+    parts = [f"<h1>Per-token traces: {html.escape(meta['model'])}</h1><p>{html.escape(said)}; computed by "
+             f"{html.escape(meta['method'])}. Each point is the score of the response cut after that token (no "
+             "end-of-turn ids); the dashed line is the complete response's score.</p>"]
     for (key,), part in df.group_by("trace", maintain_order=True):
         resp = part["response"][0]
         pre = part.filter(part["kind"] == "prefix")
-        where = " ".join(f"{html.escape(str(part[c][0]))}" for c in ("item_id", "role") if c in part.columns)
-        prompt = part["prompt"][0] if "prompt" in part.columns else meta["prompt"]
         img = base64.b64encode(Path(plots[key]).read_bytes()).decode()
         parts.append(
-            f"<section><h2>{html.escape(repr(resp))}</h2><p class='muted'>{where} prompt: {html.escape(prompt)}</p>"
+            f"<section><h2>{html.escape(key)}</h2><p class='muted'>prompt: {html.escape(part['prompt'][0])}</p>"
             f"<p>complete response {part.filter(part['kind'] == 'complete')['score'][0]:+.4f}; "
             f"{html.escape(_moves(pre['token'].to_list(), pre['score'].to_list()))}</p>"
             f"<img alt='trace of {html.escape(repr(resp))}' "
@@ -165,73 +282,190 @@ def trace_page(df, meta: dict, plots: dict[str, Path]) -> str:
             f"{style}</head><body>{''.join(parts)}</body></html>")
 
 
-def run(cfg: TraceConfig) -> Path:
-    import polars as pl
+def _check_out(out: Path) -> None:
+    """--out: a new or empty folder under a writable one (checked before anything loads; created only at the end)."""
+    import os
 
-    from probe.commands.analyze import safe_name
-    from probe.config import PAPER_PROMPTS, ScoringOptions, model_kind, resolve_score_mode
-    from probe.core.trace import trace, trace_ids
-    from probe.models.loading import load_for_config
-    from probe.runs.rundir import RunDir, utc_stamp, writable_dir
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ProbeError(f"--out {out}: {'is a file' if not out.is_dir() else 'is not empty'}; give a new folder")
+    above = next(p for p in (out, *out.parents) if p.exists())
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise ProbeError(f"--out {out}: cannot write in {above}; choose another folder")
 
-    for folder in (cfg.gcg, cfg.social):
-        if folder:
-            cfg = _run_defaults(cfg, folder)
-    prompt, responses, ids = cfg.prompt, list(cfg.response), None
+
+def _write_whole(out: Path, write) -> None:
+    """``write(folder)`` into a hidden folder beside ``out``, renamed to ``out`` when it is done (never half a
+    result under ``out``)."""
+    import shutil
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write(tmp)
+        tmp.replace(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _run_scores(df, runs: list[TracedRun], dtype: str) -> dict:
+    """The complete responses' scores against the run's own (``run_score``: a social run's scores.parquet, a GCG
+    run's best score): the largest difference, held to the float32 tolerance of probe/core/precision.py where
+    both were scored in float32."""
+    import numpy as np
+
+    from probe.core.precision import FLOAT32_RTOL
+
+    both = df.filter(df["run_score"].is_not_null()) if "run_score" in df.columns else df.clear()
+    if both.is_empty():
+        return {}
+    got, want = both["score"].to_numpy(), both["run_score"].to_numpy()
+    out = {"n": both.height, "max_abs_diff": float(np.abs(got - want).max())}
+    if {r.dtype for r in runs} == {dtype} == {"torch.float32"}:
+        out["equal_within_float32_tolerance"] = bool((np.abs(got - want) <= FLOAT32_RTOL * (1 + np.abs(want))).all())
+    return out
+
+
+def _pieces(cfg: TraceConfig) -> list[tuple[str, str, str | list[int], dict]]:
+    """What to trace, read and checked before any model loads: (source, prompt, responses as text or ids, columns
+    for its rows)."""
+    from probe.config import PAPER_PROMPTS
+
+    prompt = cfg.prompt or PAPER_PROMPTS["greatest"]
+    responses = list(cfg.response)
     if cfg.responses:
         from probe.core.response_files import read_responses
 
         responses += read_responses(cfg.responses, "response")
+    out = [("--response", prompt, r, {}) for r in dict.fromkeys(responses)]
     if cfg.gcg:
         result = Path(cfg.gcg) / "result.json"
         if not result.is_file():
             raise ProbeError(f"--gcg {cfg.gcg}: no result.json (a finished probe gcg run folder holds one)")
-        ids = json.loads(result.read_text())["best_ids"]  # GCG's and the beam's result.json alike
-        prompt = prompt or RunDir(cfg.gcg).read_meta().get("config", {}).get("prompt")
-    prompt = prompt or PAPER_PROMPTS["greatest"]
-    out = writable_dir(Path(cfg.out or Path("results") / f"trace_{utc_stamp()}"), "--out")
-    mode = resolve_score_mode(cfg.score, cfg.rm, cfg.ref)
-    loaded = load_for_config(cfg, model_kind(mode))
-    opts = ScoringOptions(cfg.logprob_reduce, date_string=resolve_date(cfg.date))  # type: ignore[arg-type]
-    tables = []
-    if responses:
-        df, seconds = trace(loaded, mode, prompt, responses, opts, cfg.system)
-        tables.append(df)
-        print(f"traced {len(responses)} response(s) in {seconds:.2f} s", file=sys.stderr)
-    if ids:
-        tables.append(trace_ids(loaded, mode, prompt, ids, opts, cfg.system))
+        best = json.loads(result.read_text())  # GCG's and the beam's result.json alike
+        out.append(("--gcg", cfg.prompt or PAPER_PROMPTS["greatest"], best["best_ids"],
+                    {"run_score": best["best_score"]}))
     if cfg.social:
-        picks = social_picks(cfg.social, cfg.limit)
-        print(f"{len(picks)} item(s) where the model picked the undesirable option (at most --limit {cfg.limit})",
+        picks, n_wins, n_pairs = social_picks(cfg.social, cfg.limit)
+        print(f"--social: the undesirable option scores above its counterpart in {n_wins} of the {n_pairs} items "
+              f"that have one (what the run's undesirable rate counts); tracing {len(picks)} (--limit {cfg.limit})",
               file=sys.stderr)
-        for item, item_prompt, pairs in picks:
-            part, _ = trace(loaded, mode, item_prompt, [t for _, t in pairs], opts, cfg.system)
-            roles = dict((t, r) for r, t in pairs)
-            tables.append(part.with_columns(pl.lit(item).alias("item_id"), pl.lit(item_prompt).alias("prompt"),
-                                            pl.col("response").replace_strict(roles).alias("role")))
-    if not tables:
-        raise ProbeError(f"--social {cfg.social}: no item where the model picked the undesirable option; nothing "
-                         "to trace")
-    df = pl.concat(tables, how="diagonal")
-    # one trace per response (per social item: the same option text recurs across items)
-    df = df.with_columns((pl.col("item_id").fill_null("") + "\x1f" + pl.col("response")).alias("trace")
-                         if "item_id" in df.columns else pl.col("response").alias("trace"))
-    df.write_parquet(out / "trace.parquet")
-    df.write_csv(out / "trace.csv")
-    print(f"== {prompt!r}  [{loaded.model_id}, {mode}, {df['method'][0]}] ==")
-    plots = {}
-    for k, ((key,), part) in enumerate(df.group_by("trace", maintain_order=True)):
-        name = part["response"][0]
-        plots[key] = out / safe_name(f"trace_{k + 1:02d}.png")
-        _plot(part, plots[key], f"{name!r}")
-        steps = "  ".join(f"{t}:{s:+.3f}" for t, s in zip(part["token"].to_list(), part["score"].to_list()))
-        print(f"{name!r}\n  {steps}")
-    atomic = {"prompt": prompt, "model": loaded.model_id, "mode": mode, "method": df["method"][0],
-              "responses": df["response"].unique(maintain_order=True).to_list()}
-    (out / "trace.json").write_text(json.dumps(atomic, indent=1))
-    (out / "trace.html").write_text(trace_page(df, atomic, plots), encoding="utf-8")
+        if not picks:
+            raise ProbeError(f"--social {cfg.social}: no item where the undesirable option scores above its "
+                             "counterpart; nothing to trace")
+        out += [("--social", item_prompt, text, {"item_id": item, "role": role, "run_score": own})
+                for item, item_prompt, pairs in picks for role, text, own in pairs]
+    return out
+
+
+def _trace_pieces(loaded, mode, pieces: list, opts, system: str | None):
+    """Every piece's trace (the text responses batched per prompt) with its source, prompt, item and role, and the
+    run's own score beside its complete response; ``trace`` names each trace as its plot is named."""
+    import polars as pl
+
+    from probe.core.trace import trace, trace_ids
+
+    texts: dict[str, list[str]] = {}
+    for _, prompt, response, _ in pieces:
+        if isinstance(response, str):
+            texts.setdefault(prompt, []).append(response)
+    traced = {(prompt, part["response"][0]): part for prompt, rs in texts.items()
+              for part in trace(loaded, mode, prompt, list(dict.fromkeys(rs)), opts, system)[0]
+              .partition_by("response", maintain_order=True)}
+    tables = []
+    for k, (source, prompt, response, extra) in enumerate(pieces):
+        part = (traced[prompt, response] if isinstance(response, str)
+                else trace_ids(loaded, mode, prompt, response, opts, system))
+        key = ", ".join([*(str(extra[c]) for c in ("item_id", "role") if c in extra), repr(part["response"][0])])
+        tables.append(part.with_columns(
+            pl.lit(f"trace_{k + 1:02d}: {key}").alias("trace"), pl.lit(source).alias("source"),
+            pl.lit(prompt).alias("prompt"), *[pl.lit(v).alias(c) for c, v in extra.items() if c != "run_score"],
+            pl.when(pl.col("kind") == "complete").then(pl.lit(extra.get("run_score"), dtype=pl.Float64))
+            .alias("run_score")))
+    return pl.concat(tables, how="diagonal")
+
+
+def run(cfg: TraceConfig) -> Path:
+    import polars as pl
+
+    from probe.config import ScoringOptions, check_rewardbench_dpo, model_kind, resolve_score_mode
+    from probe.core.trace import trace_method
+    from probe.models.loading import load_for_config
+    from probe.runs.meta import score_label
+    from probe.runs.rundir import utc_stamp
+
+    runs = [read_run(flag, folder) for flag, folder in (("--gcg", cfg.gcg), ("--social", cfg.social)) if folder]
+    cfg = with_runs(cfg, runs)
+    mode = resolve_score_mode(cfg.score, cfg.rm, cfg.ref)
+    reduce, method_in = cfg.logprob_reduce or "sum", cfg.input_method or "ids"
+    if method_in == "rewardbench" and mode != "reward":
+        check_rewardbench_dpo(mode, cfg.ref is not None, cfg.beta, reduce)
+    out = Path(cfg.out or Path("results") / f"trace_{utc_stamp()}").expanduser()
+    _check_out(out)
+    pieces = _pieces(cfg)
+    if cfg.allow_random_head:
+        import torch
+
+        torch.manual_seed(next((r.seed for r in runs), 0))  # as probe social draws a random head
+    loaded = load_for_config(cfg, model_kind(mode), input_method=method_in)
+    check_weights(loaded, runs)
+    method = trace_method(loaded, mode)
+    opts = ScoringOptions(reduce, date_string=resolve_date(cfg.date or DEFAULT_DATE))  # type: ignore[arg-type]
+    df = _trace_pieces(loaded, mode, pieces, opts, cfg.system)
+    settings = {"score": score_label(loaded, mode), "logprob_reduce": reduce if mode == "logprob" else None,
+                "input_method": method_in, "system": cfg.system, "date": opts.date_string,
+                "dtype": str(loaded.dtype), "device": str(loaded.device)}
+    meta = {"model": loaded.model_id, "weights": _weights(loaded), "mode": mode, "method": method,
+            "settings": settings, "runs": [{"flag": r.flag, "folder": r.folder} for r in runs],
+            "run_scores": _run_scores(df, runs, str(loaded.dtype)),
+            "traces": df.group_by("trace", maintain_order=True).agg(
+                pl.col("source", "prompt", "response").first(), *[pl.col(c).first() for c in ("item_id", "role")
+                                                                  if c in df.columns]).to_dicts()}
+    _report(df, meta)
+    _write_whole(out, lambda folder: _write(df, meta, folder))
     print(f"wrote {out}")
     return out
+
+
+def _weights(loaded) -> dict:
+    from probe.models.loading import weights_identity
+
+    out = {"model": weights_identity(loaded)}
+    if loaded.ref is not None:
+        out["ref"] = {"id": loaded.ref.model_id, **weights_identity(loaded.ref), "beta": loaded.beta}
+    return out
+
+
+def _report(df, meta: dict) -> None:
+    """The terminal's account: the settings, each trace under its prompt, and the comparison with the run's."""
+    said = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in meta["settings"].items() if v is not None)
+    print(f"== traces: {meta['model']} [{said}; {meta['method']}] ==")
+    shown = None
+    for (key,), part in df.group_by("trace", maintain_order=True):
+        if part["prompt"][0] != shown:
+            shown = part["prompt"][0]
+            print(f"prompt: {shown!r}")
+        steps = "  ".join(f"{t}:{s:+.3f}" for t, s in zip(part["token"].to_list(), part["score"].to_list()))
+        print(f"{key}\n  {steps}")
+    rs = meta["run_scores"]
+    if rs:
+        verdict = {True: "equal within float32's tolerance", False: "NOT equal: a setting differs from the run's",
+                   None: "not held to a tolerance (not both float32)"}[rs.get("equal_within_float32_tolerance")]
+        print(f"complete responses against the run's own scores ({rs['n']}): largest difference "
+              f"{rs['max_abs_diff']:.3g}, {verdict}", file=sys.stderr)
+
+
+def _write(df, meta: dict, out: Path) -> None:
+    plots = {}
+    for (key,), part in df.group_by("trace", maintain_order=True):
+        name, title = key.split(": ", 1)
+        plots[key] = out / f"{name}.png"
+        _plot(part, plots[key], title)
+    df.write_parquet(out / "trace.parquet")
+    df.write_csv(out / "trace.csv")
+    (out / "trace.json").write_text(json.dumps(meta, indent=1))
+    (out / "trace.html").write_text(trace_page(df, meta, plots), encoding="utf-8")
 
 
 def main_from_args(ns: argparse.Namespace) -> int:

@@ -200,6 +200,7 @@ def test_social_command_end_to_end(tiny_dirs, fixtures, tmp_path, capsys):
     assert set(scores["source"].to_list()) == {p.name for p in fixtures.values()}
     out = capsys.readouterr().out
     assert "== bias ==" in out and "== ethics ==" in out
+    assert metrics.UNDESIRABLE_RATE in out and metrics.TOP_PICK in out  # which "undesirable" each number is
     # every data set's accuracy, undesirable rate and multiple-choice accuracy, recomputed from scores.parquet
     for name, want in _recomputed(scores).items():
         for key, value in want.items():

@@ -137,39 +137,8 @@ def test_trace_command_reads_a_response_file_under_its_prompt(tiny_dirs, tmp_pat
     assert got["response"].unique(maintain_order=True).to_list() == ["Love and peace", "The Beatles"]
     import json
 
-    assert json.loads((tmp_path / "t" / "trace.json").read_text())["prompt"] == q
-
-
-def test_trace_of_social_items_where_the_model_picked_the_undesirable_option(tiny_dirs, social_data, tmp_path):
-    """probe trace --social RUN: the run's model and mode by default; per item where the pick was the undesirable
-    option, that option's and its counterpart's traces, whose complete scores are the social run's own scores."""
-    import numpy as np
-    import polars as pl
-
-    from probe.commands.social import main as social_main
-    from probe.commands.trace import main as trace_main
-
-    assert social_main(["--rm", tiny_dirs["rm"], "--allow-random-head", "--dataset", "bbq",
-                        "--data", str(social_data / "bbq" / "Age.jsonl"), "--limit", "24", "--device", "cpu",
-                        "--no-progress", "--output", str(tmp_path / "s")]) == 0
-    (run,) = list((tmp_path / "s").glob("*/social_*"))
-    scores = pl.read_parquet(run / "scores.parquet")
-    picked_bad = []
-    for (item,), part in scores.group_by("item_id", maintain_order=True):
-        s = part["score"].to_numpy()
-        if (s == s.max()).sum() == 1 and part["undesirable"][0] == int(part["option"][int(np.argmax(s))]):
-            picked_bad.append(item)
-    assert len(picked_bad) >= 2  # the random head picks the undesirable option in some items
-    assert trace_main(["--social", str(run), "--limit", "2", "--device", "cpu", "--out", str(tmp_path / "t")]) == 0
-    df = pl.read_parquet(tmp_path / "t" / "trace.parquet")
-    assert df["item_id"].unique(maintain_order=True).to_list() == picked_bad[:2]
-    for row in df.filter(pl.col("kind") == "complete").iter_rows(named=True):
-        own = scores.filter((pl.col("item_id") == row["item_id"]) & (pl.col("text") == row["response"]))
-        assert row["score"] == pytest.approx(own["score"][0], abs=1e-4)
-        assert row["role"] in ("undesirable (picked)", "counterpart")
-    assert set(df.filter(pl.col("role") == "undesirable (picked)")["item_id"]) == set(picked_bad[:2])
-    page = (tmp_path / "t" / "trace.html").read_text()
-    assert page.count("<section>") == df["trace"].n_unique() and "largest rise" in page
+    meta = json.loads((tmp_path / "t" / "trace.json").read_text())
+    assert {t["prompt"] for t in meta["traces"]} == {q} and meta["settings"]["logprob_reduce"] == "mean"
 
 
 def test_the_pages_rise_and_fall_are_steps_between_tokens():
