@@ -124,3 +124,28 @@ def mistral_v1(folder: Path, legacy: bool | None) -> Path:
         config["legacy"] = legacy
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
     return folder
+
+
+# Llama-2's tokenizer.json as its Hub repository ships it (converted by transformers 4.3x from tokenizer.model with
+# legacy behaviour): a Prepend("▁") + Replace(" ", "▁") normalizer, no pre-tokenizer, a post-processor that adds <s>
+LEGACY_NORMALIZER = {"type": "Sequence", "normalizers": [
+    {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+
+
+def mistral_v1_json(folder: Path, legacy: bool | None) -> Path:
+    """`mistral_v1`'s vocabulary in the other Llama-2-era layout: ``tokenizer.json`` (the legacy normalizer above,
+    `LEGACY_NORMALIZER`; BPE with byte fallback; ``<s> $A``) and no ``tokenizer.model``, the same
+    ``tokenizer_config.json`` (``LlamaTokenizer``, ``add_bos_token`` true, ``add_eos_token`` false, ``legacy``)."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        AutoTokenizer.from_pretrained(mistral_v1(Path(tmp) / "model", None)).save_pretrained(Path(tmp) / "json")
+        data = json.loads((Path(tmp) / "json" / "tokenizer.json").read_text(encoding="utf-8"))
+    data["normalizer"], data["pre_tokenizer"] = LEGACY_NORMALIZER, None
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+              "add_bos_token": True, "add_eos_token": False, "model_max_length": 4096}
+    if legacy is not None:
+        config["legacy"] = legacy
+    return _write(folder, data, config)

@@ -296,26 +296,47 @@ class CallIds:
 
 
 # run_rm.py sets ``add_eos_token`` on every tokenizer without a chat template; under its pinned transformers 4.51
-# only the Llama and Gemma tokenizer classes rebuilt their post-processor from it (the dialogue families' real
-# checkpoints ship LlamaTokenizer), while the encoders' BERT, DeBERTa and ELECTRA classes ignored it (and transformers 5
-# would drop their [CLS]/[SEP] for it): the encoders' pipeline, transformers' own, gets no EOS
+# only the Llama and Gemma tokenizer classes (slow and fast) rebuilt their post-processor from it: BOS where
+# ``add_bos_token`` (tokenizer_config.json's, default true), the text, EOS. The dialogue families' real checkpoints
+# ship LlamaTokenizer; the encoders' BERT, DeBERTa and ELECTRA classes ignored it. rm-probe writes those ids
+# instead of setting the flag on the installed transformers, whose rebuild differs: transformers 5 drops the BOS
+# of a Llama-2-era tokenizer.json (its config's add_bos_token is not kept), and would drop the encoders' [CLS]/[SEP]
+EOS_REBUILT = ("LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer")
+# the encoders' pipeline, transformers' own: never an EOS (whatever its tokenizer's class)
 ADD_EOS_IGNORED = ("pipeline",)
 
 
 def rewardbench_call_ids(tokenizer, pipeline: str) -> CallIds:
     """What RewardBench 0.1.4 feeds a model through ``pipeline``: its ``tokenizer(text)`` on the template's text;
     for a tokenizer without a chat template of its own (here: a shipped dialogue format) its run script first sets
-    ``add_eos_token = True`` (without effect on the encoders: `ADD_EOS_IGNORED`); `DOUBLE_BOS_MASKED` pipelines mask a doubled leading BOS."""
+    ``add_eos_token = True``, which under its transformers 4.51 gave a Llama or Gemma tokenizer BOS (where
+    ``add_bos_token``), the text and EOS (`EOS_REBUILT`; other classes and the encoders' pipeline: unchanged);
+    `DOUBLE_BOS_MASKED` pipelines mask a doubled leading BOS."""
     from probe.models.registry import DOUBLE_BOS_MASKED
 
-    call = tokenizer
-    if _marked(tokenizer) and pipeline not in ADD_EOS_IGNORED:
-        import copy
-
-        call = copy.deepcopy(tokenizer)
-        call.add_eos_token = True
-    lead, trail = call_special_tokens(call)
+    if _marked(tokenizer) and pipeline not in ADD_EOS_IGNORED and tokenizer_class(tokenizer) in EOS_REBUILT:
+        lead, trail = ([tokenizer.bos_token_id] if config_flag(tokenizer, "add_bos_token", True) else []), \
+            [tokenizer.eos_token_id]
+    else:
+        lead, trail = call_special_tokens(tokenizer)
     return CallIds(lead, trail, tokenizer.bos_token_id if pipeline in DOUBLE_BOS_MASKED else None)
+
+
+def tokenizer_class(tokenizer) -> str:
+    """The class transformers 4.x instantiated for this tokenizer: tokenizer_config.json's ``tokenizer_class``
+    (where the loader recorded the file) or the installed class's name, without ``Fast``."""
+    name = (getattr(tokenizer, "rm_probe_config", None) or {}).get("tokenizer_class") or type(tokenizer).__name__
+    return name.removesuffix("Fast")
+
+
+def config_flag(tokenizer, key: str, default: bool) -> bool:
+    """A flag as the checkpoint's tokenizer_config.json sets it (recorded by the loader: transformers 5 does not keep
+    every one, e.g. ``add_bos_token`` of a tokenizer.json layout), else as the tokenizer was made with, else the
+    4.x class's ``default`` (never the installed class's own attribute: that is transformers 5's)."""
+    for source in (getattr(tokenizer, "rm_probe_config", None) or {}, getattr(tokenizer, "init_kwargs", None) or {}):
+        if source.get(key) is not None:
+            return bool(source[key])
+    return default
 
 
 def call_special_tokens(tokenizer) -> tuple[list[int], list[int]]:

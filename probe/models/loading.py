@@ -6,6 +6,7 @@ Every failure a user can cause becomes a one-line `ModelLoadError` that says wha
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -271,6 +272,19 @@ def _check_sentencepiece(path: str) -> None:
                              f"needs {' and '.join(missing)}: pip install {' '.join(missing)}")
 
 
+def _tokenizer_config(path: str, revision: str | None) -> dict:
+    """The checkpoint's tokenizer_config.json as written (transformers 5 does not keep every flag of it, e.g. the
+    ``add_bos_token`` of a Llama-2-era tokenizer.json layout, which RewardBench's ids depend on); {} without one."""
+    from transformers.utils import cached_file
+
+    try:
+        found = cached_file(path, "tokenizer_config.json", revision=revision,
+                            _raise_exceptions_for_missing_entries=False)
+        return json.loads(Path(found).read_text(encoding="utf-8")) if found else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None,
                    family_template: str | None = None, need_template: bool = True):
     """The tokenizer, with ``chat_template`` (``--chat-template``) if given; else its own template; else the
@@ -282,6 +296,7 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, cha
         tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from None
+    tok.rm_probe_config = _tokenizer_config(path, revision)
     if chat_template is not None:
         tok.chat_template = resolve_chat_template(chat_template)
     elif not getattr(tok, "chat_template", None) and family_template is not None:

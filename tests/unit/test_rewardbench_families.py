@@ -81,7 +81,8 @@ def families(tokenizers, tmp_path_factory):
 
 
 def _save_tok(tok, folder, keep_template: bool = True):
-    """The tokenizer as the family's repository ships it: the dialogue families' without a chat template."""
+    """The tokenizer as the family's repository ships it: the dialogue families' without a chat template, declared
+    a LlamaTokenizer as their checkpoints are (transformers 5 still loads the byte-level stand-in as it is)."""
     import json
 
     tok.save_pretrained(folder)
@@ -90,8 +91,25 @@ def _save_tok(tok, folder, keep_template: bool = True):
         cfg = folder / "tokenizer_config.json"
         data = json.loads(cfg.read_text())
         data.pop("chat_template", None)
+        data["tokenizer_class"] = "LlamaTokenizerFast"
         cfg.write_text(json.dumps(data))
     return str(folder)
+
+
+def _as_run_script(tok):
+    """The tokenizer RewardBench's run_rm.py hands its pipeline for a dialogue family: ``add_eos_token = True``,
+    which under its transformers 4.51 made a LlamaTokenizerFast's post-processor ``<bos> $A <eos>`` (add_bos_token
+    defaults to true; tests/unit/test_rewardbench_ids.py pins this on 4.51's own ids). Set here as 4.51 set it: the
+    installed transformers' own rebuild is not the reference."""
+    import copy
+
+    from tokenizers import processors
+
+    run_tok = copy.deepcopy(tok)
+    bos, eos = tok.bos_token, tok.eos_token
+    run_tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A {eos}", special_tokens=[(bos, tok.bos_token_id), (eos, tok.eos_token_id)])
+    return run_tok
 
 
 def _texts(tok) -> list[str]:
@@ -273,9 +291,8 @@ def test_the_rewardbench_route_equals_rewardbench_as_its_run_script_prepares_the
     lm = probe.load(str(folder), device="cpu", spec=spec, input_method="rewardbench")
     ours = probe.score_responses(lm, None, PROMPT, RESPONSES)
     got = dict(zip(ours["response"], ours["score"].to_numpy()))
-    run_tok = copy.deepcopy(tok)
-    if template:  # check_tokenizer_chat_template is false: fastchat's format, and an EOS from the tokenizer
-        run_tok.add_eos_token = True
+    # check_tokenizer_chat_template is false: fastchat's format, and the run script's add_eos_token
+    run_tok = _as_run_script(tok) if template else copy.deepcopy(tok)
     want = _pipeline_scores(name, model, run_tok, _texts(tok), truncation=False)
     np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
     if template:  # the route really differs from the default here: the EOS
@@ -311,8 +328,7 @@ def test_probe_social_reproduces_rewardbench_per_item_and_by_section(families, t
     meta = json.loads((run / "meta.json").read_text())
     assert meta["settings"]["input_method"] == "rewardbench" and meta["model"]["input"]["call"] == "rewardbench"
     scores = pl.read_parquet(run / "scores.parquet")
-    run_tok = copy.deepcopy(tok)
-    run_tok.add_eos_token = True  # the run script, for a tokenizer without a chat template
+    run_tok = _as_run_script(tok)  # the run script, for a tokenizer without a chat template
     pipe = rb.load("openbmb").OpenBMBPipeline("text-classification", model, run_tok)
     items = load("rewardbench", data)
     want = {}
@@ -354,8 +370,7 @@ def test_ziya_pipeline_on_the_route(tokenizers, tmp_path, monkeypatch):
                     spec="IDEA-CCNL/Ziya-LLaMA-7B-Reward")
     ours = probe.score_responses(lm, None, PROMPT, RESPONSES)
     got = dict(zip(ours["response"], ours["score"].to_numpy()))
-    run_tok = copy.deepcopy(tok)
-    run_tok.add_eos_token = True
+    run_tok = _as_run_script(tok)
     monkeypatch.setattr(torch.nn.Module, "half", lambda self: self)
     monkeypatch.setattr(torch.nn.Module, "cuda", lambda self, *a, **k: self)
     with rb.on_cpu():
