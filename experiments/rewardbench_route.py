@@ -5,7 +5,9 @@ largest score difference and the Kendall tau between the two routes' rankings of
 
 Tiny random models built with each family's class (RewardBench's own where it has one) on real tokenizers: Llama
 3.1's (a plain sequence classifier, read through RewardBenchPipeline, and GRM) and Mistral v0.1's SentencePiece file
-for the Llama-2-era dialogue formats (UltraRM, Beaver reward and cost, Ziya); DPO implicit rewards (a tiny causal LM
+for the Llama-2-era dialogue formats (UltraRM, Beaver reward and cost, Ziya; UltraRM also on Llama 2's
+tokenizer.json layout); Starling-RM-34B on the tests' Yi-layout ChatML tokenizer; PairRM (RewardBench's class, tiny,
+on the MiniLM WordPiece tokenizer with its prefix tokens); DPO implicit rewards (a tiny causal LM
 against a perturbed copy, run_dpo.py's inputs) on Llama 3.1's and Qwen 2.5's; encoders (run_rm.py's raw
 concatenation against the card's text pair) on the real MiniLM encoder and a tiny DeBERTa-v2. One sweep of the first `--limit` token
 ids per route, the paper's first prompt. Writes experiments/results/rewardbench_route.{json,md}.
@@ -30,6 +32,10 @@ FAMILIES = {
                                          dict(score_dim=1, bias=False, score_type="cost"), "pku-align"),
     "Ziya (ZiyaPipeline)": ("mistral", None, "LlamaForSequenceClassification", "IDEA-CCNL/Ziya-LLaMA-7B-Reward", {},
                             "ziya"),
+    "UltraRM, Llama 2's tokenizer.json layout (OpenBMBPipeline)": ("mistral-json", "openbmb", "LlamaRewardModel",
+                                                                   "openbmb/UltraRM-13b", {}, "openbmb"),
+    "Starling-RM-34B (StarlingPipeline)": ("yi", "starling", "LlamaForSequenceClassification",
+                                           "Nexusflow/Starling-RM-34B", {}, None),
 }
 
 
@@ -43,14 +49,18 @@ def build(name: str, folder: Path) -> str:
     tok_name, module, cls, _, fields, _ = FAMILIES[name]
     if tok_name == "mistral":
         real_tokenizers.mistral_v1(folder, None)
+    elif tok_name == "mistral-json":
+        real_tokenizers.mistral_v1_json(folder, None)
+    elif tok_name == "yi":  # Yi-34B-Chat's layout (ChatML, id 0 the pad): tests/tiny.py's, Yi's file is not on PyPI
+        tiny.make_tokenizer("yi").save_pretrained(folder)
     else:
         real_tokenizers.build(tok_name, folder)
     tok = AutoTokenizer.from_pretrained(folder)
-    # Llama-2-era configs pad with id 0 (<unk>); Llama 3.1 with its finetune pad token
-    config = tiny.llama_config(tok, vocab_size=len(tok), pad_token_id=0 if tok_name == "mistral"
+    # Llama-2-era configs (and Yi's) pad with id 0 (<unk>); Llama 3.1 with its finetune pad token
+    config = tiny.llama_config(tok, vocab_size=len(tok), pad_token_id=0 if tok_name != "llama3.1"
                                else tok.convert_tokens_to_ids("<|finetune_right_pad_id|>"))
     klass = getattr(transformers, cls) if module is None else getattr(rb.load(module), cls)
-    model = tiny.family_model(klass, config, fields)
+    model = tiny.family_model(klass, config, fields, backbone="transformer" if tok_name == "yi" else "model")
     model.save_pretrained(folder)
     return str(folder)
 
@@ -98,9 +108,19 @@ def build_encoder(name: str, folder: Path) -> str:
     return str(folder)
 
 
+PAIRWISE = {"PairRM (PairRMPipeline; the card's tokenize_pair by default)": "I don't know."}
+
+
 def load_routes(name: str, tmp: Path) -> tuple[dict, str]:
     """The model loaded on each route, and its score mode."""
     import probe
+
+    if name in PAIRWISE:
+        from tests.tiny import pairrm_folder
+
+        folder = str(pairrm_folder(tmp / "m"))
+        return {r: probe.load(folder, device="cpu", reference_response=PAIRWISE[name], input_method=r)
+                for r in ("ids", "rewardbench")}, "reward"
 
     if name in DPO:
         policy, ref = build_dpo(name, tmp)
@@ -165,8 +185,9 @@ def compare(name: str, limit: int) -> dict:
         sweeps = {r: probe.sweep(lm, None, PROMPT, limit=limit).sort("token_id") for r, lm in lms.items()}
         tok = lms["ids"].tokenizer
     a, b = (sweeps[r]["score"].to_numpy().astype(np.float64) for r in ("ids", "rewardbench"))
-    return {"family": name, "tokens": int(a.size), "ids_differ": how_ids_differ(tok, splits["ids"],
-                                                                                splits["rewardbench"]),
+    how = ("the prompt inside PairRM's instruction and USER/Assistant turn; '<Response 1>:' before each candidate"
+           if name in PAIRWISE else how_ids_differ(tok, splits["ids"], splits["rewardbench"]))
+    return {"family": name, "tokens": int(a.size), "ids_differ": how,
             "max_abs_diff": float(np.abs(a - b).max()), "score_sd": float(a.std()),
             "kendall_tau": float(stats.kendalltau(a, b).statistic)}
 
@@ -177,7 +198,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=8192)
     args = parser.parse_args(argv)
-    rows = [compare(name, args.limit) for name in [*FAMILIES, *DPO, *ENCODERS]]
+    rows = [compare(name, args.limit) for name in [*FAMILIES, *DPO, *ENCODERS, *PAIRWISE]]
     print(write_results(
         "rewardbench_route", "The family's own input against RewardBench's (`--input-method rewardbench`)",
         f"`python -m experiments.rewardbench_route --limit {args.limit}`: tiny random models on real tokenizers, one "

