@@ -7,6 +7,14 @@ The file has ``defaults`` (any exhaustive-sweep setting), ``prompts`` (a list of
 paper's three) and ``models`` (a list of settings, at least ``rm``). A model's job is done when a complete run
 under the output root records the same job (model, prompts, score mode, dtype, ...); an unfinished one with
 the same job is resumed; otherwise a new run starts. A job that fails is reported and the next one runs.
+
+Several GPUs or machines: ``torchrun --nproc_per_node N -m probe.batch FILE`` gives each rank one whole job at a
+time, the largest first, from a queue in torchrun's store; each job runs exactly as one process runs it (same
+folder, same numbers) on the rank's GPU (cuda:LOCAL_RANK), with no process group. Largest: rows x prompts, rows
+being the job's limit, else its number of responses, else a whole vocabulary (counted above any limited job: the
+vocabulary is not known before loading); equal sizes keep the file's order. A job with device_map (one model over
+several GPUs) is refused under torchrun. A scheduler's job array: ``--shard I/N`` runs the I-th of N disjoint
+parts (every N-th job in that order, from the I-th).
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from probe.errors import DataFormatError, ProbeError
@@ -67,6 +75,46 @@ def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
     return ("partial", partial) if partial else ("new", None)
 
 
+def job_size(config: ScoreVocabConfig) -> float:
+    """Rows x prompts: the limit, else the responses, else a whole vocabulary (unknown before loading: infinite)."""
+    from probe.core.prompts import grid_for
+    from probe.core.response_files import read_responses
+
+    rows = float("inf")
+    if config.responses:
+        rows = len(read_responses(config.responses, config.response_column))
+    if config.limit is not None:
+        rows = min(rows, config.limit)
+    return float(rows * len(grid_for(config)))
+
+
+def largest_first(jobs: list[ScoreVocabConfig]) -> list[int]:
+    sizes = [job_size(j) for j in jobs]
+    return sorted(range(len(jobs)), key=lambda k: -sizes[k])
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    i, _, n = text.partition("/")
+    if not (i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n)):
+        raise ProbeError(f"--shard {text}: expected I/N with 1 <= I <= N, e.g. --shard 1/4 (Slurm: "
+                         "--shard $((SLURM_ARRAY_TASK_ID + 1))/$SLURM_ARRAY_TASK_COUNT with --array 0-3)")
+    return int(i), int(n)
+
+
+def check_torchrun(path: str, jobs: list[ScoreVocabConfig], shard: str | None) -> None:
+    """What torchrun's one-whole-model-per-rank cannot run, refused before any job starts."""
+    if shard:
+        raise ProbeError("--shard splits a batch over separate processes, torchrun over its ranks: use one or the other")
+    for k, job in enumerate(jobs, start=1):
+        where = f"{path} models[{k}] ({job.rm or 'embedded'})"
+        if job.device_map is not None:
+            raise ProbeError(f"{where}: device_map spreads one model over several GPUs in one process; run that job "
+                             f"without torchrun (python -m probe.batch with the job in a file of its own)")
+        if job.device.startswith("cuda:"):
+            raise ProbeError(f"{where}: device {job.device}: under torchrun each rank takes its GPU from LOCAL_RANK; "
+                             "write device: cuda")
+
+
 def make_parser(subparsers=None) -> argparse.ArgumentParser:
     from probe.commands.cli import command_parser
 
@@ -75,6 +123,9 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
                             positional=(("jobs", {"help": "YAML file of defaults, prompts and models"}),),
                             interrupted="finished jobs are kept; running the batch again resumes the unfinished one")
     parser.add_argument("--dry-run", action="store_true", help="print each job's state and memory plan; run nothing")
+    parser.add_argument("--shard", metavar="I/N", help="run only the I-th of N disjoint parts of the batch (a job "
+                        "array: Slurm's --array), with the folders one run would write; parts are dealt from the "
+                        "jobs largest first (see above)")
     return parser
 
 
@@ -85,33 +136,65 @@ def main(argv=None) -> int:
 
 
 def main_from_args(args: argparse.Namespace) -> int:
+    from probe.runs.distributed import JobQueue, device_for, launched, solo
+
     jobs = read_jobs(args.jobs)
+    d = launched()
+    if d.enabled:
+        check_torchrun(args.jobs, jobs, args.shard)
+    order = range(len(jobs))
+    if args.shard:
+        i, n = parse_shard(args.shard)
+        order = largest_first(jobs)[i - 1::n]
+    elif d.enabled:
+        order = largest_first(jobs)
+    if args.dry_run:
+        for k in order if d.main else ():
+            _dry_run(jobs[k])
+        return 0
+    tag = f"rank {d.rank}: " if d.enabled else ""
     failed = 0
-    for config in jobs:
-        status, where = state(config)
-        name = config.rm or "embedded"
-        if args.dry_run:
-            print(f"[{status}] {name}" + (f" ({where})" if where else ""))
-            try:
-                dry_run(config)
-            except ProbeError as err:
-                print(f"  error: {err}")
-            continue
-        if status == "complete":
-            print(f"[skip] {name}: complete in {where}")
-            continue
-        if status == "partial":
-            config = ScoreVocabConfig(**{**{f: getattr(config, f) for f in FIELDS}, "resume": str(where)})
-            print(f"[resume] {name}: {where}")
-        else:
-            print(f"[run] {name}")
-        try:
-            rd = run_responses(config) if config.responses else run(config)
-            print(f"  done: {rd.path}")
-        except ProbeError as err:
-            failed += 1
-            print(f"  error: {err}", file=sys.stderr)
+    if not d.enabled:
+        for k in order:
+            failed += not _run_job(jobs[k], tag)
+        return 1 if failed else 0
+    queue = JobQueue(d)
+    with solo():
+        while (taken := queue.take()) < len(order):
+            job = jobs[order[taken]]
+            failed += not _run_job(replace(job, device=device_for(d, job.device), progress=job.progress and d.main), tag)
+    queue.finish()
     return 1 if failed else 0
+
+
+def _dry_run(config: ScoreVocabConfig) -> None:
+    status, where = state(config)
+    print(f"[{status}] {config.rm or 'embedded'}" + (f" ({where})" if where else ""))
+    try:
+        dry_run(config)
+    except ProbeError as err:
+        print(f"  error: {err}")
+
+
+def _run_job(config: ScoreVocabConfig, tag: str = "") -> bool:
+    """One job as a single ``probe batch`` runs it: skipped when complete, resumed when unfinished; False if it failed."""
+    status, where = state(config)
+    name = config.rm or "embedded"
+    if status == "complete":
+        print(f"{tag}[skip] {name}: complete in {where}")
+        return True
+    if status == "partial":
+        config = replace(config, resume=str(where))
+        print(f"{tag}[resume] {name}: {where}")
+    else:
+        print(f"{tag}[run] {name}")
+    try:
+        rd = run_responses(config) if config.responses else run(config)
+        print(f"{tag}  done: {rd.path}")
+        return True
+    except ProbeError as err:
+        print(f"{tag}  error: {err}", file=sys.stderr)
+        return False
 
 
 if __name__ == "__main__":

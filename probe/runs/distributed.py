@@ -10,11 +10,16 @@ starts (``torch.cuda.set_device``). NCCL's collectives, ``broadcast_object_list`
 on the current device; without it every rank would use ``cuda:0`` ("Duplicate GPU detected", or a hang). NCCL
 is the backend only when the ranks score on CUDA; ``--device cpu`` uses gloo even where CUDA is visible.
 One rank per GPU: ``--device-map`` (one model over several GPUs) cannot be combined with torchrun.
+
+A batch under torchrun (probe/commands/batch.py) starts no process group: each rank runs whole jobs as single
+processes (``solo``), taking the next one from a counter in torchrun's own store (``JobQueue``).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -45,11 +50,33 @@ def uses_cuda(requested: str) -> bool:
     return requested.startswith("cuda") or (requested == "auto" and torch.cuda.is_available())
 
 
-def init(requested: str = "auto", device_map: str | None = None) -> Dist:
-    """The process group of a torchrun launch (a plain ``Dist()`` otherwise), on the backend that fits
-    ``requested`` (the ``--device`` the ranks score on)."""
+_solo = False
+
+
+@contextmanager
+def solo():
+    """Inside it, ``init`` gives a single process even under torchrun: a rank that runs whole jobs of its own."""
+    global _solo
+    before, _solo = _solo, True
+    try:
+        yield
+    finally:
+        _solo = before
+
+
+def launched() -> Dist:
+    """torchrun's rank, world and local rank, read from its environment, with no process group."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
+        return Dist()
+    return Dist(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init(requested: str = "auto", device_map: str | None = None) -> Dist:
+    """The process group of a torchrun launch (a plain ``Dist()`` otherwise, or inside ``solo``), on the backend
+    that fits ``requested`` (the ``--device`` the ranks score on)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or _solo:
         return Dist()
     if device_map is not None:
         raise ProbeError("--device-map spreads one model over several GPUs in one process; under torchrun each "
@@ -102,3 +129,29 @@ def device_for(d: Dist, requested: str) -> str:
     if d.enabled and uses_cuda(requested):
         return f"cuda:{d.local_rank}"
     return requested
+
+
+class JobQueue:
+    """Job numbers 0, 1, 2, ... handed out one at a time over torchrun's ranks, from a counter in torchrun's own
+    store (MASTER_ADDR:MASTER_PORT, the rendezvous's TCPStore; on multi-node runs, ``--rdzv-endpoint``'s)."""
+
+    def __init__(self, d: Dist, name: str = "probe-batch"):
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        host = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and d.main  # torch before the agent's store
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), d.world, is_master=host,
+                              timeout=timedelta(minutes=5))
+        self.store = dist.PrefixStore(f"{name}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        self.world = d.world
+
+    def take(self) -> int:
+        return self.store.add("next", 1) - 1
+
+    def finish(self, poll_s: float = 1.0) -> None:
+        """Waits until every rank has finished: torchrun stops all ranks when one exits with an error, so a rank
+        whose job failed must not exit before the others' jobs are done."""
+        self.store.add("finished", 1)
+        while self.store.add("finished", 0) < self.world:
+            time.sleep(poll_s)
