@@ -162,7 +162,12 @@ def main_from_args(args: argparse.Namespace) -> int:
     with solo():
         while (taken := queue.take()) < len(order):
             job = jobs[order[taken]]
-            failed += not _run_job(replace(job, device=device_for(d, job.device), progress=job.progress and d.main), tag)
+            job = replace(job, device=device_for(d, job.device), progress=job.progress and d.main)
+            if job.device.startswith("cuda"):
+                import torch
+
+                torch.cuda.set_device(d.local_rank)  # kernels launch on the current device
+            failed += not _run_job(job, tag)
     queue.finish()
     return 1 if failed else 0
 

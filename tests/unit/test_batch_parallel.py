@@ -110,3 +110,36 @@ def test_two_ranks_write_what_one_process_writes_and_skip_on_a_rerun(tmp_path, t
     _same(_runs(tmp_path / "one"), _runs(tmp_path / "two"))
     again = subprocess.run(torchrun, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0 and again.stdout.count("[skip]") == 3 and "[run]" not in again.stdout
+
+
+def test_a_rank_takes_whole_jobs_largest_first_on_its_own_gpu_without_a_process_group(tmp_path, tiny_dirs,
+                                                                                       monkeypatch):
+    from probe.commands import batch
+    from probe.runs import distributed
+
+    for k, v in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(k, v)
+    taken, calls = iter([0, 2, 3]), []  # this rank gets the queue's 1st and 3rd jobs; the other rank the 2nd
+
+    class Queue:
+        def __init__(self, d):
+            calls.append(("queue", d.rank, d.world))
+
+        def take(self):
+            return next(taken)
+
+        def finish(self):
+            calls.append("finish")
+
+    monkeypatch.setattr(distributed, "JobQueue", Queue)
+    monkeypatch.setattr("torch.cuda.set_device", lambda i: calls.append(("set_device", i)))
+    monkeypatch.setattr(batch, "_run_job", lambda job, tag: calls.append(
+        (job.limit, job.device, job.progress, distributed.init(job.device).enabled, tag)) or True)
+    path = _jobs(tmp_path, tiny_dirs, "out")
+    path_cuda = path.replace(".yaml", "_cuda.yaml")
+    data = yaml.safe_load(open(path))
+    data["defaults"] |= {"device": "cuda", "progress": True}
+    open(path_cuda, "w").write(yaml.safe_dump(data))
+    assert main([path_cuda]) == 0
+    assert calls == [("queue", 1, 2), ("set_device", 1), (300, "cuda:1", False, False, "rank 1: "),
+                     ("set_device", 1), (100, "cuda:1", False, False, "rank 1: "), "finish"]
