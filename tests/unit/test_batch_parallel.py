@@ -143,3 +143,15 @@ def test_a_rank_takes_whole_jobs_largest_first_on_its_own_gpu_without_a_process_
     assert main([path_cuda]) == 0
     assert calls == [("queue", 1, 2), ("set_device", 1), (300, "cuda:1", False, False, "rank 1: "),
                      ("set_device", 1), (100, "cuda:1", False, False, "rank 1: "), "finish"]
+
+
+def test_job_size_is_rows_times_prompts(tmp_path):
+    from probe.commands.batch import job_size, largest_first
+    from probe.config import ScoreVocabConfig
+
+    answers = tmp_path / "answers.txt"
+    answers.write_text("yes\nno\nmaybe\nlater\nnever\n")
+    jobs = [ScoreVocabConfig(prompt=("a", "b"), limit=4), ScoreVocabConfig(prompt=("a", "b"), responses=str(answers)),
+            ScoreVocabConfig(prompt=("a",), responses=str(answers), limit=3), ScoreVocabConfig(prompt=("a",))]
+    assert [job_size(j) for j in jobs] == [8, 10, 3, float("inf")]
+    assert largest_first(jobs) == [3, 1, 0, 2]
