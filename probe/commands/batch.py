@@ -1,4 +1,4 @@
-"""Run many sweeps from one file: models x prompts, in sequence; skip what is complete, resume what is not.
+"""Run many sweeps from one file: models x prompts, in sequence (or over processes, below); skip what is complete, resume what is not.
 A job with ``responses: FILE`` (and ``response_column``) scores those whole responses instead of every token.
 
     python -m probe.batch experiments/paper_ten_rms.yaml [--dry-run]
