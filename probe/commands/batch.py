@@ -1,4 +1,5 @@
-"""Run many sweeps from one file: models x prompts, in sequence (or over processes, below); skip what is complete, resume what is not.
+"""Run many sweeps from one file: models x prompts, in sequence (or over processes: below); skip what is
+complete, resume what is not.
 A job with ``responses: FILE`` (and ``response_column``) scores those whole responses instead of every token.
 
     python -m probe.batch experiments/paper_ten_rms.yaml [--dry-run]
@@ -104,7 +105,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 def check_torchrun(path: str, jobs: list[ScoreVocabConfig], shard: str | None) -> None:
     """What torchrun's one-whole-model-per-rank cannot run, refused before any job starts."""
     if shard:
-        raise ProbeError("--shard splits a batch over separate processes, torchrun over its ranks: use one or the other")
+        raise ProbeError("--shard splits a batch over separate processes, torchrun over its ranks: "
+                         "use one or the other")
     for k, job in enumerate(jobs, start=1):
         where = f"{path} models[{k}] ({job.rm or 'embedded'})"
         if job.device_map is not None:
@@ -182,7 +184,8 @@ def _dry_run(config: ScoreVocabConfig) -> None:
 
 
 def _run_job(config: ScoreVocabConfig, tag: str = "") -> bool:
-    """One job as a single ``probe batch`` runs it: skipped when complete, resumed when unfinished; False if it failed."""
+    """One job as a single ``probe batch`` runs it: skipped when complete, resumed when unfinished.
+    False if it failed."""
     status, where = state(config)
     name = config.rm or "embedded"
     if status == "complete":

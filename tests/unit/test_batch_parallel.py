@@ -75,8 +75,9 @@ def rank0_of_2(monkeypatch):
         monkeypatch.setenv(k, v)
 
 
-@pytest.mark.parametrize("extra, says", [({"device_map": "auto"}, r"models\[3\] \(.*tiny-rm\): device_map .* without torchrun"),
-                                         ({"device": "cuda:1"}, "device cuda:1: .* LOCAL_RANK; write device: cuda")])
+@pytest.mark.parametrize("extra, says", [
+    ({"device_map": "auto"}, r"models\[3\] \(.*tiny-rm\): device_map .* without torchrun"),
+    ({"device": "cuda:1"}, "device cuda:1: .* LOCAL_RANK; write device: cuda")])
 def test_torchrun_refuses_a_job_it_cannot_run_before_any_runs(tmp_path, tiny_dirs, capsys, rank0_of_2, extra, says):
     import re
 
