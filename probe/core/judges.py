@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from probe.core.template import WrappedConversation
+from probe.core.template import WrappedConversation, fill
 from probe.errors import DataFormatError
 from probe.textfile import read_yaml
 
@@ -68,10 +68,10 @@ class JudgePrompt:
         return list(range(lo, hi + 1))
 
     def fill(self, prompt: str, first: str, second: str | None = None) -> str:
-        """The user turn (plain replacement: braces elsewhere in the text stay as they are)."""
+        """The user turn (`probe.core.template.fill`: one pass, so the texts filled in stay as written)."""
         if self.kind == "rating":
-            return self.user.replace("{prompt}", prompt).replace("{response}", first)
-        return self.user.replace("{prompt}", prompt).replace("{response_a}", first).replace("{response_b}", second)
+            return fill(self.user, prompt=prompt, response=first)
+        return fill(self.user, prompt=prompt, response_a=first, response_b=second)
 
 
 def shipped() -> list[str]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -70,12 +71,19 @@ class Conversation:
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         if self.judge_question is None:
             return msgs + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}], False
-        text = self.judge_question.replace("{prompt}", self.prompt).replace("{response}", response)
+        text = fill(self.judge_question, prompt=self.prompt, response=response)
         return msgs + [{"role": "user", "content": text}], True
 
     @property
     def template_kwargs(self) -> dict[str, str]:
         return {"date_string": self.date_string}
+
+
+def fill(template: str, **values: str) -> str:
+    """``template`` with each ``{name}`` of ``values`` replaced in one pass over the template only: a placeholder
+    inside a filled-in text (a response that says "{response_b}") stays as written; other braces stay too."""
+    pattern = "|".join(re.escape("{" + k + "}") for k in values)
+    return re.sub(pattern, lambda m: values[m.group(0)[1:-1]], template)
 
 
 # content of the response slot -> (messages, add_generation_prompt); a Conversation, or any such callable

@@ -47,7 +47,7 @@ def _next_token_logits(model, tok, messages, answer_prefix: str = "") -> torch.T
 
 
 def _expected_rating(model, tok, user_text: str, prompt: str, response: str, ratings, answer_prefix="") -> float:
-    text = user_text.replace("{prompt}", prompt).replace("{response}", response)
+    text = user_text.format(prompt=prompt, response=response)  # one pass: str.format, as the prompts hold no other braces
     logits = _next_token_logits(model, tok, [{"role": "user", "content": text}], answer_prefix)
     values = list(range(ratings[0], ratings[1] + 1))
     ids = [tok.convert_tokens_to_ids(str(v)) for v in values]
@@ -111,7 +111,7 @@ def _p_candidate(model, tok, judge, prompt: str, cand: str, ref: str) -> float:
     a, b = (tok.convert_tokens_to_ids(x) for x in judge["labels"])
     out = []
     for first, second, mine in ((cand, ref, 0), (ref, cand, 1)):
-        text = judge["user"].replace("{prompt}", prompt).replace("{response_a}", first).replace("{response_b}", second)
+        text = judge["user"].format(prompt=prompt, response_a=first, response_b=second)
         logits = _next_token_logits(model, tok, [{"role": "user", "content": text}], judge["answer_prefix"])
         out.append(float(torch.softmax(logits[[a, b]], -1)[mine]))
     return float(np.mean(out))
@@ -125,6 +125,25 @@ def test_judge_pair_is_p_candidate_averaged_over_both_orders(judge_lm):
     want = [_p_candidate(judge_lm["model"], judge_lm["tokenizer"], judge, PROMPT, r, REFERENCE) for r in RESPONSES]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert ((0 < got) & (got < 1)).all()
+
+
+def test_judges_fill_their_prompts_in_one_pass(judge_lm, tmp_path):
+    """Placeholders written inside a prompt or a response reach the judge as written (each slot filled once, over
+    the judge prompt only), and the score is the model's own forward on that text."""
+    model, tok = judge_lm["model"], judge_lm["tokenizer"]
+    prompt, cand, ref = "What does print(f'{response}') print?", "It prints {response_b} literally.", "It prints {prompt}."
+    judge = yaml.safe_load((PROMPTS_DIR / "rewardbench-pair.yaml").read_text())
+    filled = load_judge_prompt(None, "pair").fill(prompt, cand, ref)
+    assert filled == judge["user"].format(prompt=prompt, response_a=cand, response_b=ref)
+    assert filled.count(cand) == filled.count(ref) == filled.count(prompt) == 1
+    lm = probe.load(judge_lm["path"], score="judge-pair", reference_response=ref, device="cpu")
+    got = probe.score_responses(lm, None, prompt, [cand], score="judge-pair", verify=1)["score"][0]
+    assert got == pytest.approx(_p_candidate(model, tok, judge, prompt, cand, ref), abs=1e-5)
+    custom = _custom_rating_file(tmp_path)
+    got = probe.score_responses(model, tok, prompt, [cand, ref], score="rating", judge_prompt=str(custom), verify=2)
+    user = "Rate this answer from 1 to 5.\nQuestion: {prompt}\nAnswer: {response}"
+    want = [_expected_rating(model, tok, user, prompt, r, (1, 5), "Rating: ") for r in (cand, ref)]
+    np.testing.assert_allclose(_in_order(got, [cand, ref]), want, rtol=1e-4, atol=1e-4)
 
 
 def test_judge_pair_command_records_its_prompt(judge_lm, tmp_path):
