@@ -72,6 +72,42 @@ def test_causal_lm_as_reward_model_is_refused(capsys, tmp_path, tiny_dirs):
     _assert_clean_error(code, err, tmp_path, "no trained reward head.*--score logprob")
 
 
+@pytest.mark.parametrize("mode", ["judge-pair", "judge", "rating", "logprob"])
+def test_reward_classifier_as_language_model_is_refused(capsys, tmp_path, tiny_dirs, mode):
+    """A sequence classifier's checkpoint holds no lm_head: the causal scores would read a random one."""
+    import probe
+    from probe.errors import ModelLoadError
+
+    code, err = _run(capsys, tmp_path, *PROMPT, "--rm", tiny_dirs["rm"], "--score", mode, "--limit", "8")
+    _assert_clean_error(code, err, tmp_path, r"no trained language-model head \(randomly initialised: lm_head.weight; "
+                        r"the checkpoint is LlamaForSequenceClassification\).*--score reward")
+    with pytest.raises(ModelLoadError, match="no trained language-model head"):
+        probe.load(tiny_dirs["rm"], score=mode, device="cpu")
+
+
+def test_tied_lm_head_of_a_classifier_is_trained(tmp_path, tokenizers):
+    """With tied embeddings (SmolLM2, Gemma) the LM head is the checkpoint's embedding matrix: loaded, not refused;
+    an untied language model keeps its own head."""
+    import torch
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+    import probe
+    from tests import tiny
+
+    tok = tokenizers["llama3"]
+    rm = tiny.build(LlamaForSequenceClassification, tiny.llama_config(tok, tie_word_embeddings=True))
+    rm.save_pretrained(tmp_path / "tied")
+    tok.save_pretrained(tmp_path / "tied")
+    lm = probe.load(str(tmp_path / "tied"), score="logprob", device="cpu")
+    assert torch.equal(lm.model.get_output_embeddings().weight, rm.model.embed_tokens.weight)
+    own = tiny.build(LlamaForCausalLM, tiny.llama_config(tok), seed=3)
+    own.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    lm = probe.load(str(tmp_path / "lm"), score="judge", device="cpu")
+    assert torch.equal(lm.model.lm_head.weight, own.lm_head.weight)
+    assert not torch.equal(own.lm_head.weight, own.model.embed_tokens.weight)
+
+
 def test_bad_prompt_file_row(capsys, tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("good: What is best?\nbad: 42\n")
