@@ -108,6 +108,20 @@ def test_tied_lm_head_of_a_classifier_is_trained(tmp_path, tokenizers):
     assert not torch.equal(own.lm_head.weight, own.model.embed_tokens.weight)
 
 
+@pytest.mark.parametrize("flag,text,key,line,first", [
+    ("--prompts", "greatest: What is best?\nworst: What is worst?\ngreatest: What is great?\n", "greatest", 3, 1),
+    ("--systems", "control:\nkind: You are kind.\ncontrol: You are a pirate.\n", "control", 3, 1),
+    ("--systems", "control:\nkind: {a: 1, a: 2}\n", "a", 2, 2),
+])
+def test_yaml_key_written_twice(capsys, tmp_path, tiny_dirs, flag, text, key, line, first):
+    """YAML keeps the last of two equal keys silently: refused, naming the key and both lines."""
+    f = tmp_path / "file.yaml"
+    f.write_text(text)
+    code, err = _run(capsys, tmp_path, *PROMPT, flag, str(f), "--rm", tiny_dirs["rm"], "--limit", "8")
+    _assert_clean_error(code, err, tmp_path, rf"file\.yaml line {line}: the key '{key}' is written twice \(first on "
+                        rf"line {first}\)")
+
+
 def test_bad_prompt_file_row(capsys, tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("good: What is best?\nbad: 42\n")
