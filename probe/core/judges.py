@@ -3,7 +3,7 @@ one next-token distribution (no text is generated).
 
 ``--score rating``: the user turn shows the prompt and the response under a rating prompt; the assistant's turn
 opens (and starts with the prompt's ``answer_prefix``); the score is the expected rating under the model's next-token
-distribution restricted to the rating tokens ("1" ... "10", each one id of the tokenizer, else one line):
+distribution restricted to the rating tokens ("1" ... "9" by default, each one id of the tokenizer, else one line):
 ``sum_r r * softmax(logits[rating ids])_r``.
 
 ``--score judge-pair``: the user turn shows the prompt and two responses, the candidate and ``--reference-response``;
@@ -33,7 +33,8 @@ from probe.errors import DataFormatError
 from probe.textfile import read_yaml
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "data" / "judge_prompts"
-DEFAULTS = {"rating": "rewardbench2-rating", "pair": "rewardbench-pair"}
+# the rating default is 1 to 9: "10" is two tokens of most tokenizers (SmolLM2, Qwen, Gemma), one of Llama 3's
+DEFAULTS = {"rating": "rewardbench2-rating-1to9", "pair": "rewardbench-pair"}
 PLACES = {"rating": ("{prompt}", "{response}"), "pair": ("{prompt}", "{response_a}", "{response_b}")}
 JudgeKind = Literal["rating", "pair"]
 

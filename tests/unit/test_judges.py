@@ -67,10 +67,11 @@ def _custom_rating_file(tmp_path: Path) -> Path:
 def test_rating_is_the_expected_rating_from_the_logits(judge_lm, tmp_path):
     model, tok = judge_lm["model"], judge_lm["tokenizer"]
     custom = _custom_rating_file(tmp_path)
-    cases = [(str(custom), "Rate this answer from 1 to 5.\nQuestion: {prompt}\nAnswer: {response}", (1, 5), "Rating: ")]
+    cases = [(str(custom), "Rate this answer from 1 to 5.\nQuestion: {prompt}\nAnswer: {response}", (1, 5), "Rating: "),
+             (None, yaml.safe_load((PROMPTS_DIR / "rewardbench2-rating-1to9.yaml").read_text())["user"], (1, 9), "")]
     if judge_lm["name"].startswith("llama"):  # "10" is one token of Llama 3's tokenizer, two of Qwen's
         user = yaml.safe_load((PROMPTS_DIR / "rewardbench2-rating.yaml").read_text())["user"]
-        cases.append((None, user, (1, 10), ""))
+        cases.append(("rewardbench2-rating", user, (1, 10), ""))
     for name, user, ratings, prefix in cases:
         got = probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", judge_prompt=name, verify=2)
         want = [_expected_rating(model, tok, user, PROMPT, r, ratings, prefix) for r in RESPONSES]
@@ -98,13 +99,32 @@ def test_a_rating_sweep_equals_the_reference_on_its_tokens(judge_lm, tmp_path):
 
 
 def test_ratings_must_be_one_token_each(judge_lm):
-    """'10' is one token of Llama 3's tokenizer (the default 1-10 scale runs), two of Qwen 2.5's (one line)."""
+    """'10' is one token of Llama 3's tokenizer (RewardBench 2's 1-10 scale runs), two of Qwen 2.5's (one line); the
+    default 1-9 scale runs on both."""
     model, tok = judge_lm["model"], judge_lm["tokenizer"]
+    assert len(probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", verify=0)) == len(RESPONSES)
     if judge_lm["name"].startswith("llama"):
-        assert len(probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", verify=0)) == len(RESPONSES)
+        assert len(probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", verify=0,
+                                         judge_prompt="rewardbench2-rating")) == len(RESPONSES)
     else:
         with pytest.raises(ProbeError, match="'10' -> .* not one token"):
-            probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating")
+            probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", judge_prompt="rewardbench2-rating")
+
+
+def test_default_rating_runs_on_the_default_models_tokenizer(tmp_path):
+    """SmolLM2's tokenizer (the embedded model's) splits "10": the default rating prompt is 1-9, each one token, and
+    its score is the expected rating from the model's own forward."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from probe.models.embedded import packaged_dir
+
+    tok = AutoTokenizer.from_pretrained(packaged_dir("smollm2"))
+    assert len(tok.encode("10", add_special_tokens=False)) == 2
+    model = tiny.build(LlamaForCausalLM, tiny.llama_config(tok, hidden_size=32, intermediate_size=64))
+    got = probe.score_responses(model, tok, PROMPT, RESPONSES[:3], score="rating", verify=1)
+    user = load_judge_prompt(None, "rating").user
+    want = [_expected_rating(model, tok, user, PROMPT, r, (1, 9)) for r in RESPONSES[:3]]
+    np.testing.assert_allclose(_in_order(got, RESPONSES[:3]), want, rtol=1e-4, atol=1e-4)
 
 
 def _p_candidate(model, tok, judge, prompt: str, cand: str, ref: str) -> float:
@@ -207,12 +227,15 @@ def test_bad_judge_prompt_files_are_one_line(tmp_path, doc, needle):
 
 def test_shipped_prompts_load_and_say_their_source():
     for name, kind in (("rewardbench2-rating", "rating"), ("rewardbench2-rating-verbatim", "rating"),
-                       ("rewardbench-pair", "pair")):
+                       ("rewardbench2-rating-1to9", "rating"), ("rewardbench-pair", "pair")):
         p = load_judge_prompt(name, kind)
         assert p.name == name and "allenai/reward-bench" in p.source
     verbatim, direct = load_judge_prompt("rewardbench2-rating-verbatim", "rating"), load_judge_prompt(None, "rating")
     assert "Begin your evaluation by providing a short explanation" in verbatim.user
-    assert "explanation" not in direct.user and direct.ratings == verbatim.ratings == (1, 10)
+    plain = load_judge_prompt("rewardbench2-rating", "rating")
+    assert "explanation" not in direct.user and plain.ratings == verbatim.ratings == (1, 10)
+    assert direct.name == "rewardbench2-rating-1to9" and direct.ratings == (1, 9)
+    assert direct.user == plain.user.replace("1 to 10", "1 to 9").replace("1 and 10", "1 and 9")
 
 
 def test_probe_social_with_a_rating_judge(judge_lm, tmp_path):
