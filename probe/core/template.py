@@ -213,6 +213,28 @@ def _marked(tokenizer) -> bool:
     return isinstance(template, str) and TEXT_CALL_MARK in template
 
 
+def template_system_text(tokenizer, user: str, date_string: str = DEFAULT_DATE) -> str | None:
+    """The system text the chat template writes for a conversation without a system message (SmolLM2's "You are a
+    helpful AI assistant named SmolLM, ...", Qwen 2.5's "You are Qwen, ..."): the conversation rendered without one
+    and with a marker as its system message; the text in the marker's place. "" where the template writes its system
+    block empty (Llama 3.1's, whose date lines every persona gets), None where it writes no system text."""
+    marker = "rm-probe system marker 7f3a"
+
+    def text(messages: Messages) -> str:
+        return tokenizer.apply_chat_template(messages + [{"role": "user", "content": user}], tokenize=False,
+                                             add_generation_prompt=True, date_string=date_string)
+
+    try:
+        plain, marked = text([]), text([{"role": "system", "content": marker}])
+    except Exception:  # jinja2's own errors: a template that refuses system messages has no default either
+        return None
+    if marked.count(marker) != 1:
+        return None
+    before, after = marked.split(marker)
+    fits = plain.startswith(before) and plain.endswith(after) and len(plain) >= len(before) + len(after)
+    return plain[len(before): len(plain) - len(after)] if fits else None
+
+
 def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:
     """The ids of the conversation with ``response`` in its slot: the tokenizer's chat template (by `input_call`),
     or a builder's own ``render_ids`` (a family whose input is not a chat, e.g. a pairwise model's,

@@ -303,8 +303,10 @@ def personas_html(scores: pl.DataFrame, meta: dict, n_movers: int = 5) -> str:
         up, down = (html.escape(", ".join(repr(r["decoded"]) for r in m[k])) for k in ("up", "down"))
         moved.append(f"<li><b>{html.escape(row['prompt'])}@{html.escape(row['persona'])}</b>: rising most {up}; "
                      f"falling most {down}</li>")
-    systems = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v) if v else '(no system message)'}</li>"
-                      for k, v in section["systems"].items())
+    from probe.core.prompts import system_label
+
+    systems = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(system_label(section, k))}</li>"
+                      for k in section["systems"])
     what = "responses" if responses else "word-like tokens"
     return (f"<section class='personas'><h2>Persona grid</h2><p>Each prompt was scored under {len(section['systems'])} "
             f"system prompts; each persona is compared with the control <b>{html.escape(section['control'])}</b> over "
