@@ -47,7 +47,7 @@ def _next_token_logits(model, tok, messages, answer_prefix: str = "") -> torch.T
 
 
 def _expected_rating(model, tok, user_text: str, prompt: str, response: str, ratings, answer_prefix="") -> float:
-    text = user_text.format(prompt=prompt, response=response)  # one pass: str.format, as the prompts hold no other braces
+    text = user_text.format(prompt=prompt, response=response)  # one pass (the prompts hold no other braces)
     logits = _next_token_logits(model, tok, [{"role": "user", "content": text}], answer_prefix)
     values = list(range(ratings[0], ratings[1] + 1))
     ids = [tok.convert_tokens_to_ids(str(v)) for v in values]
@@ -151,7 +151,8 @@ def test_judges_fill_their_prompts_in_one_pass(judge_lm, tmp_path):
     """Placeholders written inside a prompt or a response reach the judge as written (each slot filled once, over
     the judge prompt only), and the score is the model's own forward on that text."""
     model, tok = judge_lm["model"], judge_lm["tokenizer"]
-    prompt, cand, ref = "What does print(f'{response}') print?", "It prints {response_b} literally.", "It prints {prompt}."
+    prompt = "What does print(f'{response}') print?"
+    cand, ref = "It prints {response_b} literally.", "It prints {prompt}."
     judge = yaml.safe_load((PROMPTS_DIR / "rewardbench-pair.yaml").read_text())
     filled = load_judge_prompt(None, "pair").fill(prompt, cand, ref)
     assert filled == judge["user"].format(prompt=prompt, response_a=cand, response_b=ref)
