@@ -59,9 +59,10 @@ class ScoringOptions:
     judge_prompt: object = None  # --score rating / judge-pair: the judge prompt (probe/core/judges.py: JudgePrompt)
 
 
-JUDGE_PROMPT_HELP = ("--score rating or judge-pair: the judge prompt, a shipped one (rewardbench2-rating, the default "
-                     "for rating; rewardbench2-rating-verbatim; rewardbench-pair, the default for judge-pair) or a YAML "
-                     "file (kind, source, system, user, answer_prefix, ratings or labels: see probe/core/judges.py); "
+JUDGE_PROMPT_HELP = ("--score rating or judge-pair: the judge prompt, a shipped one (rewardbench2-rating-1to9, the "
+                     "default for rating; rewardbench2-rating, its 1-to-10 original; rewardbench2-rating-verbatim; "
+                     "rewardbench-pair, the default for judge-pair) or a YAML file (kind, source, system, user, "
+                     "answer_prefix, ratings or labels: see probe/core/judges.py); "
                      "its source and text are recorded in the run")
 
 

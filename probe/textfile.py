@@ -39,13 +39,44 @@ def parse_json(path: Path, text: str):
 
 
 def read_yaml(path: Path, what: str = "YAML"):
-    """The parsed YAML document; an error names the line, or says the file is not YAML (a binary file, say)."""
+    """The parsed YAML document; an error names the line, or says the file is not YAML (a binary file, say). A key
+    written twice in one mapping is refused (YAML would keep the last one silently)."""
     import yaml
 
     text = read_text(path)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_unique_keys_loader())
+    except _DuplicateKey as err:
+        raise DataFormatError(f"{path} line {err.line}: the key {err.key!r} is written twice (first on line "
+                              f"{err.first}), and only the last would be kept: remove or rename one") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise DataFormatError(f"{path}{where}: not valid {what} ({getattr(err, 'problem', None) or err})") from None
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key, line: int, first: int):
+        self.key, self.line, self.first = key, line, first
+
+
+def _unique_keys_loader():
+    """yaml's safe loader, refusing a mapping that holds one key twice."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # "<<": merged keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[key])
+                    seen[key] = key_node.start_mark.line + 1
+                except TypeError:  # an unhashable key: the safe loader's own error follows
+                    continue
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys

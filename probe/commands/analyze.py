@@ -206,10 +206,14 @@ def run_personas(config, sweeps, out) -> dict:
         raise DataFormatError(f"{sweep.path}: {err}") from None
     table.write_csv(out / "personas.csv")
     atomic_write_json(out / "movers.json", moves)
-    control = sweep.meta["personas"]["control"]
+    from probe.core.prompts import system_label
+
+    personas = sweep.meta["personas"]
+    control, control_is = personas["control"], system_label(personas, personas["control"])
     what = "responses" if sweep.responses else "word-like tokens"
     print(f"persona grid of {sweep.model}: each persona against the control {control!r} "
           f"(over {table['n'][0]:,} scored {'responses' if sweep.responses else 'tokens'})")
+    print(f"the control {control!r}: {control_is}")
     with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, float_precision=3, tbl_hide_dataframe_shape=True):
         print(table)
         print("Kendall tau-b, prompt x persona:")
@@ -218,7 +222,8 @@ def run_personas(config, sweeps, out) -> dict:
         up = ", ".join(repr(r["decoded"]) for r in m["up"][:5])
         down = ", ".join(repr(r["decoded"]) for r in m["down"][:5])
         print(f"{cell}: {what} rising most {up}; falling most {down}")
-    return {"control": control, "table": table.to_dicts()}
+    return {"control": control, "control_system": control_is, "template_system": personas.get("template_system"),
+            "table": table.to_dicts()}
 
 
 def _frames(sweeps, prompt) -> dict[tuple[str, str], pl.DataFrame]:

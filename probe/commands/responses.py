@@ -84,7 +84,8 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
                             score={"mode": mode, **head.describe()}, batch_size=batch_size,
                             prompts={p.key: _prompt_meta(p, rows[p.key], loaded.tokenizer, p.system_or(config.system))
                                      for p in prompts},
-                            self_check={}, timing={"sessions": []}, **persona_meta(config, prompts)))
+                            self_check={}, timing={"sessions": []},
+                            **persona_meta(config, prompts, loaded.tokenizer, opts.date_string)))
     if meta.get("status") == "complete":
         log.warning("%s is already complete; nothing to resume", run_dir.path)
         return run_dir

@@ -146,7 +146,8 @@ def _new_meta(config: ScoreVocabConfig, sweep, settings: dict, fp: str) -> dict:
                     prompts={p.key: {"text": p.text, "system": p.system_or(config.system), **p.meta(),
                                      **sweep.splits[p.key].to_json()}
                              for p in sweep.prompts},
-                    self_check={}, timing={"prompts": {}}, **persona_meta(config, sweep.prompts))
+                    self_check={}, timing={"prompts": {}},
+                    **persona_meta(config, sweep.prompts, sweep.loaded.tokenizer, config.scoring_options().date_string))
 
 
 def print_summary(run_dir, top: int) -> None:

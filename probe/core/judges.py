@@ -3,7 +3,7 @@ one next-token distribution (no text is generated).
 
 ``--score rating``: the user turn shows the prompt and the response under a rating prompt; the assistant's turn
 opens (and starts with the prompt's ``answer_prefix``); the score is the expected rating under the model's next-token
-distribution restricted to the rating tokens ("1" ... "10", each one id of the tokenizer, else one line):
+distribution restricted to the rating tokens ("1" ... "9" by default, each one id of the tokenizer, else one line):
 ``sum_r r * softmax(logits[rating ids])_r``.
 
 ``--score judge-pair``: the user turn shows the prompt and two responses, the candidate and ``--reference-response``;
@@ -28,12 +28,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from probe.core.template import WrappedConversation
+from probe.core.template import WrappedConversation, fill
 from probe.errors import DataFormatError
 from probe.textfile import read_yaml
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "data" / "judge_prompts"
-DEFAULTS = {"rating": "rewardbench2-rating", "pair": "rewardbench-pair"}
+# the rating default is 1 to 9: "10" is two tokens of most tokenizers (SmolLM2, Qwen, Gemma), one of Llama 3's
+DEFAULTS = {"rating": "rewardbench2-rating-1to9", "pair": "rewardbench-pair"}
 PLACES = {"rating": ("{prompt}", "{response}"), "pair": ("{prompt}", "{response_a}", "{response_b}")}
 JudgeKind = Literal["rating", "pair"]
 
@@ -68,10 +69,10 @@ class JudgePrompt:
         return list(range(lo, hi + 1))
 
     def fill(self, prompt: str, first: str, second: str | None = None) -> str:
-        """The user turn (plain replacement: braces elsewhere in the text stay as they are)."""
+        """The user turn (`probe.core.template.fill`: one pass, so the texts filled in stay as written)."""
         if self.kind == "rating":
-            return self.user.replace("{prompt}", prompt).replace("{response}", first)
-        return self.user.replace("{prompt}", prompt).replace("{response_a}", first).replace("{response_b}", second)
+            return fill(self.user, prompt=prompt, response=first)
+        return fill(self.user, prompt=prompt, response_a=first, response_b=second)
 
 
 def shipped() -> list[str]:

@@ -160,10 +160,31 @@ def systems_from(value, control: str = CONTROL) -> tuple[dict[str, str | None] |
     return {str(k): (v if v and str(v).strip() else None) for k, v in dict(value).items()}, control
 
 
-def persona_meta(config, prompts: list[Prompt]) -> dict:
+def persona_meta(config, prompts: list[Prompt], tokenizer=None, date_string: str | None = None) -> dict:
     """A run's ``personas`` section (empty outside a grid): the file, the control and each persona's system prompt,
-    from the grid's cells (`grid_for`)."""
+    from the grid's cells (`grid_for`); with ``tokenizer``, ``template_system``: the system text its chat template
+    writes for a persona without a system message (`template.template_system_text`; None: no system text)."""
     if not getattr(config, "systems", None):
         return {}
-    return {"personas": {"file": str(config.systems), "control": config.control,
-                         "systems": {p.persona: p.system for p in prompts if p.persona is not None}}}
+    systems = {p.persona: p.system for p in prompts if p.persona is not None}
+    out = {"file": str(config.systems), "control": config.control, "systems": systems}
+    if tokenizer is not None and None in systems.values():
+        from probe.core.template import DEFAULT_DATE, template_system_text
+
+        out["template_system"] = template_system_text(tokenizer, prompts[0].text, date_string or DEFAULT_DATE)
+    return {"personas": out}
+
+
+def system_label(personas: dict, persona: str) -> str:
+    """What ``persona``'s prefix holds in the system's place, in words: its system prompt, or, for none, what the
+    chat template wrote instead (a run made before rm-probe recorded it: said so)."""
+    text = personas["systems"].get(persona)
+    if text:
+        return repr(text)
+    if "template_system" not in personas:
+        return "no system message (what the chat template wrote instead was not recorded in this run)"
+    default = personas["template_system"]
+    if default:
+        return f"no system message: the chat template wrote its own default system prompt, {default!r}"
+    return "no system message, and the chat template wrote " + ("an empty system block" if default == "" else
+                                                                "no system text")

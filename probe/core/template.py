@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -70,12 +71,19 @@ class Conversation:
         msgs = [{"role": "system", "content": self.system}] if self.system else []
         if self.judge_question is None:
             return msgs + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}], False
-        text = self.judge_question.replace("{prompt}", self.prompt).replace("{response}", response)
+        text = fill(self.judge_question, prompt=self.prompt, response=response)
         return msgs + [{"role": "user", "content": text}], True
 
     @property
     def template_kwargs(self) -> dict[str, str]:
         return {"date_string": self.date_string}
+
+
+def fill(template: str, **values: str) -> str:
+    """``template`` with each ``{name}`` of ``values`` replaced in one pass over the template only: a placeholder
+    inside a filled-in text (a response that says "{response_b}") stays as written; other braces stay too."""
+    pattern = "|".join(re.escape("{" + k + "}") for k in values)
+    return re.sub(pattern, lambda m: values[m.group(0)[1:-1]], template)
 
 
 # content of the response slot -> (messages, add_generation_prompt); a Conversation, or any such callable
@@ -206,6 +214,28 @@ def _marked(tokenizer) -> bool:
     """The tokenizer's template is one of the shipped dialogue formats (or carries their mark)."""
     template = getattr(tokenizer, "chat_template", None)
     return isinstance(template, str) and TEXT_CALL_MARK in template
+
+
+def template_system_text(tokenizer, user: str, date_string: str = DEFAULT_DATE) -> str | None:
+    """The system text the chat template writes for a conversation without a system message (SmolLM2's "You are a
+    helpful AI assistant named SmolLM, ...", Qwen 2.5's "You are Qwen, ..."): the conversation rendered without one
+    and with a marker as its system message; the text in the marker's place. "" where the template writes its system
+    block empty (Llama 3.1's, whose date lines every persona gets), None where it writes no system text."""
+    marker = "rm-probe system marker 7f3a"
+
+    def text(messages: Messages) -> str:
+        return tokenizer.apply_chat_template(messages + [{"role": "user", "content": user}], tokenize=False,
+                                             add_generation_prompt=True, date_string=date_string)
+
+    try:
+        plain, marked = text([]), text([{"role": "system", "content": marker}])
+    except Exception:  # jinja2's own errors: a template that refuses system messages has no default either
+        return None
+    if marked.count(marker) != 1:
+        return None
+    before, after = marked.split(marker)
+    fits = plain.startswith(before) and plain.endswith(after) and len(plain) >= len(before) + len(after)
+    return plain[len(before): len(plain) - len(after)] if fits else None
 
 
 def render(tokenizer, build: ConversationBuilder, response: str) -> list[int]:

@@ -528,7 +528,24 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
             f"{path} has no trained reward head (randomly initialised: {', '.join(missing)}); it is not a reward "
             "model. Score it with --score logprob or --score judge, or pass --allow-random-head for a null model"
         )
+    if not seq_cls and (untrained := untrained_lm_head(model, info.get("missing_keys", ()))):
+        arch = ", ".join(getattr(config, "architectures", None) or ["a model without an LM head"])
+        raise ModelLoadError(
+            f"{path} has no trained language-model head (randomly initialised: {', '.join(untrained)}; the checkpoint "
+            f"is {arch}): the logprob, judge, judge-pair and rating scores read that head. Score it with --score reward"
+        )
     return model
+
+
+def untrained_lm_head(model, missing) -> list[str]:
+    """The names of the LM head's parameters the checkpoint does not hold under any of their names (a head tied to
+    the input embeddings, SmolLM2's or Gemma's, holds the trained embeddings: not listed)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names: dict[int, list[str]] = {id(p): [] for p in (head.parameters() if head is not None else ())}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in names:
+            names[id(p)].append(name)
+    return sorted(n for ns in names.values() if ns and set(ns) <= set(missing) for n in ns)
 
 
 def _load_family(path, spec, revision, dtype, device_map, allow_random_head, config):

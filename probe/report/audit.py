@@ -65,13 +65,59 @@ def measured_box(meta: dict) -> str:
     where = (f"package {source.get('package')} ({source.get('quantization')} GGUF, dequantized to "
              f"{source.get('dequantized_to')})" if source.get("package") else m.get("path") or m.get("id"))
     rows = [("model", model_label(meta)), ("loaded from", f"{where}, revision {m.get('revision') or 'default'}"),
-            ("score", f"{name}: {words}"), ("coverage" if meta.get("experiment") != "responses" else "responses", cover),
+            ("score", f"{name}: {words}"), *judge_rows(meta), ("input", input_words(meta)),
+            ("coverage" if meta.get("experiment") != "responses" else "responses", cover),
             ("prompts", "; ".join(f"{k}: {p.get('text')!r}" for k, p in meta.get("prompts", {}).items()))]
     if meta.get("experiment") == "responses":
         rows += [("length", length_words(meta)), ("template", template_words(meta))]
     cls = "measured" + ("" if whole else " partial")
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     return f"<table class='{cls}'>{body}</table>"
+
+
+def judge_rows(meta: dict) -> list[tuple[str, str]]:
+    """What a judge's (or a pairwise model's) score depends on besides the model: the reference response, the judge
+    prompt and its rating scale or labels, the Yes/No question."""
+    score, model = meta.get("score") or {}, meta.get("model") or {}
+    rows = []
+    if model.get("reference_response") is not None:
+        rows.append(("reference response", f"{model['reference_response']!r}: every response is compared with it, "
+                                           "in both orders"))
+    prompt = score.get("judge_prompt") or model.get("judge_prompt")
+    if prompt and prompt.get("kind") == "rating":
+        lo, hi = prompt["ratings"]
+        rows.append(("judge prompt", f"{prompt['name']}: a rating from {lo} to {hi}, each rating one token, read as "
+                                     f"the answer's first token (source: {prompt['source']})"))
+    elif prompt:
+        a, b = prompt["labels"]
+        rows.append(("judge prompt", f"{prompt['name']}: the labels {a!r} (the first response) and {b!r} (the second), "
+                                     f"read as the answer's first token (source: {prompt['source']})"))
+    if score.get("mode") == "judge" and (question := (meta.get("config") or {}).get("judge_question")):
+        rows.append(("judge question", repr(question)))
+    return rows
+
+
+def input_words(meta: dict) -> str:
+    """The ids the model was given: its family's own input, RewardBench's (``--input-method rewardbench``) or the
+    paper's re-tokenized text (``--input-method paper``)."""
+    from probe.models.registry import DOUBLE_BOS_MASKED
+
+    model = meta.get("model") or {}
+    call, own = (model.get("input") or {}).get("call"), (model.get("input") or {}).get("convention") or "-"
+    method = (meta.get("settings") or {}).get("input_method", "ids")
+    if call == "rewardbench":
+        pipe = (model.get("spec") or {}).get("rewardbench_pipeline", "its pipeline")
+        bos = "masks the first of the two (dropped here)" if pipe in DOUBLE_BOS_MASKED else "feeds both"
+        return (f"RewardBench 0.1.4's inputs (--input-method rewardbench), not the family's own: {pipe} encodes the "
+                "chat template's text with tokenizer(text), which doubles BOS where the template writes one and the "
+                f"tokenizer adds one, and {bos}; without a chat template '</s>' is appended. The family's own: {own}")
+    if method == "rewardbench":  # run_dpo.py's, an encoder's raw text (named so), or the family's own already
+        return own if "RewardBench" in own else f"RewardBench 0.1.4's inputs (--input-method rewardbench), for this "\
+            f"family its own: {own}"
+    if method == "paper":
+        return ("the paper's route (--input-method paper): each token decoded to text and the whole conversation "
+                "re-tokenized, as the paper's code did; not the family's own input")
+    return own
 
 
 def response_coverage(meta: dict) -> str:
@@ -303,8 +349,10 @@ def personas_html(scores: pl.DataFrame, meta: dict, n_movers: int = 5) -> str:
         up, down = (html.escape(", ".join(repr(r["decoded"]) for r in m[k])) for k in ("up", "down"))
         moved.append(f"<li><b>{html.escape(row['prompt'])}@{html.escape(row['persona'])}</b>: rising most {up}; "
                      f"falling most {down}</li>")
-    systems = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v) if v else '(no system message)'}</li>"
-                      for k, v in section["systems"].items())
+    from probe.core.prompts import system_label
+
+    systems = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(system_label(section, k))}</li>"
+                      for k in section["systems"])
     what = "responses" if responses else "word-like tokens"
     return (f"<section class='personas'><h2>Persona grid</h2><p>Each prompt was scored under {len(section['systems'])} "
             f"system prompts; each persona is compared with the control <b>{html.escape(section['control'])}</b> over "

@@ -21,12 +21,12 @@ import numpy as np
 import polars as pl
 
 from probe.analysis import stats
-from probe.analysis.sweeps import Sweep, load_sweep, run_labels, shared_vocabulary
+from probe.analysis.sweeps import Sweep, load_sweep, shared_vocabulary, short_name
 from probe.errors import ProbeError
 from probe.report import page_template
 from probe.report.provenance import provenance_table
 from probe.report.tables import identity_table, slopes_table
-from probe.report.text import flags, model_label, score_decimal, shown_text
+from probe.report.text import flags, model_label, run_label, score_decimal, shown_text
 
 COLUMNS = ["rank", "score", "id", "flags", "token"]
 
@@ -92,7 +92,8 @@ def heatmap_png(tau: np.ndarray, labels: list[str], title: str) -> str:
 
 
 def report_data(sweeps: list[Sweep], rows: int) -> dict:
-    labels = run_labels(sweeps)
+    names = [run_label(short_name(s.model), s.meta) for s in sweeps]
+    labels = [n if names.count(n) == 1 else f"{n} #{i + 1}" for i, n in enumerate(names)]
     data: dict = {"labels": labels, "models": [model_label(s.meta) for s in sweeps], "prompts": {}}
     for prompt, keys in shared_prompts(sweeps).items():
         frames = [s.prompt(k) for s, k in zip(sweeps, keys)]

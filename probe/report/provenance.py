@@ -38,6 +38,15 @@ def _check(check) -> str:
             f" (tolerance {_num(check.get('tolerance'))})")
 
 
+def _judge_prompt(meta: dict) -> list[tuple[str, str]]:
+    """A judge prompt's whole text (a rating or pairwise judge's run), as the run recorded it."""
+    p = (meta.get("score") or {}).get("judge_prompt") or (meta.get("model") or {}).get("judge_prompt")
+    if not p:
+        return []
+    return [("judge prompt text", f"{p['name']} (sha256 {p['sha256'][:16]}...): system {p.get('system')!r}, "
+                                  f"answer prefix {p.get('answer_prefix')!r}, user turn {p['user']!r}")]
+
+
 def provenance_table(meta: dict) -> str:
     """A run's provenance as an HTML table: model, spec, score, dtype, coverage, timing, versions, command,
     and per prompt the verified template split and the self-check."""
@@ -52,7 +61,7 @@ def provenance_table(meta: dict) -> str:
             ("score", _score(meta.get("score") or {})), ("dtype / device", f"{m.get('dtype')} / {m.get('device')}"),
             ("scored", f"{_num(settings.get('n_tokens', settings.get('n_responses')))} "
                        f"{'tokens' if 'n_tokens' in settings else 'responses'} per prompt"),
-            ("input method", settings.get("input_method", "ids")),
+            ("input method", settings.get("input_method", "ids")), *_judge_prompt(meta),
             ("created / finished", f"{meta.get('created') or '-'} / {meta.get('finished') or '-'}"),
             ("scoring time", f"{_num(seconds)} s ({_num(rate)} per second)" if seconds else "-"),
             ("versions", ", ".join(f"{k} {v}" for k, v in versions.items() if v) or "-"),

@@ -18,8 +18,7 @@ import polars as pl
 from probe.report import page_template
 from probe.report.audit import length_plot_png, measured_box, personas_html, response_findings
 from probe.report.provenance import provenance_table
-from probe.analysis.sweeps import mode_name
-from probe.report.text import model_label, plural
+from probe.report.text import model_label, plural, run_label
 from probe.runs.rundir import RunDir
 
 
@@ -49,7 +48,7 @@ def build(run_dirs: list[str | Path], rows: int = 25, dictionary: str | None = N
     tables = [r.read_table("scores.parquet") for r in runs]
     labels = []
     for m in metas:
-        label = model_label(m) + f" [{mode_name(m)}]"
+        label = run_label(model_label(m), m)
         while label in labels:
             label += "'"
         labels.append(label)

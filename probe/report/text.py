@@ -21,6 +21,16 @@ def model_label(meta: dict) -> str:
     return model.get("id", "?")
 
 
+def run_label(model: str, meta: dict) -> str:
+    """A run's label on a page of several: the model, its score mode and, where not the family's own, its input route
+    (two runs that differ only by ``--input-method`` are told apart)."""
+    from probe.analysis.sweeps import mode_name
+
+    route = {"rewardbench": "RewardBench's inputs", "paper": "the paper's inputs"}.get(
+        (meta.get("settings") or {}).get("input_method", "ids"))
+    return f"{model} [{mode_name(meta)}{', ' + route if route else ''}]"
+
+
 def plural(n: int, noun: str) -> str:
     """``1 response``, ``6 responses``, ``1,000 responses``."""
     return f"{n:,} {noun}" + ("" if n == 1 else "s")

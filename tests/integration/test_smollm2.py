@@ -143,3 +143,29 @@ def test_response_run_on_smollm2_equals_its_own_forward(smol, tmp_path):
         ref = float(sum(logp[i - 1, ids[i]] for i in range(n_prefix, len(ids))))
         assert row["score"] == pytest.approx(ref, abs=1e-3 * (1 + abs(ref))), row["response"]
     assert df.filter(pl.col("response") == "Love")["rank"][0] == 1
+
+
+def test_default_rating_runs_on_smollm2(smol, tmp_path):
+    """The default rating prompt (1-9: '10' is two SmolLM2 tokens) runs on the embedded model, through the command,
+    and each score is the expected rating under the model's own next-token distribution."""
+    from probe.commands.score import main
+    from probe.core.judges import load_judge_prompt
+
+    responses = ["Love", "The Beatles", "I do not know."]
+    (tmp_path / "r.txt").write_text("\n".join(responses) + "\n")
+    assert main(["--score", "rating", "--responses", str(tmp_path / "r.txt"), "--prompt", PROMPT, "--device", "cpu",
+                 "--output", str(tmp_path / "out"), "--no-progress", "--verify", "3"]) == 0
+    (run_dir,) = (tmp_path / "out").glob("*/responses_*")
+    df = pl.read_parquet(run_dir / "scores.parquet")
+    judge = load_judge_prompt(None, "rating")
+    assert judge.ratings == (1, 9)
+    tok, model = smol.tokenizer, smol.model
+    digits = [tok.convert_tokens_to_ids(str(r)) for r in range(1, 10)]
+    for row in df.iter_rows(named=True):
+        text = judge.user.format(prompt=PROMPT, response=row["response"])
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True,
+                                      return_dict=False)
+        with torch.inference_mode():
+            p = torch.softmax(model(torch.tensor([ids])).logits[0, -1, digits].float(), -1)
+        want = float((p * torch.arange(1, 10)).sum())
+        assert row["score"] == pytest.approx(want, abs=1e-4), row["response"]

@@ -72,6 +72,56 @@ def test_causal_lm_as_reward_model_is_refused(capsys, tmp_path, tiny_dirs):
     _assert_clean_error(code, err, tmp_path, "no trained reward head.*--score logprob")
 
 
+@pytest.mark.parametrize("mode", ["judge-pair", "judge", "rating", "logprob"])
+def test_reward_classifier_as_language_model_is_refused(capsys, tmp_path, tiny_dirs, mode):
+    """A sequence classifier's checkpoint holds no lm_head: the causal scores would read a random one."""
+    import probe
+    from probe.errors import ModelLoadError
+
+    code, err = _run(capsys, tmp_path, *PROMPT, "--rm", tiny_dirs["rm"], "--score", mode, "--limit", "8")
+    _assert_clean_error(code, err, tmp_path, r"no trained language-model head \(randomly initialised: lm_head.weight; "
+                        r"the checkpoint is LlamaForSequenceClassification\).*--score reward")
+    with pytest.raises(ModelLoadError, match="no trained language-model head"):
+        probe.load(tiny_dirs["rm"], score=mode, device="cpu")
+
+
+def test_tied_lm_head_of_a_classifier_is_trained(tmp_path, tokenizers):
+    """With tied embeddings (SmolLM2, Gemma) the LM head is the checkpoint's embedding matrix: loaded, not refused;
+    an untied language model keeps its own head."""
+    import torch
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+    import probe
+    from tests import tiny
+
+    tok = tokenizers["llama3"]
+    rm = tiny.build(LlamaForSequenceClassification, tiny.llama_config(tok, tie_word_embeddings=True))
+    rm.save_pretrained(tmp_path / "tied")
+    tok.save_pretrained(tmp_path / "tied")
+    lm = probe.load(str(tmp_path / "tied"), score="logprob", device="cpu")
+    assert torch.equal(lm.model.get_output_embeddings().weight, rm.model.embed_tokens.weight)
+    own = tiny.build(LlamaForCausalLM, tiny.llama_config(tok), seed=3)
+    own.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    lm = probe.load(str(tmp_path / "lm"), score="judge", device="cpu")
+    assert torch.equal(lm.model.lm_head.weight, own.lm_head.weight)
+    assert not torch.equal(own.lm_head.weight, own.model.embed_tokens.weight)
+
+
+@pytest.mark.parametrize("flag,text,key,line,first", [
+    ("--prompts", "greatest: What is best?\nworst: What is worst?\ngreatest: What is great?\n", "greatest", 3, 1),
+    ("--systems", "control:\nkind: You are kind.\ncontrol: You are a pirate.\n", "control", 3, 1),
+    ("--systems", "control:\nkind: {a: 1, a: 2}\n", "a", 2, 2),
+])
+def test_yaml_key_written_twice(capsys, tmp_path, tiny_dirs, flag, text, key, line, first):
+    """YAML keeps the last of two equal keys silently: refused, naming the key and both lines."""
+    f = tmp_path / "file.yaml"
+    f.write_text(text)
+    code, err = _run(capsys, tmp_path, *PROMPT, flag, str(f), "--rm", tiny_dirs["rm"], "--limit", "8")
+    _assert_clean_error(code, err, tmp_path, rf"file\.yaml line {line}: the key '{key}' is written twice \(first on "
+                        rf"line {first}\)")
+
+
 def test_bad_prompt_file_row(capsys, tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("good: What is best?\nbad: 42\n")

@@ -47,7 +47,7 @@ def _next_token_logits(model, tok, messages, answer_prefix: str = "") -> torch.T
 
 
 def _expected_rating(model, tok, user_text: str, prompt: str, response: str, ratings, answer_prefix="") -> float:
-    text = user_text.replace("{prompt}", prompt).replace("{response}", response)
+    text = user_text.format(prompt=prompt, response=response)  # one pass (the prompts hold no other braces)
     logits = _next_token_logits(model, tok, [{"role": "user", "content": text}], answer_prefix)
     values = list(range(ratings[0], ratings[1] + 1))
     ids = [tok.convert_tokens_to_ids(str(v)) for v in values]
@@ -67,10 +67,11 @@ def _custom_rating_file(tmp_path: Path) -> Path:
 def test_rating_is_the_expected_rating_from_the_logits(judge_lm, tmp_path):
     model, tok = judge_lm["model"], judge_lm["tokenizer"]
     custom = _custom_rating_file(tmp_path)
-    cases = [(str(custom), "Rate this answer from 1 to 5.\nQuestion: {prompt}\nAnswer: {response}", (1, 5), "Rating: ")]
+    cases = [(str(custom), "Rate this answer from 1 to 5.\nQuestion: {prompt}\nAnswer: {response}", (1, 5), "Rating: "),
+             (None, yaml.safe_load((PROMPTS_DIR / "rewardbench2-rating-1to9.yaml").read_text())["user"], (1, 9), "")]
     if judge_lm["name"].startswith("llama"):  # "10" is one token of Llama 3's tokenizer, two of Qwen's
         user = yaml.safe_load((PROMPTS_DIR / "rewardbench2-rating.yaml").read_text())["user"]
-        cases.append((None, user, (1, 10), ""))
+        cases.append(("rewardbench2-rating", user, (1, 10), ""))
     for name, user, ratings, prefix in cases:
         got = probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", judge_prompt=name, verify=2)
         want = [_expected_rating(model, tok, user, PROMPT, r, ratings, prefix) for r in RESPONSES]
@@ -98,20 +99,39 @@ def test_a_rating_sweep_equals_the_reference_on_its_tokens(judge_lm, tmp_path):
 
 
 def test_ratings_must_be_one_token_each(judge_lm):
-    """'10' is one token of Llama 3's tokenizer (the default 1-10 scale runs), two of Qwen 2.5's (one line)."""
+    """'10' is one token of Llama 3's tokenizer (RewardBench 2's 1-10 scale runs), two of Qwen 2.5's (one line); the
+    default 1-9 scale runs on both."""
     model, tok = judge_lm["model"], judge_lm["tokenizer"]
+    assert len(probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", verify=0)) == len(RESPONSES)
     if judge_lm["name"].startswith("llama"):
-        assert len(probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", verify=0)) == len(RESPONSES)
+        assert len(probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", verify=0,
+                                         judge_prompt="rewardbench2-rating")) == len(RESPONSES)
     else:
         with pytest.raises(ProbeError, match="'10' -> .* not one token"):
-            probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating")
+            probe.score_responses(model, tok, PROMPT, RESPONSES, score="rating", judge_prompt="rewardbench2-rating")
+
+
+def test_default_rating_runs_on_the_default_models_tokenizer(tmp_path):
+    """SmolLM2's tokenizer (the embedded model's) splits "10": the default rating prompt is 1-9, each one token, and
+    its score is the expected rating from the model's own forward."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from probe.models.embedded import packaged_dir
+
+    tok = AutoTokenizer.from_pretrained(packaged_dir("smollm2"))
+    assert len(tok.encode("10", add_special_tokens=False)) == 2
+    model = tiny.build(LlamaForCausalLM, tiny.llama_config(tok, hidden_size=32, intermediate_size=64))
+    got = probe.score_responses(model, tok, PROMPT, RESPONSES[:3], score="rating", verify=1)
+    user = load_judge_prompt(None, "rating").user
+    want = [_expected_rating(model, tok, user, PROMPT, r, (1, 9)) for r in RESPONSES[:3]]
+    np.testing.assert_allclose(_in_order(got, RESPONSES[:3]), want, rtol=1e-4, atol=1e-4)
 
 
 def _p_candidate(model, tok, judge, prompt: str, cand: str, ref: str) -> float:
     a, b = (tok.convert_tokens_to_ids(x) for x in judge["labels"])
     out = []
     for first, second, mine in ((cand, ref, 0), (ref, cand, 1)):
-        text = judge["user"].replace("{prompt}", prompt).replace("{response_a}", first).replace("{response_b}", second)
+        text = judge["user"].format(prompt=prompt, response_a=first, response_b=second)
         logits = _next_token_logits(model, tok, [{"role": "user", "content": text}], judge["answer_prefix"])
         out.append(float(torch.softmax(logits[[a, b]], -1)[mine]))
     return float(np.mean(out))
@@ -125,6 +145,26 @@ def test_judge_pair_is_p_candidate_averaged_over_both_orders(judge_lm):
     want = [_p_candidate(judge_lm["model"], judge_lm["tokenizer"], judge, PROMPT, r, REFERENCE) for r in RESPONSES]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert ((0 < got) & (got < 1)).all()
+
+
+def test_judges_fill_their_prompts_in_one_pass(judge_lm, tmp_path):
+    """Placeholders written inside a prompt or a response reach the judge as written (each slot filled once, over
+    the judge prompt only), and the score is the model's own forward on that text."""
+    model, tok = judge_lm["model"], judge_lm["tokenizer"]
+    prompt = "What does print(f'{response}') print?"
+    cand, ref = "It prints {response_b} literally.", "It prints {prompt}."
+    judge = yaml.safe_load((PROMPTS_DIR / "rewardbench-pair.yaml").read_text())
+    filled = load_judge_prompt(None, "pair").fill(prompt, cand, ref)
+    assert filled == judge["user"].format(prompt=prompt, response_a=cand, response_b=ref)
+    assert filled.count(cand) == filled.count(ref) == filled.count(prompt) == 1
+    lm = probe.load(judge_lm["path"], score="judge-pair", reference_response=ref, device="cpu")
+    got = probe.score_responses(lm, None, prompt, [cand], score="judge-pair", verify=1)["score"][0]
+    assert got == pytest.approx(_p_candidate(model, tok, judge, prompt, cand, ref), abs=1e-5)
+    custom = _custom_rating_file(tmp_path)
+    got = probe.score_responses(model, tok, prompt, [cand, ref], score="rating", judge_prompt=str(custom), verify=2)
+    user = "Rate this answer from 1 to 5.\nQuestion: {prompt}\nAnswer: {response}"
+    want = [_expected_rating(model, tok, user, prompt, r, (1, 5), "Rating: ") for r in (cand, ref)]
+    np.testing.assert_allclose(_in_order(got, [cand, ref]), want, rtol=1e-4, atol=1e-4)
 
 
 def test_judge_pair_command_records_its_prompt(judge_lm, tmp_path):
@@ -188,12 +228,15 @@ def test_bad_judge_prompt_files_are_one_line(tmp_path, doc, needle):
 
 def test_shipped_prompts_load_and_say_their_source():
     for name, kind in (("rewardbench2-rating", "rating"), ("rewardbench2-rating-verbatim", "rating"),
-                       ("rewardbench-pair", "pair")):
+                       ("rewardbench2-rating-1to9", "rating"), ("rewardbench-pair", "pair")):
         p = load_judge_prompt(name, kind)
         assert p.name == name and "allenai/reward-bench" in p.source
     verbatim, direct = load_judge_prompt("rewardbench2-rating-verbatim", "rating"), load_judge_prompt(None, "rating")
     assert "Begin your evaluation by providing a short explanation" in verbatim.user
-    assert "explanation" not in direct.user and direct.ratings == verbatim.ratings == (1, 10)
+    plain = load_judge_prompt("rewardbench2-rating", "rating")
+    assert "explanation" not in direct.user and plain.ratings == verbatim.ratings == (1, 10)
+    assert direct.name == "rewardbench2-rating-1to9" and direct.ratings == (1, 9)
+    assert direct.user == plain.user.replace("1 to 10", "1 to 9").replace("1 and 10", "1 and 9")
 
 
 def test_probe_social_with_a_rating_judge(judge_lm, tmp_path):

@@ -4,6 +4,7 @@ recomputes with scipy; the report shows the grid."""
 
 from __future__ import annotations
 
+import html
 import json
 from pathlib import Path
 
@@ -123,7 +124,47 @@ def test_report_shows_the_grid(grid_run, tmp_path):
     _, run = grid_run
     assert report_main([run, "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
-    assert "Persona grid" in page and "You are a calm monk." in page and "(no system message)" in page
+    assert "Persona grid" in page and "You are a calm monk." in page
+    # the tiny Llama 3 template writes no system block without a system message
+    assert "plain</b>: no system message, and the chat template wrote no system text" in page
+
+
+def test_the_control_says_what_the_template_wrote_in_its_place(tmp_path, capsys):
+    """SmolLM2's template writes its own system prompt where the conversation has none: the run records it, and the
+    analysis and the report say that this is the control's system text."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from probe.core.template import template_system_text
+    from probe.models.embedded import packaged_dir
+    from tests import real_tokenizers, tiny
+
+    smol = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    tok = AutoTokenizer.from_pretrained(packaged_dir("smollm2"))
+    assert template_system_text(tok, PROMPT) == smol
+    found = {name: template_system_text(real_tokenizers.load(name, tmp_path / name), PROMPT)
+             for name in ("qwen2.5", "llama3.1", "gemma3")}
+    assert found == {"qwen2.5": "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+                     "llama3.1": "", "gemma3": None}  # Llama 3.1: its date lines, empty; Gemma 3: no system block
+    tiny.build(LlamaForCausalLM, tiny.llama_config(tok, hidden_size=32, intermediate_size=64)).save_pretrained(
+        tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    responses = tmp_path / "r.txt"
+    responses.write_text("Love\nWar\nThe sea\n")
+    assert score_main(["--rm", str(tmp_path / "lm"), "--score", "logprob", "--responses", str(responses), "--prompt",
+                       PROMPT, "--systems", str(_systems_file(tmp_path, control="control")), "--device", "cpu",
+                       "--no-progress", "--output", str(tmp_path / "o")]) == 0
+    run = _run(tmp_path / "o")
+    meta = json.loads((Path(run) / "meta.json").read_text())
+    assert meta["personas"]["template_system"] == smol and smol in meta["prompts"]["greatest@control"]["prefix_text"]
+    assert smol not in meta["prompts"]["greatest@pirate"]["prefix_text"]
+    said = f"no system message: the chat template wrote its own default system prompt, {smol!r}"
+    capsys.readouterr()
+    assert analyze_main(["personas", run, "--out", str(tmp_path / "a")]) == 0
+    assert f"the control 'control': {said}" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())["summary"]
+    assert summary["template_system"] == smol and summary["control_system"] == said
+    assert report_main([run, "--out", str(tmp_path / "r.html")]) == 0
+    assert f"control</b>: {html.escape(said)}" in (tmp_path / "r.html").read_text()
 
 
 def test_a_response_grid_and_its_report(tiny_dirs, tmp_path, capsys):

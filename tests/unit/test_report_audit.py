@@ -76,3 +76,62 @@ def test_a_partial_run_says_so_and_embeds_only_its_ids(tmp_path):
     payload = lambda p: len(re.search(r'<script id="data"[^>]*>(.*?)</script>', p, re.S)[1])  # noqa: E731
     assert payload(page) * 10 < payload(single.build(full.path))
     assert "largest difference 4.96e-05 (tolerance 0.0469)" in page and "4.9591064453125e-05" not in page
+
+
+def _scored(tmp_path, name: str, *args: str) -> str:
+    from probe.commands.score import main as score_main
+
+    assert score_main(["--prompt", "What is greatest?", "--device", "cpu", "--no-progress", *args,
+                       "--output", str(tmp_path / name)]) == 0
+    (run,) = (tmp_path / name).glob("*/*_*")
+    return str(run)
+
+
+def _measured(page: str) -> dict[str, str]:
+    """The 'what was measured' box(es) of a page: row name -> text (the last box's row where several share one)."""
+    return {k: html.unescape(v) for k, v in re.findall(r"<tr><th>([^<]+)</th><td>([^<]*)</td></tr>", page)}
+
+
+def test_judge_pages_name_the_reference_and_the_judge_prompt(tiny_dirs, tmp_path):
+    """What changes a judge's numbers is on its page: the reference response, the judge prompt, its scale or labels
+    (the provenance holds the prompt's whole text)."""
+    import yaml
+
+    pair = single.build(_scored(tmp_path, "pair", "--rm", tiny_dirs["lm"], "--score", "judge-pair", "--limit", "30",
+                                "--reference-response", "Nothing, really."))
+    rows = _measured(pair)
+    assert rows["reference response"].startswith("'Nothing, really.': every response is compared with it")
+    assert rows["judge prompt"].startswith("rewardbench-pair: the labels 'A' (the first response) and 'B' (the second)")
+    assert "allenai/reward-bench" in rows["judge prompt"]
+    five = tmp_path / "five.yaml"
+    five.write_text(yaml.safe_dump({"kind": "rating", "source": "written for this test", "answer_prefix": "Rating: ",
+                                    "user": "Rate it from 1 to 5.\nQ: {prompt}\nA: {response}", "ratings": [1, 5]}))
+    for args, want in (([], "rewardbench2-rating-1to9: a rating from 1 to 9, each rating one token"),
+                       (["--judge-prompt", str(five)], f"{five}: a rating from 1 to 5, each rating one token")):
+        page = single.build(_scored(tmp_path, f"rating{len(args)}", "--rm", tiny_dirs["lm"], "--score", "rating",
+                                    "--limit", "30", *args))
+        assert _measured(page)["judge prompt"].startswith(want) and "reference response" not in _measured(page)
+    assert html.escape(repr("Rate it from 1 to 5.\nQ: {prompt}\nA: {response}")) in page  # the provenance's text
+
+
+def test_rewardbench_inputs_are_named_on_the_page_and_in_labels(tiny_dirs, tmp_path):
+    """An --input-method rewardbench run's page says whose inputs it scored; a page of both routes labels them apart."""
+    from probe.report import multi, responses
+
+    base = ["--rm", tiny_dirs["rm"], "--limit", "40"]
+    ids, rb = _scored(tmp_path, "ids", *base), _scored(tmp_path, "rb", *base, "--input-method", "rewardbench")
+    own = "model card: tokenizer.apply_chat_template(conversation, tokenize=True)"
+    assert _measured(single.build(ids))["input"].startswith(own)
+    words = _measured(single.build(rb))["input"]
+    assert words.startswith("RewardBench 0.1.4's inputs (--input-method rewardbench), not the family's own: "
+                            "RewardBenchPipeline encodes the chat template's text with tokenizer(text)")
+    assert f"The family's own: {own}" in words
+    page = multi.build([ids, rb])
+    assert "tiny-rm [reward]</h3>" in page and "tiny-rm [reward, RewardBench&#x27;s inputs]</h3>" in page
+    assert " #1" not in page and " #2" not in page  # not told apart by number only
+    answers = tmp_path / "answers.txt"
+    answers.write_text("Love\nWar\n")
+    runs = [_scored(tmp_path, f"r{i}", "--rm", tiny_dirs["rm"], "--responses", str(answers), *extra)
+            for i, extra in enumerate(([], ["--input-method", "rewardbench"]))]
+    page = responses.build(runs)
+    assert "tiny-rm [reward]</h3>" in page and "tiny-rm [reward, RewardBench&#x27;s inputs]</h3>" in page
