@@ -57,11 +57,14 @@ def compare(control: pl.DataFrame, persona: pl.DataFrame, p: float = 0.9) -> tup
 
 
 def movers(moved: pl.DataFrame, n: int, words_only: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The ``n`` strings that rise and fall most (largest and smallest ``dz``); ``words_only``: word-like tokens."""
+    """The ``n`` strings that rise most (largest ``dz`` > 0) and fall most (smallest ``dz`` < 0); ``words_only``:
+    word-like tokens. Fewer than ``n`` where fewer rise or fall (a grid of a few responses): a string is never in
+    both lists, and none that fell is called rising."""
     pool = moved.filter(pl.col("is_word")) if words_only and "is_word" in moved.columns else moved
     cols = ["decoded", "rank_control", "rank_persona", "score_control", "score_persona", "dz"]
     ordered = pool.sort("dz", "token_id", descending=[True, False])
-    return ordered.head(n).select(cols), ordered.tail(n).reverse().select(cols)
+    return (ordered.filter(pl.col("dz") > 0).head(n).select(cols),
+            ordered.filter(pl.col("dz") < 0).tail(n).reverse().select(cols))
 
 
 def persona_grid_table(scores: pl.DataFrame, meta: dict, p: float = 0.9, n_movers: int = 10,

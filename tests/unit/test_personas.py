@@ -240,3 +240,10 @@ def test_a_persona_that_reverses_the_responses_is_a_reversal(tiny_dirs, tmp_path
     for m in moved["up"] + moved["down"]:
         assert m["score_control"] == pytest.approx(control[m["decoded"]])
         assert m["score_persona"] == pytest.approx(-control[m["decoded"]])
+    # --top (10) over five responses: each list holds only what rose, or fell (issue 45: all five were in both)
+    assert analyze_main(["personas", str(run), "--out", str(tmp_path / "b")]) == 0
+    moved = json.loads((tmp_path / "b" / "movers.json").read_text())["greatest@pirate"]
+    up, down = [m["decoded"] for m in moved["up"]], [m["decoded"] for m in moved["down"]]
+    assert all(m["dz"] > 0 for m in moved["up"]) and all(m["dz"] < 0 for m in moved["down"])
+    mean = float(np.mean(list(control.values())))  # dz = -2 z(control): those below the control's mean rise
+    assert up == [r for r in by_hand if control[r] < mean] and down == [r for r in by_hand[::-1] if control[r] > mean]
