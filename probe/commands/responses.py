@@ -50,32 +50,70 @@ def _prompt_meta(prompt, rows, tokenizer, system) -> dict:
 
 
 def run_responses(config: ScoreVocabConfig) -> RunDir:
-    """Load, render every response under every prompt, open (or resume) the run, score shard by shard, write."""
-    import numpy as np
-    import polars as pl
-    from tqdm.auto import tqdm
+    """Load, render every response under every prompt, open (or resume) the run, score shard by shard, write.
 
-    from probe.core.prompts import grid_for, persona_meta
+    Under torchrun every rank loads the model and scores every world-th of the shards left to score (each shard's
+    batches exactly as one process cuts them), writing them into the run folder rank 0 opened; rank 0 then
+    assembles scores.parquet from the shard files, as one process does."""
+    from probe.runs.distributed import destroy, init
+
+    dist = init(config.device, config.device_map)
+    try:
+        return _run(config, dist)
+    finally:
+        destroy(dist)
+
+
+def _run(config: ScoreVocabConfig, dist) -> RunDir:
+    from dataclasses import replace
+
+    from probe.core.prompts import grid_for
     from probe.core.response_files import read_responses
-    from probe.core.responses import prepare, ranked_responses, response_batch_size, score_rows
-    from probe.core.scoring import AdaptiveBatcher, make_head, scored_in_prefix
+    from probe.core.responses import prepare, response_batch_size
+    from probe.core.scoring import make_head, scored_in_prefix
     from probe.core.sweep import load_for
-    from probe.runs.meta import new_meta, score_label
-    from probe.runs.rundir import check_resume_target, open_or_resume, shards_kept, writable_dir
+    from probe.runs.distributed import barrier, broadcast, device_for
+    from probe.runs.rundir import check_resume_target, writable_dir
     from probe.runs.timing import now_iso
 
     t_start, started = time.perf_counter(), now_iso()
+    if dist.enabled:
+        config = replace(config, device=device_for(dist, config.device), progress=config.progress and dist.main)
     prompts = grid_for(config)  # every input before the model loads
     responses = read_responses(config.responses, config.response_column)[: config.limit]
-    writable_dir(config.output, "--output")
-    check_resume_target(config.resume, EXPERIMENT)
+    if dist.main:
+        writable_dir(config.output, "--output")
+        check_resume_target(config.resume, EXPERIMENT)
     loaded = load_for(config)
     t_loaded = time.perf_counter()
     opts = config.scoring_options()
+    rows = {p.key: prepare(loaded, config.mode, p.key, p.text, responses, opts, p.system_or(config.system))
+            for p in prompts}
+    head = make_head(loaded, config.mode, opts, response_in_prefix=scored_in_prefix(rows.values()))
+    batch_size = config.batch_size or response_batch_size(loaded, config.mode, list(rows.values()))
+    path, meta, todo = broadcast(dist, _open(config, loaded, prompts, responses, rows, head, batch_size)
+                                 if dist.main else None)
+    run_dir = RunDir(path)
+    if meta.get("status") == "complete":
+        barrier(dist)
+        return run_dir
+    session = {"started": started, "load_s": round(t_loaded - t_start, 3), "responses_scored": 0, "score_s": 0.0,
+               **({"processes": dist.world} if dist.enabled else {})}
+    meta["timing"].setdefault("sessions", []).append(session)
+    _score_shards(config, dist, loaded, rows, len(responses), todo, run_dir, meta, session, t_start)
+    if dist.main:
+        _finish(run_dir, meta, [rows[p.key] for p in prompts], len(responses), config.shard_size)
+    barrier(dist)
+    return run_dir
+
+
+def _open(config, loaded, prompts, responses, rows, head, batch_size) -> tuple[str, dict, list]:
+    """Rank 0: the new run folder, or the one to resume, and the (prompt, shard) pairs left to score."""
+    from probe.core.prompts import persona_meta
+    from probe.runs.meta import new_meta, score_label
+    from probe.runs.rundir import open_or_resume, shards_kept
+
     mode = config.mode
-    rows = {p.key: prepare(loaded, mode, p.key, p.text, responses, opts, p.system_or(config.system)) for p in prompts}
-    head = make_head(loaded, mode, opts, response_in_prefix=scored_in_prefix(rows.values()))
-    batch_size = config.batch_size or response_batch_size(loaded, mode, list(rows.values()))
     settings = _settings(config, loaded, responses, rows, head)
     run_dir, meta = open_or_resume(
         config.output, loaded.model_id, EXPERIMENT, settings, config.resume,
@@ -88,43 +126,70 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
                             **persona_meta(config, prompts, loaded.tokenizer, opts.date_string)))
     if meta.get("status") == "complete":
         log.warning("%s is already complete; nothing to resume", run_dir.path)
-        return run_dir
-    batch_size = meta.get("batch_size", batch_size)  # a resumed run keeps its batches
-    session = {"started": started, "load_s": round(t_loaded - t_start, 3), "responses_scored": 0, "score_s": 0.0}
-    meta["timing"].setdefault("sessions", []).append(session)
-    k = config.shard_size
-    n_shards = -(-len(responses) // k)
-    done = {(p.key, s): run_dir.read_shard(p.key, s, len(responses[s * k:(s + 1) * k]))
-            for p in prompts for s in range(n_shards)}  # a resumed run's finished shards, read once
-    total = sum(len(responses[s * k:(s + 1) * k]) for (_, s), arr in done.items() if arr is None)
-    print(f"rm-probe: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]: "
-          f"{len(responses):,} responses x "
-          f"{len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
+    else:
+        meta.setdefault("batch_size", batch_size)  # a resumed run keeps its batches
+        print(f"rm-probe: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]: "
+              f"{len(responses):,} responses x {len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
+    k, n = config.shard_size, len(responses)
+    todo = [(p.key, s) for p in prompts for s in range(-(-n // k))
+            if run_dir.read_shard(p.key, s, min(k, n - s * k)) is None]
+    return str(run_dir.path), meta, todo
+
+
+def _score_shards(config, dist, loaded, rows: dict, n: int, todo: list, run_dir: RunDir, meta: dict, session: dict,
+                  t_start: float) -> None:
+    """Scores this rank's share of the shards ``todo`` (every world-th, in order), one shard file each; the
+    first shard left of a prompt not yet self-checked runs the self-check, on whichever rank scores it. Rank 0
+    records every rank's self-checks and counts."""
+    from tqdm.auto import tqdm
+
+    from probe.core.responses import score_rows
+    from probe.core.scoring import AdaptiveBatcher
+    from probe.runs.distributed import gather
     from probe.runs.meta import batch_size_recorder
 
-    batcher = AdaptiveBatcher(batch_size, on_change=batch_size_recorder(run_dir, meta, meta))
-    tables = []
-    with tqdm(total=total, desc="responses", unit="resp", disable=not config.progress, file=sys.stderr,
-              dynamic_ncols=True, smoothing=0.1) as bar:
-        for p in prompts:
-            r = rows[p.key]
-            out = np.empty(len(responses), dtype=np.float32)
-            for s in range(n_shards):
-                idx = list(range(s * k, min((s + 1) * k, len(responses))))
-                if done[p.key, s] is not None:
-                    out[idx] = done[p.key, s]
-                    continue
-                t0 = time.perf_counter()
-                verify = config.verify if p.key not in meta["self_check"] else 0
-                out[idx] = score_rows(loaded, mode, r, idx, opts, verify=verify, progress=bar.update, batcher=batcher)
-                if verify:
-                    meta["self_check"][p.key] = r.checks
-                run_dir.write_shard(p.key, s, out[idx])
-                session["responses_scored"] += len(idx)
-                session["score_s"] = round(session["score_s"] + time.perf_counter() - t0, 3)
-                session["wall_s"] = round(time.perf_counter() - t_start, 3)
+    k = config.shard_size
+    first = {key: next(s for kk, s in todo if kk == key) for key in {kk for kk, _ in todo} - set(meta["self_check"])}
+    mine = todo[dist.rank :: dist.world]
+    batcher = AdaptiveBatcher(meta["batch_size"], on_change=batch_size_recorder(run_dir, meta, meta)
+                              if dist.main else None)
+    checks = {}
+    with tqdm(total=sum(min(k, n - s * k) for _, s in mine), desc="responses", unit="resp", disable=not config.progress,
+              file=sys.stderr, dynamic_ncols=True, smoothing=0.1) as bar:
+        for key, s in mine:
+            idx = list(range(s * k, min((s + 1) * k, n)))
+            t0 = time.perf_counter()
+            verify = config.verify if first.get(key) == s else 0
+            scores = score_rows(loaded, config.mode, rows[key], idx, config.scoring_options(), verify=verify,
+                                progress=bar.update, batcher=batcher)
+            if verify:
+                checks[key] = rows[key].checks
+            run_dir.write_shard(key, s, scores)
+            session["responses_scored"] += len(idx)
+            session["score_s"] = round(session["score_s"] + time.perf_counter() - t0, 3)
+            session["wall_s"] = round(time.perf_counter() - t_start, 3)
+            if dist.main:
+                meta["self_check"].update(checks)
                 run_dir.write_meta(meta)
-            tables.append(ranked_responses(r, out))
+    ranks = gather(dist, (checks, session["responses_scored"], session["score_s"], batcher.batch_size))
+    if dist.enabled and dist.main:  # the scoring time of the slowest rank: responses per second of all ranks together
+        for c, _, _, _ in ranks:
+            meta["self_check"].update(c)
+        session.update(responses_scored=sum(r[1] for r in ranks), score_s=max(r[2] for r in ranks),
+                       wall_s=round(time.perf_counter() - t_start, 3))
+        meta["batch_size"] = min(meta["batch_size"], *(r[3] for r in ranks))
+
+
+def _finish(run_dir: RunDir, meta: dict, rows: list, n: int, k: int) -> None:
+    """scores.parquet from the shard files, in the prompts' order; timing over all sessions; complete."""
+    import numpy as np
+    import polars as pl
+
+    from probe.core.responses import ranked_responses
+    from probe.runs.timing import now_iso
+
+    tables = [ranked_responses(r, np.concatenate([run_dir.read_shard(r.prompt_key, s, min(k, n - s * k))
+                                                  for s in range(-(-n // k))])) for r in rows]
     run_dir.write_table("scores.parquet", pl.concat(tables))
     sessions = meta["timing"]["sessions"]
     scored, score_s = sum(x["responses_scored"] for x in sessions), sum(x["score_s"] for x in sessions)
@@ -132,7 +197,6 @@ def run_responses(config: ScoreVocabConfig) -> RunDir:
                           wall_s=round(sum(x.get("wall_s") or 0 for x in sessions), 3))
     meta["status"], meta["finished"] = "complete", now_iso()
     run_dir.write_meta(meta)
-    return run_dir
 
 
 def print_response_summary(run_dir: RunDir, top: int) -> None:

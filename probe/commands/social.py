@@ -45,7 +45,8 @@ import polars as pl
 from probe.commands.args import config_from_args
 from probe.config import ScoringOptions, SocialConfig, judge_prompt_for, model_kind
 from probe.core.template import resolve_date
-from probe.errors import DataFormatError
+from probe.errors import DataFormatError, ProbeError
+from probe.runs.distributed import Dist, barrier, broadcast
 from probe.runs.rundir import (
     RunDir,
     atomic_write_json,
@@ -169,7 +170,10 @@ def _model_config(cfg: SocialConfig, m: dict) -> SocialConfig:
     return replace(cfg, **{k: v for k, v in m.items() if k in MODEL_KEYS - {"rm", "label"}})
 
 
-def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[Item]]]) -> tuple[RunDir, dict]:
+def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[Item]]],
+              dist: Dist = Dist()) -> tuple[RunDir, dict | None]:
+    """One model's run folder and summary. Under torchrun every rank scores its share of each data set's chunks
+    (probe.social.scoring.score_items) and rank 0 writes the folder; the other ranks return no summary."""
     rm = model.get("rm")
     mcfg = _model_config(cfg, model)
     mode = mcfg.mode(rm)
@@ -182,8 +186,9 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     from probe.social.scoring import score_items
 
     loaded = load_for_config(mcfg, model_kind(mode), rm=rm)
-    print(f"rm-probe social: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]",
-          file=sys.stderr)
+    if dist.main:
+        print(f"rm-probe social: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]",
+              file=sys.stderr)
     settings = {"model": loaded.model_id, "weights": weights_identity(loaded), "mode": mode,
                 "logprob_reduce": mcfg.logprob_reduce, "system": cfg.system, "date": resolve_date(cfg.date),
                 "datasets": [{k: e[k] for k in ("dataset", "data", "limit", "config", "split") if k in e}
@@ -197,27 +202,34 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     judge = judge_prompt_for(mode, mcfg.judge_prompt)
     if judge is not None and loaded.pairwise is None:  # a rating judge's prompt (a pairwise one's is in the above)
         settings |= judge.describe()
-    run, meta = _open_run(cfg, loaded, model, mode, settings)
+    path, meta, done = broadcast(dist, _open_run(cfg, loaded, model, mode, settings, len(datasets))
+                                 if dist.main else None)
+    run = RunDir(path)
     if meta.get("status") == "complete":  # --resume on a finished run: its results as they are
         import json
 
-        return run, json.loads((run.path / "summary.json").read_text())
+        return run, json.loads((run.path / "summary.json").read_text()) if dist.main else None
     opts = ScoringOptions(mcfg.logprob_reduce, date_string=resolve_date(cfg.date), judge_prompt=judge)
     t0 = time.perf_counter()
     frames = []
     for k, (entry, items) in enumerate(datasets):
         part = run.path / "checkpoints" / f"{k:03d}.parquet"
-        if part.is_file():
-            frames.append(pl.read_parquet(part))
+        if k in done:
+            frames.append(pl.read_parquet(part) if dist.main else None)
             continue
         from tqdm.auto import tqdm
 
         desc = f"{entry['dataset']} {Path(str(entry['data'])).name} ({k + 1}/{len(datasets)})"
-        with tqdm(total=sum(len(i.options) for i in items), desc=desc, unit="resp", file=sys.stderr,
-                  disable=not cfg.progress) as bar:
-            scores = score_items(loaded, mode, items, opts, cfg.system, cfg.batch_size, progress=bar.update)
-        run.write_table(str(part.relative_to(run.path)), scores)
+        with tqdm(total=None if dist.enabled else sum(len(i.options) for i in items), desc=desc, unit="resp",
+                  file=sys.stderr, disable=not cfg.progress) as bar:  # under torchrun: rank 0's rows, counted
+            scores = score_items(loaded, mode, items, opts, cfg.system, cfg.batch_size, progress=bar.update,
+                                 dist=dist)
+        if dist.main:
+            run.write_table(str(part.relative_to(run.path)), scores)
         frames.append(scores)
+    if not dist.main:
+        barrier(dist)
+        return run, None
     all_items = [it for _, items in datasets for it in items]
     scores = pl.concat(frames)
     summary = metrics.summarise(all_items, scores, cfg.seed)
@@ -226,12 +238,16 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     if bbq_scores := _bbq_scores(summary):
         pl.DataFrame(bbq_table(bbq_scores)).write_csv(run.path / "bbq_table.csv")
     meta.update(status="complete", finished=utc_stamp())
-    meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2)})
+    meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2),
+                                          **({"processes": dist.world} if dist.enabled else {})})
     run.write_meta(meta)
+    barrier(dist)
     return run, summary
 
 
-def _open_run(cfg: SocialConfig, loaded, model: dict, mode: str, settings: dict) -> tuple[RunDir, dict]:
+def _open_run(cfg: SocialConfig, loaded, model: dict, mode: str, settings: dict,
+              n_datasets: int) -> tuple[str, dict, set[int]]:
+    """The run folder (new, or the one to resume), its meta, and the data sets whose checkpoint is kept."""
     from probe.runs.meta import new_meta as build_meta
 
     def new_meta(fp: str) -> dict:
@@ -245,7 +261,9 @@ def _open_run(cfg: SocialConfig, loaded, model: dict, mode: str, settings: dict)
         found = (find_resumable(cfg.output, loaded.model_id, EXPERIMENT, fp)
                  or find_resumable(cfg.output, loaded.model_id, EXPERIMENT, fp, complete=True))
         resume = str(found.path) if found else None
-    return open_or_resume(cfg.output, loaded.model_id, EXPERIMENT, settings, resume, new_meta)
+    run, meta = open_or_resume(cfg.output, loaded.model_id, EXPERIMENT, settings, resume, new_meta)
+    return str(run.path), meta, {k for k in range(n_datasets)
+                                 if (run.path / "checkpoints" / f"{k:03d}.parquet").is_file()}
 
 
 # --- tables and plots over models ---------------------------------------------------------------------------------
@@ -433,17 +451,32 @@ def print_tables(table: pl.DataFrame) -> None:
 
 
 def main_from_args(ns: argparse.Namespace) -> int:
+    """Under torchrun each model's run is shared by the ranks (`run_model`); rank 0 alone prints and compares."""
+    from probe.runs.distributed import destroy, device_for, init, launched
+
     cfg = config_from_args(SocialConfig, ns)
     models = suite_models(cfg)
     datasets = load_datasets(cfg)  # fail early on bad data and a bad output folder, before any model loads
-    writable_dir(cfg.output, "--output")
-    check_resume_target(cfg.resume, EXPERIMENT)
+    if launched().main:
+        writable_dir(cfg.output, "--output")
+        check_resume_target(cfg.resume, EXPERIMENT)
+    if launched().enabled and any(m.get("device_map") for m in models):
+        raise ProbeError("a suite model with device_map spreads one model over several GPUs in one process; under "
+                         "torchrun each rank holds a whole model on its own GPU: run that suite without torchrun")
+    dist = init(cfg.device, cfg.device_map)
     summaries = {}
-    for m in models:
-        run, summary = run_model(cfg, m, datasets)
-        label = m.get("label") or run.read_meta()["model"]["id"]
-        summaries[label] = summary
-        print(f"wrote {run.path}")
+    try:
+        if dist.enabled:
+            cfg = replace(cfg, device=device_for(dist, cfg.device), progress=cfg.progress and dist.main)
+        for m in models:
+            run, summary = run_model(cfg, m, datasets, dist)
+            if dist.main:
+                summaries[m.get("label") or run.read_meta()["model"]["id"]] = summary
+                print(f"wrote {run.path}")
+    finally:
+        destroy(dist)
+    if not dist.main:
+        return 0
     table = domain_table(summaries)
     print_tables(table)
     print(f"\n{metrics.UNDESIRABLE_RATE}.\n{metrics.TOP_PICK}.")  # which "undesirable" each number is

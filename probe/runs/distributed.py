@@ -125,6 +125,17 @@ def broadcast(d: Dist, obj):
     return box[0]
 
 
+def gather(d: Dist, obj) -> list | None:
+    """Every rank's ``obj`` on rank 0, in rank order (``None`` on the other ranks)."""
+    if not d.enabled:
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * d.world if d.main else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
 def device_for(d: Dist, requested: str) -> str:
     if d.enabled and uses_cuda(requested):
         return f"cuda:{d.local_rank}"

@@ -21,6 +21,7 @@ from probe.models.loading import LoadedModel
 from probe.social.items import Item
 from probe.core.template import TemplateSplit, render, split_template
 from probe.errors import ProbeError
+from probe.runs.distributed import Dist, gather
 
 
 def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions, system: str | None):
@@ -48,29 +49,42 @@ def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: Scori
 
 
 def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions = ScoringOptions(),
-                system: str | None = None, batch_size: int = 64, verify: int = 4, progress=None) -> pl.DataFrame:
+                system: str | None = None, batch_size: int = 64, verify: int = 4, progress=None,
+                dist: Dist = Dist()) -> pl.DataFrame | None:
     """One row per item x option: dataset, domain, source file, item_id, the data set's own example id, social
-    group, option, label, score, gold, undesirable, text, and the item's prompt (what `probe trace --social` reads)."""
+    group, option, label, score, gold, undesirable, text, and the item's prompt (what `probe trace --social` reads).
+
+    Each prefix's rows, sorted by length, are cut into chunks of 256 (padded to their longest, then scored in
+    batches); the first two rows of the first chunks are self-checked. Under torchrun (``dist``) chunk c, counted
+    over all prefixes, is rank c % world's: every batch is the one a single process scores, and rank 0 gathers the
+    scores and returns the table (the other ranks return None)."""
     groups, scored = _groups(loaded, mode, items, opts, system)
+    chunks = [(prefix, rows[s : s + 256]) for prefix, all_rows in groups.items()
+              for rows in [sorted(all_rows, key=lambda r: len(r[2]))]  # similar lengths together: less padding
+              for s in range(0, len(rows), 256)]
     scores: dict[tuple[int, int], float] = {}
     batcher = AdaptiveBatcher(batch_size)
-    checked = 0
-    for prefix, rows in groups.items():
-        head = make_head(loaded, mode, opts, response_in_prefix=scored[prefix])
-        scorer = build_scorer(loaded, head, list(prefix))
-        rows = sorted(rows, key=lambda r: len(r[2]))  # similar lengths together: less padding
-        for s in range(0, len(rows), 256):
-            part = rows[s : s + 256]
-            cont, lengths = pad_rows([r[2] for r in part])
-            out = batcher.run(scorer.score, cont, lengths=lengths)
-            if checked < verify:
-                names = [f"item {items[i].item_id} option {j}" for i, j, _ in part[:2]]
-                check_rows(loaded, head, list(prefix), scorer, cont[:2], lengths[:2], names, got=out[:2])
-                checked += 2
-            for (i, j, _), v in zip(part, out):
-                scores[(i, j)] = float(v)
-            if progress:
-                progress(len(part))
+    built = None
+    for c, (prefix, part) in enumerate(chunks):
+        if not dist.owns(c):
+            continue
+        if built is None or built[0] != prefix:
+            head = make_head(loaded, mode, opts, response_in_prefix=scored[prefix])
+            built = (prefix, head, build_scorer(loaded, head, list(prefix)))
+        _, head, scorer = built
+        cont, lengths = pad_rows([r[2] for r in part])
+        out = batcher.run(scorer.score, cont, lengths=lengths)
+        if 2 * c < verify:
+            names = [f"item {items[i].item_id} option {j}" for i, j, _ in part[:2]]
+            check_rows(loaded, head, list(prefix), scorer, cont[:2], lengths[:2], names, got=out[:2])
+        for (i, j, _), v in zip(part, out):
+            scores[(i, j)] = float(v)
+        if progress:
+            progress(len(part))
+    parts = gather(dist, scores)
+    if parts is None:
+        return None
+    scores = {key: v for p in parts for key, v in p.items()}
     return pl.DataFrame([
         {"dataset": it.dataset, "domain": it.domain, "source": it.source, "item_id": it.item_id,
          "example_id": str(it.meta.get("example_id", "")), "group": str(it.meta.get("bbq_group") or

@@ -1,0 +1,136 @@
+"""``probe score --responses`` and ``probe social`` under torchrun (2 ranks, gloo on CPU): the run folder one process
+writes (same files, same rows, bitwise scores), fresh and resumed after a kill. One torchrun launch per test."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+
+from tests.unit.test_responses import _args as response_args
+
+pytestmark = pytest.mark.slow
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # one thread per process, as in the test process
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def torchrun(module: str, args: list[str]) -> None:
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          "-m", module, *args], capture_output=True, text=True, env=ENV, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def files(run: Path) -> dict[str, Path]:
+    return {str(p.relative_to(run)): p for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def same_folder(a: Path, b: Path, tables: tuple[str, ...]) -> None:
+    """Same files; the tables equal (scores bitwise); every other file byte for byte, meta.json aside (timing)."""
+    fa, fb = files(a), files(b)
+    assert fa.keys() == fb.keys()
+    for name in fa:
+        if name.endswith(".parquet"):
+            assert pl.read_parquet(fa[name]).equals(pl.read_parquet(fb[name])), name
+        elif name != "meta.json":
+            assert fa[name].read_bytes() == fb[name].read_bytes(), name
+    assert set(tables) <= fa.keys()
+
+
+def killed_copy(run: Path, root: Path, lost: list[str]) -> tuple[Path, dict]:
+    """``run`` as a kill would have left it: ``lost`` checkpoints and the results missing, status running; the
+    kept files' (inode, mtime) to show they are not written again."""
+    cut = root / run.parent.name / run.name
+    shutil.copytree(run, cut)
+    for name in lost + ["scores.parquet", "summary.json"]:
+        (cut / name).unlink(missing_ok=True)
+    meta = json.loads((cut / "meta.json").read_text())
+    meta["status"] = "running"
+    meta.pop("finished", None)
+    (cut / "meta.json").write_text(json.dumps(meta))
+    kept = {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in files(cut).items() if n.startswith("checkpoints")}
+    return cut, kept
+
+
+# --- probe score --responses: 12 responses x 2 prompts in shards of 5 (6 shards, 3 per rank) ---------------------
+def test_two_ranks_score_responses_into_one_folder(tiny_dirs, tmp_path, one_thread):
+    from probe.commands.score import main
+
+    assert main(response_args(tiny_dirs, tmp_path, "one")) == 0
+    torchrun("probe.exhaustive", response_args(tiny_dirs, tmp_path, "two"))
+    (a,), (b,) = (tmp_path / "one").glob("*/responses_*"), (tmp_path / "two").glob("*/responses_*")
+    same_folder(a, b, ("scores.parquet",))
+    assert len(list((b / "checkpoints").rglob("shard_*.npy"))) == 6
+    meta = json.loads((b / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["timing"]["sessions"][0]["processes"] == 2
+    assert meta["timing"]["sessions"][0]["responses_scored"] == 24
+    assert meta["self_check"].keys() == json.loads((a / "meta.json").read_text())["self_check"].keys()
+
+
+def test_two_ranks_resume_a_killed_response_run(tiny_dirs, tmp_path, one_thread):
+    from probe.commands.score import main
+
+    assert main(response_args(tiny_dirs, tmp_path, "one")) == 0
+    (a,) = (tmp_path / "one").glob("*/responses_*")
+    lost = ["checkpoints/greatest_ever_one/shard_000002.npy", "checkpoints/worst_ever_one/shard_000000.npy",
+            "checkpoints/worst_ever_one/shard_000001.npy"]
+    cut, kept = killed_copy(a, tmp_path / "cut", lost)
+    torchrun("probe.exhaustive", response_args(tiny_dirs, tmp_path, "cut", "--resume"))
+    same_folder(a, cut, ("scores.parquet",))
+    now = {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in files(cut).items() if n in kept}
+    assert now == kept  # the finished shards were kept, not scored again
+    sessions = json.loads((cut / "meta.json").read_text())["timing"]["sessions"]
+    assert sessions[-1]["responses_scored"] == 5 + 2 + 5  # the lost shards only: 2 of greatest, 5 + 5 of worst
+
+
+# --- probe social: one prompt's 280 rows (chunks of 256 and 24) and 10 items with prompts of their own ------------
+def social_args(tmp_path, tiny_dirs, out: str, *extra) -> list[str]:
+    crows = tmp_path / "crows.csv"
+    with crows.open("w", newline="") as f:
+        w = csv.DictWriter(f, ["sent_more", "sent_less", "stereo_antistereo", "bias_type"])
+        w.writeheader()
+        w.writerows({"sent_more": f"Group {i} people are lazy{'!' * (i % 7)}", "sent_less": f"Group {i} people work.",
+                     "stereo_antistereo": "stereo", "bias_type": "race"} for i in range(140))
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"Question {i}?", "chosen": "Yes" * (1 + i % 3), "rejected": "No",
+                                         "subset": "hh"}) + "\n" for i in range(10)))
+    return ["--rm", tiny_dirs["rm"], "--device", "cpu", "--no-progress", "--batch-size", "16", "--output",
+            str(tmp_path / out), "--dataset", "crows_pairs", "--data", str(crows), "--dataset", "pairs", "--data",
+            str(pairs), *extra]
+
+
+def test_two_ranks_run_social_into_one_folder(tiny_dirs, tmp_path, one_thread):
+    from probe.commands.social import main
+
+    assert main(social_args(tmp_path, tiny_dirs, "one")) == 0
+    torchrun("probe.social", social_args(tmp_path, tiny_dirs, "two"))
+    (a,), (b,) = (tmp_path / "one").glob("*/social_*"), (tmp_path / "two").glob("*/social_*")
+    same_folder(a, b, ("scores.parquet", "summary.json", "checkpoints/000.parquet", "checkpoints/001.parquet"))
+    assert pl.read_parquet(b / "scores.parquet").height == 2 * 140 + 2 * 10
+    meta = json.loads((b / "meta.json").read_text())
+    assert meta["status"] == "complete" and meta["timing"][-1]["processes"] == 2
+
+
+def test_two_ranks_resume_a_killed_social_run(tiny_dirs, tmp_path, one_thread):
+    from probe.commands.social import main
+
+    assert main(social_args(tmp_path, tiny_dirs, "one")) == 0
+    (a,) = (tmp_path / "one").glob("*/social_*")
+    cut, kept = killed_copy(a, tmp_path / "cut", ["checkpoints/001.parquet"])
+    torchrun("probe.social", social_args(tmp_path, tiny_dirs, "cut", "--resume"))
+    same_folder(a, cut, ("scores.parquet", "summary.json"))
+    assert {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in files(cut).items() if n in kept} == kept
