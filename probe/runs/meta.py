@@ -30,10 +30,9 @@ def schema_for(experiment: str) -> str:
 def model_record(loaded, revision: str | None = None) -> dict:
     """The ``model`` section: id, path, source and quantization, the weights' identity, the registry spec and how
     it was matched, architecture, size, dtype, device and the tokenizer's special tokens."""
-    from probe.core.template import REWARDBENCH_DPO, input_call
+    from probe.core.template import input_call
     from probe.models.attention import record as attention_record
     from probe.models.loading import weights_identity
-    from probe.models.registry import REWARDBENCH_DPO_INPUT
 
     tok, model = loaded.tokenizer, loaded.model
     return {
@@ -46,13 +45,30 @@ def model_record(loaded, revision: str | None = None) -> dict:
         "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
         "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
         "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
-        "input": {"call": input_call(tok), "convention": REWARDBENCH_DPO_INPUT if input_call(tok) == REWARDBENCH_DPO
-                  else loaded.spec.input_source},
+        "input": {"call": input_call(tok), "convention": input_convention(loaded)},
         **(loaded.pairwise.describe() if getattr(loaded, "pairwise", None) is not None else {}),
         **({"ref": model_record(loaded.ref), "beta": loaded.beta,
             "score": "implicit reward: beta x (log p under the model - log p under ref) of the same response ids"}
            if getattr(loaded, "ref", None) is not None else {}),
     }
+
+
+def input_convention(loaded) -> str:
+    """Where this run's ids come from, in words: the family's own convention (registry ``input_source``) or, under
+    ``--input-method rewardbench``, RewardBench 0.1.4's (its pipeline, or run_dpo.py for a language model)."""
+    from probe.core.template import REWARDBENCH_DPO, input_call
+    from probe.models.registry import REWARDBENCH_DPO_INPUT
+
+    call = input_call(loaded.tokenizer)
+    if call == REWARDBENCH_DPO:
+        return REWARDBENCH_DPO_INPUT
+    if call == "rewardbench" or (getattr(loaded, "pairwise", None) is not None
+                                 and getattr(loaded.tokenizer, "rm_probe_input_call", None) == "rewardbench"):
+        return (f"RewardBench 0.1.4's inputs (--input-method rewardbench): {loaded.spec.rewardbench_pipeline} on the "
+                "chat template's text through tokenizer(text), with run_rm.py's add_eos_token for a dialogue format as "
+                "transformers 4.51.0 applied it; not the family's own convention "
+                f"({loaded.spec.input_source})")
+    return loaded.spec.input_source
 
 
 def model_settings(loaded, revision: str | None, mode: str, head) -> dict:

@@ -327,6 +327,7 @@ def test_probe_social_reproduces_rewardbench_per_item_and_by_section(families, t
     (run,) = list((tmp_path / "rb").glob("*/social_*"))
     meta = json.loads((run / "meta.json").read_text())
     assert meta["settings"]["input_method"] == "rewardbench" and meta["model"]["input"]["call"] == "rewardbench"
+    assert meta["model"]["input"]["convention"].startswith("RewardBench 0.1.4's inputs")  # not the card's, in words
     scores = pl.read_parquet(run / "scores.parquet")
     run_tok = _as_run_script(tok)  # the run script, for a tokenizer without a chat template
     pipe = rb.load("openbmb").OpenBMBPipeline("text-classification", model, run_tok)
