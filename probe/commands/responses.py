@@ -123,7 +123,7 @@ def _open(config, loaded, prompts, responses, rows, head, batch_size) -> tuple[s
                             prompts={p.key: _prompt_meta(p, rows[p.key], loaded.tokenizer, p.system_or(config.system))
                                      for p in prompts},
                             self_check={}, timing={"sessions": []},
-                            **persona_meta(config, prompts, loaded.tokenizer, opts.date_string)))
+                            **persona_meta(config, prompts, loaded.tokenizer, config.scoring_options().date_string)))
     if meta.get("status") == "complete":
         log.warning("%s is already complete; nothing to resume", run_dir.path)
     else:

@@ -22,8 +22,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import torch
-
 from probe.errors import ProbeError
 
 
@@ -47,6 +45,8 @@ class Dist:
 
 def uses_cuda(requested: str) -> bool:
     """Whether ``--device`` puts the ranks on CUDA."""
+    import torch  # here, not at import: `probe social --help` imports this module and must not load torch
+
     return requested.startswith("cuda") or (requested == "auto" and torch.cuda.is_available())
 
 
@@ -81,6 +81,7 @@ def init(requested: str = "auto", device_map: str | None = None) -> Dist:
     if device_map is not None:
         raise ProbeError("--device-map spreads one model over several GPUs in one process; under torchrun each "
                          "rank holds a whole model on its own GPU. Use one or the other")
+    import torch
     import torch.distributed as dist
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

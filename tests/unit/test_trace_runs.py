@@ -43,7 +43,7 @@ def runs(tiny_dirs, tokenizers, social_data, tmp_path_factory):
     data = (*AGE, age, "--limit", "12")
     out = {"rm2": str(rm2)}
     out["rm"], out["two"] = _social(root / "two", "--rm", tiny_dirs["rm"], "--rm", str(rm2), *data)
-    assert out["two"].name != out["rm"].name and "tiny-rm2" in str(out["two"])
+    assert out["two"].parent != out["rm"].parent and "tiny-rm2" in str(out["two"])
     suite = root / "suite.yaml"
     suite.write_text(f"models:\n- {rm2}\ndatasets:\n- dataset: bbq\n  data: {age}\n  limit: 12\n")
     (out["suite"],) = _social(root / "suite", "--suite", str(suite))
