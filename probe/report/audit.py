@@ -103,7 +103,9 @@ def input_words(meta: dict) -> str:
     from probe.models.registry import DOUBLE_BOS_MASKED
 
     model = meta.get("model") or {}
-    call, own = (model.get("input") or {}).get("call"), (model.get("input") or {}).get("convention") or "-"
+    # the family's own convention: its registry spec's (a run's input.convention names the route it took)
+    call = (model.get("input") or {}).get("call")
+    own = (model.get("spec") or {}).get("input_source") or (model.get("input") or {}).get("convention") or "-"
     method = (meta.get("settings") or {}).get("input_method", "ids")
     if call == "rewardbench":
         pipe = (model.get("spec") or {}).get("rewardbench_pipeline", "its pipeline")
@@ -112,8 +114,9 @@ def input_words(meta: dict) -> str:
                 "chat template's text with tokenizer(text), which doubles BOS where the template writes one and the "
                 f"tokenizer adds one, and {bos}; without a chat template '</s>' is appended. The family's own: {own}")
     if method == "rewardbench":  # run_dpo.py's, an encoder's raw text (named so), or the family's own already
-        return own if "RewardBench" in own else f"RewardBench 0.1.4's inputs (--input-method rewardbench), for this "\
-            f"family its own: {own}"
+        route = (model.get("input") or {}).get("convention") or own
+        return route if "RewardBench" in route else f"RewardBench 0.1.4's inputs (--input-method rewardbench), for "\
+            f"this family its own: {own}"
     if method == "paper":
         return ("the paper's route (--input-method paper): each token decoded to text and the whole conversation "
                 "re-tokenized, as the paper's code did; not the family's own input")
