@@ -397,6 +397,30 @@ def test_batch_parts_count_the_reference_and_a_model_split_over_devices(tiny_mod
     assert sum(shares.values()) == pytest.approx(1.0) and 0 < shares[torch.device("meta")] < 1
 
 
+def test_the_gpu_batch_is_planned_on_free_memory_with_the_reference_run_after_the_model(tiny_models, monkeypatch):
+    """A model and its ``--ref`` copy on one GPU that has ``free`` bytes of ``10 x free``: both prefix caches are held
+    at once, but the reference runs on the rows after the model, so one row's cost counts once. ``free`` leaves
+    room for 10.5 rows: 8 (a power of two); counted together, 5.25 rows: 4; planned on the card's total: more."""
+    from probe.core import scoring
+    from probe.models.loading import LoadedModel
+    from probe.models.memory import fixed_bytes, row_cost
+
+    lm = tiny_models["llama-lm"]
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(LoadedModel, "device", property(lambda self: gpu))
+    monkeypatch.setattr(scoring, "device_shares", lambda model: ({gpu: 1.0}, gpu))
+    config = lm.model.config
+    per_row = row_cost(config, 40, 3, torch.float32, "logprob", "shared").total
+    fixed = fixed_bytes(config, 40, torch.float32, "shared")
+    free = (2 * fixed + 10.5 * per_row) / 0.7  # FREE_FRACTION of it: both caches and 10.5 rows
+    seen = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: seen.append(d) or (int(free), int(10 * free)))
+    with_ref = replace(lm, ref=lm, beta=1.0)
+    assert scoring.default_batch_size(with_ref, 40, 3, "logprob") == 8
+    assert seen == [gpu]
+    assert scoring.default_batch_size(lm, 40, 3, "logprob") == 8  # alone: one cache less, still under 16 rows
+
+
 # ---------------------------------------------------------------- 2. a model spread over devices (--device-map)
 
 SPLIT_CASES = [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("qwen3-rm", "reward"), ("armo-like", "reward"),
