@@ -503,6 +503,22 @@ def test_per_group_tests_are_counted_and_holm_adjusted(social_data):
     assert [e["p_holm"] for e in tested.values()] == pytest.approx(holm(pvals).tolist())
 
 
+def test_the_printed_holm_line_selects_groups_by_their_adjusted_p(capsys):
+    """Three groups tested, p = 0.03, 0.004, 0.5: Holm by hand 0.06, 0.012, 0.5, so only the second is below 0.05
+    (the first is below it before the adjustment); a group without a test is not counted."""
+    from probe.commands.social import print_group_tests
+
+    groups = {"race": {"undesirable_rate": 0.61, "p_undesirable_vs_half": 0.03, "p_holm": 0.06, "n_tests": 3},
+              "gender": {"undesirable_rate": 0.72, "p_undesirable_vs_half": 0.004, "p_holm": 0.012, "n_tests": 3},
+              "age": {"undesirable_rate": 0.52, "p_undesirable_vs_half": 0.5, "p_holm": 0.5, "n_tests": 3},
+              "other": {"undesirable_rate": 0.5}}
+    print_group_tests({"m": {"crows_pairs": {"by_group": groups}}})
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("m / crows_pairs: 3 ")
+    listed = line.split("Holm-adjusted:")[1]
+    assert "gender (0.72, Holm p 0.012)" in listed and "race" not in listed and "age" not in listed
+
+
 def test_rewardbench_sections_beside_the_length_rules(tmp_path, capsys):
     """Each RewardBench section and subset with the longer-wins and shorter-wins rules' scores (counted here from
     the options' lengths) beside the model's, in the summary table and the printed section table."""
