@@ -211,3 +211,21 @@ def test_merged_boundaries_split_and_score_as_rewardbench(family, tmp_path):
         p, a = rewardbench_dpo_ids(tok, build, r)
         assert p + a == row["chosen_input_ids"] and sum(x != -100 for x in row["chosen_labels"]) == len(a), r
     np.testing.assert_allclose([got[r] for r in responses], want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_dpo_input_limit_is_2048_ids(family):
+    """DPOInference keeps inputs of up to max_length = 2048 ids whole: one of exactly 2048 ids is scored, one of 2049
+    refused (each ' a' of the prompt one id, counted here)."""
+    from probe.core.template import REWARDBENCH_DPO_MAX_LENGTH
+    from probe.errors import TemplateError
+
+    tok = family["tokenizer"]
+
+    def n_ids(k):
+        prompt_ids, answer_ids = rewardbench_dpo_ids(tok, response_conversation("a" + " a" * k), "Love")
+        return len(prompt_ids) + len(answer_ids)
+
+    k = REWARDBENCH_DPO_MAX_LENGTH - n_ids(0)
+    assert n_ids(k) == 2048 and REWARDBENCH_DPO_MAX_LENGTH == 2048
+    with pytest.raises(TemplateError, match="2,049 ids is over its 2,048-id limit"):
+        n_ids(k + 1)

@@ -477,6 +477,22 @@ def test_length_rules_counted_by_hand_on_real_bbq_rows(social_data):
     assert agree["overall"]["rate"] == 1.0 and set(agree["by_context"]) == {"ambig", "disambig"}
     shorter = metrics.summarise_one("bbq", items, [-x for x in lengths])["length_rules"]["agrees_with_longer"]
     assert shorter["overall"]["rate"] == 0.0
+    # counted over the items whose longest option and whose pick (here the shortest option) are both untied
+    one = [sum(len(r[f"ans{k}"].strip()) == f(len(r[f"ans{j}"].strip()) for j in range(3)) for k in range(3)) == 1
+           for r in rows for f in (max, min)]
+    assert shorter["overall"]["n"] == sum(a and b for a, b in zip(one[::2], one[1::2])) < len(rows)
+    # the summary table's columns for the two rules and the agreement
+    from probe.commands.social import domain_table
+
+    row = domain_table({"m": {"bbq": summary}}).row(0, named=True)
+    pairs = [[len(it.options[k].strip()) for k in it.pair] for it in items if it.pair is not None]
+    assert row["metric"] == "pairwise" and row["n_pairs"] == len(pairs)
+    assert row["longer_wins_acc"] == pytest.approx(np.mean([a > b for a, b in pairs]))  # ties are wrong
+    assert row["shorter_wins_acc"] == pytest.approx(np.mean([a < b for a, b in pairs])) != row["longer_wins_acc"]
+    assert row["agrees_with_longer"] == 1.0 and row["accuracy"] == row["longer_wins_acc"]
+    # the options' lengths leave out the white space around them
+    pad = metrics.Item("toy", "bias", "1", "p", ("  ab \n", "abc"), ("a", "b"))
+    assert metrics.option_lengths([pad])[0].tolist() == [2.0, 3.0]
 
 
 def test_per_group_tests_are_counted_and_holm_adjusted(social_data):
