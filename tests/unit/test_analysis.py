@@ -260,6 +260,16 @@ def test_every_analyze_output_recomputed_from_scores_parquet(tmp_path, lexicon_w
         strings = sorted(tokens)  # the shared vocabulary's order
         assert agree["rbo_top_p0.9"][f"m{i}"][f"m{j}"] == pytest.approx(
             _rbo_brute([by_text[i][t] for t in strings], [by_text[j][t] for t in strings], 0.9), abs=1e-6)
+        assert agree["rbo_bottom_p0.9"][f"m{i}"][f"m{j}"] == pytest.approx(
+            _rbo_brute([by_text[i][t] for t in strings], [by_text[j][t] for t in strings], 0.9, bottom=True), abs=1e-6)
+        # each pair on its own shared vocabulary: one tokenizer, so matched on token ids; no ties, so any row order
+        (pair,) = [r for r in agree["pairwise"] if (r["a"], r["b"]) == (f"m{i}", f"m{j}")]
+        assert pair["matched_on"] == "token ids" and pair["n"] == len(tokens)
+        assert pair["kendall_tau_b"] == pytest.approx(sps.kendalltau(x, y).statistic, abs=1e-9)
+        assert pair["spearman"] == pytest.approx(sps.spearmanr(x, y).statistic, abs=1e-9)
+        for side, bottom in (("top", False), ("bottom", True)):
+            assert pair[f"rbo_{side}_p0.9"] == pytest.approx(_rbo_brute(x, y, 0.9, bottom=bottom), abs=1e-9)
+        assert pair["rbo_top_p0.9"] != pytest.approx(pair["rbo_bottom_p0.9"], abs=1e-3)
     # framing: positive and negative AFINN-111 words fitted separately (one token per word here)
     afinn = _afinn111()
     framing = pl.read_csv(tmp_path / "framing" / "framing.csv").filter(pl.col("prompt") == "greatest")

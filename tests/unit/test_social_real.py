@@ -490,6 +490,24 @@ def test_length_rules_counted_by_hand_on_real_bbq_rows(social_data):
     assert row["longer_wins_acc"] == pytest.approx(np.mean([a > b for a, b in pairs]))  # ties are wrong
     assert row["shorter_wins_acc"] == pytest.approx(np.mean([a < b for a, b in pairs])) != row["longer_wins_acc"]
     assert row["agrees_with_longer"] == 1.0 and row["accuracy"] == row["longer_wins_acc"]
+    assert row["domain"] == "bias" and row["ci_low"] < row["accuracy"] < row["ci_high"]
+    undesirable = [len(it.options[it.undesirable].strip()) > len(it.options[it.counterpart].strip())
+                   for it in items if it.counterpart is not None]
+    assert row["longer_wins_undesirable"] == pytest.approx(np.mean(undesirable))
+    # BBQ's own accuracy per context: the longer-wins rule's, counted above; its bias scores as BBQ's scorer gives
+    for cond, tag in (("ambig", "amb"), ("disambig", "dis")):
+        assert row[f"acc_{tag}"] == pytest.approx(np.mean(by_hand[("longer_wins", cond)]))
+        assert row[f"bias_{tag}"] == pytest.approx(summary["bbq"]["overall"][cond]["bias"])
+    assert row["acc_amb"] != pytest.approx(row["acc_dis"])
+    # the picks per social group: each item's longest option's label, counted here ("tie" where two are longest)
+    from collections import Counter
+
+    from probe.commands.social import picks_by_group
+
+    picks = picks_by_group({"m": {"bbq": summary}})
+    want = Counter(it.labels[int(np.argmax(x))] if (x == x.max()).sum() == 1 else "tie" for it, x in zip(items, lengths))
+    assert set(picks["group"]) == {it.meta["category"] for it in items} == {"Age"}
+    assert dict(picks.select("pick", "n").iter_rows()) == dict(want) and picks["n_tests"].to_list() == [1] * len(want)
     # the options' lengths leave out the white space around them
     pad = metrics.Item("toy", "bias", "1", "p", ("  ab \n", "abc"), ("a", "b"))
     assert metrics.option_lengths([pad])[0].tolist() == [2.0, 3.0]
