@@ -4,6 +4,7 @@ time, and check that the tests named beside each fail on it.
     python -m experiments.planted_bugs          # about 2 minutes; writes experiments/results/planted_bugs.md
     python -m experiments.planted_bugs --round 2  # issue 33's: before/after, experiments/results/planted_bugs_round2.md
     python -m experiments.planted_bugs --round 3  # issue 46's: the same, experiments/results/planted_bugs_round3.md
+    python -m experiments.planted_bugs --round 3 --only "DPO split one id late"  # that row again, the others kept
 
 Each row: the bug, the file, the line as it is, the line as planted, and the tests that must fail.
 """
@@ -135,13 +136,24 @@ def failing_without_a_bug(copy: Path, tests: str, env: dict) -> tuple[str, ...]:
 ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3)}
 
 
-def before_and_after(env: dict, number: int) -> int:
+def before_and_after(env: dict, number: int, only: tuple[str, ...] = ()) -> int:
     """Each bug of round ``number`` on a copy, its test files run as they were before the round and as they are
-    now."""
+    now; ``only``: just the bugs of these names, the other rows kept as the results file has them."""
     bugs, before_rev = ROUNDS[number]
-    rows, before_caught, after_caught = [], 0, 0
+    out = RESULTS / f"planted_bugs_round{number}.md"
+    done = {}  # name -> row, from the last run
+    if only and out.is_file():
+        for line in out.read_text().splitlines():
+            if not line.startswith("| ") or line.startswith("| bug |"):
+                continue
+            n, p, t, b, a = (c.strip().strip("`") for c in line.strip("|").split(" | "))
+            done[n] = (n, p, t, b, a)
     baseline: dict[tuple[str, str], tuple[str, ...]] = {}  # (when, files) -> tests failing without a bug
+    rows = []
     for name, path, old, new, tests in bugs:
+        if only and name not in only:
+            rows.append(done.get(name, (name, path, tests, "NOT CAUGHT: not run", "NOT CAUGHT: not run")))
+            continue
         results = []
         for when in ("before", "after"):
             with tempfile.TemporaryDirectory() as tmp:
@@ -162,10 +174,9 @@ def before_and_after(env: dict, number: int) -> int:
                     continue
                 results.append(run_tests(copy, files, env, baseline[when, files]) if files
                                else (False, "no such test file then"))
-        before_caught += results[0][0]
-        after_caught += results[1][0]
         rows.append((name, path, tests, *(("caught: " if ok else "NOT CAUGHT: ") + last for ok, last in results)))
         print(" | ".join(rows[-1]), flush=True)
+    before_caught, after_caught = (sum(r[k].startswith("caught") for r in rows) for k in (3, 4))
     lines = [f"# Planted bugs, round {number}: before and after this round's tests", "",
              f"`python -m experiments.planted_bugs --round {number}`: each bug planted alone on a copy of the "
              f"repository; the named test files run as they were at {before_rev} (before) and as they are now (after). Tests that "
@@ -173,8 +184,10 @@ def before_and_after(env: dict, number: int) -> int:
              "are left out of both runs, so that a bug counts as caught only by a test it makes fail.", "",
              f"Caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}.", "",
              "| bug | file | test files | before | after |", "|---|---|---|---|---|"]
+    if only:
+        lines[5:5] = ["", f"Rerun alone (--only) after the last full run: {', '.join(only)}."]
     lines += [f"| {n} | `{p}` | `{t}` | {b} | {a} |" for n, p, t, b, a in rows]
-    (RESULTS / f"planted_bugs_round{number}.md").write_text("\n".join(lines) + "\n")
+    out.write_text("\n".join(lines) + "\n")
     print(f"caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}")
     return 0 if after_caught == len(rows) else 1
 
@@ -193,11 +206,14 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--round", type=int, choices=(1, 2, 3), default=1)
+    parser.add_argument("--only", action="append", default=[], metavar="BUG",
+                        help="rounds 2-3: rerun this bug (by name) alone, keeping the results file's other rows")
     args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RM_PROBE_SOCIAL_DATA": os.environ.get("RM_PROBE_SOCIAL_DATA", str(SHARED / "social")),
-           "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release"))}
+           "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release")),
+           "RM_PROBE_VALUES_RELEASE": os.environ.get("RM_PROBE_VALUES_RELEASE", str(SHARED / "values-release"))}
     if args.round in ROUNDS:
-        return before_and_after(env, args.round)
+        return before_and_after(env, args.round, tuple(args.only))
     rows, missed = [], 0
     for name, path, old, new, tests in MUTS:
         with tempfile.TemporaryDirectory() as tmp:
