@@ -3,6 +3,8 @@ time, and check that the tests named beside each fail on it.
 
     python -m experiments.planted_bugs          # about 2 minutes; writes experiments/results/planted_bugs.md
     python -m experiments.planted_bugs --round 2  # issue 33's: before/after, experiments/results/planted_bugs_round2.md
+    python -m experiments.planted_bugs --round 3  # issue 46's: the same, experiments/results/planted_bugs_round3.md
+    python -m experiments.planted_bugs --round 3 --only "DPO split one id late"  # that row again, the others kept
 
 Each row: the bug, the file, the line as it is, the line as planted, and the tests that must fail.
 """
@@ -81,6 +83,40 @@ ROUND_2 = [
 ]
 
 
+# Round 3 (issue 46): the memory plan, RewardBench's routes, persona analysis, Holm, the length rules and response
+# runs (the code that landed after round 2; not the judges or traces, rewritten meanwhile)
+BEFORE_ROUND_3 = "2cf57dc"
+_MEM, _DPO, _RESP = ("tests/unit/test_gpu_readiness.py", "tests/unit/test_rewardbench_dpo.py tests/unit/test_responses.py",
+                     "tests/unit/test_responses.py tests/unit/test_api.py")
+ROUND_3 = [
+  ("--ref's rows held with the model's", "probe/models/memory.py", "max(p.per_row() for p in here)", "sum(p.per_row() for p in here)", _MEM),
+  ("batch planned on the card's total", "probe/core/scoring.py", "torch.cuda.mem_get_info(d)[0]", "torch.cuda.mem_get_info(d)[1]", _MEM),
+  ("spread model's prefix cache whole on each device", "probe/models/memory.py", "fixed = sum(p.layer_share * p.fixed for p in here)", "fixed = sum(p.fixed for p in here)", _MEM),
+  ("spread model's row copies whole on each device", "probe/models/memory.py", "return self.layer_share * self.cost.layers + max(", "return self.cost.layers + max(", _MEM),
+  ("the free fraction dropped", "probe/models/memory.py", "room = FREE_FRACTION * free - fixed", "room = free - fixed", _MEM),
+  ("head added to the layers' working set", "probe/models/memory.py", "return self.layers + max(self.transient, self.head)", "return self.layers + self.transient + self.head", _MEM),
+  ("DPO split one id late", "probe/core/template.py", "start = len(own) - (own != full[: len(own)])", "start = len(own)", _DPO),
+  ("DPO merged span widened", "probe/core/template.py", "k = self.scored_in_prefix - (len(self.prefix_ids) - prefix_len)", "k = self.scored_in_prefix + (len(self.prefix_ids) - prefix_len)", _DPO),
+  ("DPO merged response scores the whole header", "probe/core/responses.py", 'return self.split.scored_within(len(prefix), f"prompt {self.prompt_key!r}") if self.split is not None else 0', "return self.scored_in_prefix", _DPO),
+  ("DPO input of 2,048 ids refused", "probe/core/template.py", "if len(prompt_ids) + len(answer_ids) > REWARDBENCH_DPO_MAX_LENGTH:", "if len(prompt_ids) + len(answer_ids) >= REWARDBENCH_DPO_MAX_LENGTH:", _DPO),
+  ("DPO header one id short", "probe/core/template.py", "    return n_pre - starts.pop()", "    return n_pre - starts.pop() - 1", _DPO),
+  ("a single BOS dropped as doubled", "probe/core/template.py", "out[:2] == [bos, bos]", "out[:1] == [bos]", "tests/unit/test_dialogue_inputs.py"),
+  ("persona bottom RBO is the top one", "probe/analysis/personas.py", "stats.rbo(a, b, p, bottom=True)", "stats.rbo(a, b, p)", "tests/unit/test_personas.py"),
+  ("persona mean shift negated", "probe/analysis/personas.py", '"mean_shift": float(b.mean() - a.mean())', '"mean_shift": float(a.mean() - b.mean())', "tests/unit/test_personas.py"),
+  ("persona movers over every token", "probe/analysis/personas.py", 'pool = moved.filter(pl.col("is_word")) if words_only and "is_word" in moved.columns else moved', "pool = moved", "tests/unit/test_personas.py"),
+  ("persona falls in rising order", "probe/analysis/personas.py", "ordered.tail(n).reverse().select(cols)", "ordered.tail(n).select(cols)", "tests/unit/test_personas.py"),
+  ("persona same-best reads the worst", "probe/analysis/personas.py", 'both["token_id"][int(np.argmax(b))]', 'both["token_id"][int(np.argmin(b))]', "tests/unit/test_personas.py"),
+  ("agreement p_holm unadjusted", "probe/analysis/agreement.py", "g.update(p_holm=float(h), n_tests=len(groups))", 'g.update(p_holm=g["p_value"], n_tests=len(groups))', "tests/unit/test_analysis.py tests/unit/test_stats.py"),
+  ("social Holm line by unadjusted p", "probe/commands/social.py", 'for g, e in tested.items() if e["p_holm"] < 0.05)', 'for g, e in tested.items() if e["p_undesirable_vs_half"] < 0.05)', "tests/unit/test_social_real.py"),
+  ("values panels' p_holm unadjusted", "probe/analysis/values.py", '"p_holm": float(h), "n_tests": k})', '"p_holm": t.p, "n_tests": k})', "tests/unit/test_values.py"),
+  ("Holm not made monotone", "probe/analysis/stats.py", "np.maximum.accumulate(p[order] * (m - np.arange(m)))", "p[order] * (m - np.arange(m))", "tests/unit/test_stats.py"),
+  ("length rules count white space", "probe/social/metrics.py", "len(o.strip()) for o in it.options", "len(o) for o in it.options", "tests/unit/test_social_real.py"),
+  ("shorter-wins column reads the longer rule", "probe/commands/social.py", '"shorter_wins_acc": (rules.get("shorter_wins") or {})', '"shorter_wins_acc": (rules.get("longer_wins") or {})', "tests/unit/test_social_real.py"),
+  ("agreement with the longer counts tied lengths", "probe/social/metrics.py", "if a is not None and b is not None]", "if a is not None]", "tests/unit/test_social_real.py"),
+  ("response n_tokens counts the closing ids", "probe/core/responses.py", "rows.n_tokens.append(len(slot_ids))", "rows.n_tokens.append(len(cont))", _RESP),
+]
+
+
 def run_tests(copy: Path, tests: str, env: dict, deselect: tuple[str, ...] = ()) -> tuple[bool, str]:
     skip = " ".join(f"--deselect '{t}'" for t in deselect)
     proc = subprocess.run(f"{sys.executable} -m pytest -q -x -p no:cacheprovider {skip} {tests}", shell=True, cwd=copy,
@@ -97,11 +133,27 @@ def failing_without_a_bug(copy: Path, tests: str, env: dict) -> tuple[str, ...]:
     return tuple(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED "))
 
 
-def round_two(env: dict) -> int:
-    """Each round-2 bug on a copy, its test files run as they were before the round and as they are now."""
-    rows, before_caught, after_caught = [], 0, 0
+ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3)}
+
+
+def before_and_after(env: dict, number: int, only: tuple[str, ...] = ()) -> int:
+    """Each bug of round ``number`` on a copy, its test files run as they were before the round and as they are
+    now; ``only``: just the bugs of these names, the other rows kept as the results file has them."""
+    bugs, before_rev = ROUNDS[number]
+    out = RESULTS / f"planted_bugs_round{number}.md"
+    done = {}  # name -> row, from the last run
+    if only and out.is_file():
+        for line in out.read_text().splitlines():
+            if not line.startswith("| ") or line.startswith("| bug |"):
+                continue
+            n, p, t, b, a = (c.strip().strip("`") for c in line.strip("|").split(" | "))
+            done[n] = (n, p, t, b, a)
     baseline: dict[tuple[str, str], tuple[str, ...]] = {}  # (when, files) -> tests failing without a bug
-    for name, path, old, new, tests in ROUND_2:
+    rows = []
+    for name, path, old, new, tests in bugs:
+        if only and name not in only:
+            rows.append(done.get(name, (name, path, tests, "NOT CAUGHT: not run", "NOT CAUGHT: not run")))
+            continue
         results = []
         for when in ("before", "after"):
             with tempfile.TemporaryDirectory() as tmp:
@@ -111,7 +163,7 @@ def round_two(env: dict) -> int:
                 (copy / "probe" / "kernels").symlink_to(copy / "kernels")
                 if when == "before":  # the test folder as it was, the code as it is
                     shutil.rmtree(copy / "tests")
-                    archive = subprocess.run(["git", "archive", BEFORE_ROUND_2, "tests"], cwd=ROOT, capture_output=True,
+                    archive = subprocess.run(["git", "archive", before_rev, "tests"], cwd=ROOT, capture_output=True,
                                              check=True).stdout
                     subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
                 files = " ".join(f for f in tests.split() if (copy / f).is_file())
@@ -122,19 +174,20 @@ def round_two(env: dict) -> int:
                     continue
                 results.append(run_tests(copy, files, env, baseline[when, files]) if files
                                else (False, "no such test file then"))
-        before_caught += results[0][0]
-        after_caught += results[1][0]
         rows.append((name, path, tests, *(("caught: " if ok else "NOT CAUGHT: ") + last for ok, last in results)))
         print(" | ".join(rows[-1]), flush=True)
-    lines = ["# Planted bugs, round 2: before and after this round's tests", "",
-             "`python -m experiments.planted_bugs --round 2`: each bug planted alone on a copy of the repository; the "
-             f"named test files run as they were at {BEFORE_ROUND_2} (before) and as they are now (after). Tests that "
+    before_caught, after_caught = (sum(r[k].startswith("caught") for r in rows) for k in (3, 4))
+    lines = [f"# Planted bugs, round {number}: before and after this round's tests", "",
+             f"`python -m experiments.planted_bugs --round {number}`: each bug planted alone on a copy of the "
+             f"repository; the named test files run as they were at {before_rev} (before) and as they are now (after). Tests that "
              "fail on the copy without any bug (earlier tests of a message or an interface changed on purpose since) "
              "are left out of both runs, so that a bug counts as caught only by a test it makes fail.", "",
              f"Caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}.", "",
              "| bug | file | test files | before | after |", "|---|---|---|---|---|"]
+    if only:
+        lines[5:5] = ["", f"Rerun alone (--only) after the last full run: {', '.join(only)}."]
     lines += [f"| {n} | `{p}` | `{t}` | {b} | {a} |" for n, p, t, b, a in rows]
-    (RESULTS / "planted_bugs_round2.md").write_text("\n".join(lines) + "\n")
+    out.write_text("\n".join(lines) + "\n")
     print(f"caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}")
     return 0 if after_caught == len(rows) else 1
 
@@ -152,12 +205,15 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--round", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--round", type=int, choices=(1, 2, 3), default=1)
+    parser.add_argument("--only", action="append", default=[], metavar="BUG",
+                        help="rounds 2-3: rerun this bug (by name) alone, keeping the results file's other rows")
     args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RM_PROBE_SOCIAL_DATA": os.environ.get("RM_PROBE_SOCIAL_DATA", str(SHARED / "social")),
-           "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release"))}
-    if args.round == 2:
-        return round_two(env)
+           "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release")),
+           "RM_PROBE_VALUES_RELEASE": os.environ.get("RM_PROBE_VALUES_RELEASE", str(SHARED / "values-release"))}
+    if args.round in ROUNDS:
+        return before_and_after(env, args.round, tuple(args.only))
     rows, missed = [], 0
     for name, path, old, new, tests in MUTS:
         with tempfile.TemporaryDirectory() as tmp:

@@ -260,6 +260,16 @@ def test_every_analyze_output_recomputed_from_scores_parquet(tmp_path, lexicon_w
         strings = sorted(tokens)  # the shared vocabulary's order
         assert agree["rbo_top_p0.9"][f"m{i}"][f"m{j}"] == pytest.approx(
             _rbo_brute([by_text[i][t] for t in strings], [by_text[j][t] for t in strings], 0.9), abs=1e-6)
+        assert agree["rbo_bottom_p0.9"][f"m{i}"][f"m{j}"] == pytest.approx(
+            _rbo_brute([by_text[i][t] for t in strings], [by_text[j][t] for t in strings], 0.9, bottom=True), abs=1e-6)
+        # each pair on its own shared vocabulary: one tokenizer, so matched on token ids; no ties, so any row order
+        (pair,) = [r for r in agree["pairwise"] if (r["a"], r["b"]) == (f"m{i}", f"m{j}")]
+        assert pair["matched_on"] == "token ids" and pair["n"] == len(tokens)
+        assert pair["kendall_tau_b"] == pytest.approx(sps.kendalltau(x, y).statistic, abs=1e-9)
+        assert pair["spearman"] == pytest.approx(sps.spearmanr(x, y).statistic, abs=1e-9)
+        for side, bottom in (("top", False), ("bottom", True)):
+            assert pair[f"rbo_{side}_p0.9"] == pytest.approx(_rbo_brute(x, y, 0.9, bottom=bottom), abs=1e-9)
+        assert pair["rbo_top_p0.9"] != pytest.approx(pair["rbo_bottom_p0.9"], abs=1e-3)
     # framing: positive and negative AFINN-111 words fitted separately (one token per word here)
     afinn = _afinn111()
     framing = pl.read_csv(tmp_path / "framing" / "framing.csv").filter(pl.col("prompt") == "greatest")
@@ -321,3 +331,38 @@ def test_exposure_slope_with_length_held_fixed_is_the_partial_regression(tmp_pat
     assert abs(held["estimate"][0]) < 1e-9  # the score is length alone
     plain = df.filter(pl.col("controls") == "valence")["estimate"][0]
     assert plain > 0.05  # frequent words are short: the plain slope is length's, through frequency
+
+
+def test_agreement_group_tests_are_exact_and_holm_adjusted_by_hand():
+    """Two groupings tested together (family, developer): each p-value is the share of the distinct relabellings (of
+    the 720 label orders) whose same-minus-different mean tau reaches the observed one (scipy's tau), and each
+    p_holm is Holm's by hand: the smaller p times 2, the larger the larger of that and itself, capped at 1."""
+    import itertools
+
+    from scipy import stats as sps
+
+    from probe.analysis.agreement import agreement
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(3, 200))
+    models = [f"m{i}" for i in range(6)]
+    wide = pl.DataFrame({m: base[i // 2] + rng.normal(size=200) for i, m in enumerate(models)})
+    groupings = {"family": list("aabbcc"), "developer": list("xyxyxx")}
+    res = agreement(wide, models, groupings=groupings, n_perm=1000)
+    tau = np.array([[sps.kendalltau(wide[a], wide[b]).statistic for b in models] for a in models])
+
+    def stat(labels):
+        same = [labels[i] == labels[j] for i, j in itertools.combinations(range(6), 2)]
+        vals = [tau[i, j] for i, j in itertools.combinations(range(6), 2)]
+        return np.mean([v for v, s in zip(vals, same) if s]) - np.mean([v for v, s in zip(vals, same) if not s])
+
+    p = {}
+    for name, labels in groupings.items():
+        null = [stat(order) for order in set(itertools.permutations(labels))]
+        p[name] = np.mean(np.array(null) >= stat(labels) - 1e-12)
+        assert res.groups[name]["p_value"] == pytest.approx(p[name], abs=1e-12) and res.groups[name]["exact"]
+    # the smallest p there is: the observed labels and the 5 that only rename the three families
+    assert p["family"] == pytest.approx(6 / 90) and p["developer"] > 2 * p["family"]
+    assert res.groups["family"]["p_holm"] == pytest.approx(2 * 6 / 90, abs=1e-12)
+    assert res.groups["developer"]["p_holm"] == pytest.approx(min(1.0, p["developer"]), abs=1e-12)
+    assert all(g["n_tests"] == 2 for g in res.groups.values())

@@ -273,3 +273,23 @@ def test_which_rewardbench_pipelines_keep_a_doubled_bos(llama31_classifier, pipe
                                    tokenize=False, date_string="26 Jul 2024")
     card = tok(text)["input_ids"]  # what every one of these pipelines encodes
     assert ids == card[2 - n_bos:] and ids[:n_bos] == [tok.bos_token_id] * n_bos and ids[n_bos] != tok.bos_token_id
+
+
+def test_a_single_bos_is_kept_where_the_pipeline_masks_a_doubled_one(llama31_classifier):
+    """A template that writes no BOS: tokenizer(text) adds the only one, which RewardBenchPipeline's mask (the first
+    of two leading BOS, its pipeline.py) leaves alone; the route feeds it, as it feeds the doubled one's second."""
+    import copy
+
+    from probe.core.template import rewardbench_call_ids
+
+    _, _, tok = llama31_classifier
+    tok = copy.deepcopy(tok)
+    assert tok.chat_template.startswith("{{- bos_token }}")
+    tok.chat_template = tok.chat_template.removeprefix("{{- bos_token }}")
+    tok.rm_probe_input_call = "rewardbench"
+    tok.rm_probe_call_ids = rewardbench_call_ids(tok, "RewardBenchPipeline")
+    text = tok.apply_chat_template([{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "Love"}],
+                                   tokenize=False, date_string="26 Jul 2024")
+    card = tok(text)["input_ids"]
+    assert card[0] == tok.bos_token_id != card[1]
+    assert render(tok, response_conversation(PROMPT, None), "Love") == card

@@ -263,6 +263,7 @@ def test_the_plan_of_llama_8b_counted_by_hand():
     # the fused log-probability head: one 4,096-entry vocabulary chunk per position, bf16 and its float32 copy
     lp = row_cost(config, 48, 3, torch.bfloat16, "logprob", "shared")
     assert lp.head == 2 * 4096 * (2 + 4)
+    assert lp.total == lp.layers + max(lp.transient, lp.head)  # the head runs once the layers' transients are freed
     assert row_cost(config, 48, 3, torch.bfloat16, "logprob", "shared", fused=False).head == 2 * 3 * 128256 * 4
 
 
@@ -375,6 +376,23 @@ def test_every_device_of_a_spread_model_is_planned_with_its_own_free_memory():
     assert plan_devices({a: 10 * 3 << 20, b: 100 << 30}, parts) == 4  # and so does the first
 
 
+def test_a_spread_model_and_its_reference_share_each_device_by_hand():
+    """Both models split in half over two GPUs (--device-map), heads on the second: each GPU holds half of each
+    prefix cache (2 x 8 MiB / 2) and, per row, half of each model's per-row prefix copies (8 / 2 MiB) plus the widest
+    of the layer's working set (1 MiB) and, where the head is, the head (3 MiB): one model at a time."""
+    from probe.models.memory import Part, RowCost, plan_devices
+
+    mib = 1 << 20
+    cost = RowCost(layers=8 * mib, transient=1 * mib, head=3 * mib)
+    a, b = torch.device("cuda:0"), torch.device("cuda:1")
+    parts = {a: [Part(cost, 8 * mib, 0.5, False)] * 2, b: [Part(cost, 8 * mib, 0.5, True)] * 2}
+    # cuda:0: 0.7 x 100 - 8 = 62 MiB for rows of 4 + 1 = 5 MiB: 12 -> 8; cuda:1 alone: 62 / (4 + 3) = 8.9 -> 8
+    assert plan_devices({a: 100 * mib, b: 1 << 40}, parts) == 8
+    assert plan_devices({a: 1 << 40, b: 100 * mib}, parts) == 8
+    # 60 MiB on cuda:1: 42 - 8 = 34 MiB, 34 / 7 = 4.9 rows -> 4
+    assert plan_devices({a: 1 << 40, b: 60 * mib}, parts) == 4
+
+
 def test_batch_parts_count_the_reference_and_a_model_split_over_devices(tiny_models):
     """The loaded model's parts: its path, its prefix cache, the reference model's part beside it, and the
     fraction of parameters and the head's device read from where the weights are."""
@@ -395,6 +413,30 @@ def test_batch_parts_count_the_reference_and_a_model_split_over_devices(tiny_mod
     shares, head = device_shares(split)
     assert head.type == "meta" and set(shares) == {torch.device("cpu"), torch.device("meta")}
     assert sum(shares.values()) == pytest.approx(1.0) and 0 < shares[torch.device("meta")] < 1
+
+
+def test_the_gpu_batch_is_planned_on_free_memory_with_the_reference_run_after_the_model(tiny_models, monkeypatch):
+    """A model and its ``--ref`` copy on one GPU that has ``free`` bytes of ``10 x free``: both prefix caches are held
+    at once, but the reference runs on the rows after the model, so one row's cost counts once. ``free`` leaves
+    room for 10.5 rows: 8 (a power of two); counted together, 5.25 rows: 4; planned on the card's total: more."""
+    from probe.core import scoring
+    from probe.models.loading import LoadedModel
+    from probe.models.memory import fixed_bytes, row_cost
+
+    lm = tiny_models["llama-lm"]
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(LoadedModel, "device", property(lambda self: gpu))
+    monkeypatch.setattr(scoring, "device_shares", lambda model: ({gpu: 1.0}, gpu))
+    config = lm.model.config
+    per_row = row_cost(config, 40, 3, torch.float32, "logprob", "shared").total
+    fixed = fixed_bytes(config, 40, torch.float32, "shared")
+    free = (2 * fixed + 10.5 * per_row) / 0.7  # FREE_FRACTION of it: both caches and 10.5 rows
+    seen = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: seen.append(d) or (int(free), int(10 * free)))
+    with_ref = replace(lm, ref=lm, beta=1.0)
+    assert scoring.default_batch_size(with_ref, 40, 3, "logprob") == 8
+    assert seen == [gpu]
+    assert scoring.default_batch_size(lm, 40, 3, "logprob") == 8  # alone: one cache less, still under 16 rows
 
 
 # ---------------------------------------------------------------- 2. a model spread over devices (--device-map)

@@ -18,6 +18,7 @@ from probe.commands.report import main as report_main
 from probe.commands.score import main as score_main
 from probe.core.prompts import Prompt, persona_grid, read_systems_file
 from probe.errors import DataFormatError
+from tests.unit.test_stats import _rbo_brute
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 SYSTEMS = {"pirate": "You are a pirate.", "monk": "You are a calm monk.", "plain": None}
@@ -111,6 +112,11 @@ def test_analyze_personas_against_scipy(grid_run, tmp_path, capsys):
     assert row["kendall_tau_b"] == pytest.approx(stats.kendalltau(c, m).statistic, abs=1e-9)
     assert row["spearman"] == pytest.approx(stats.spearmanr(c, m).statistic, abs=1e-9)
     assert row["mean_shift"] == pytest.approx(m.mean() - c.mean(), rel=1e-5)
+    assert row["same_best"] == (wide["token_id"][int(np.argmax(c))] == wide["token_id"][int(np.argmax(m))])
+    assert len(set(c)) == len(set(m)) == 400  # no ties: RBO does not depend on the order of the rows
+    for side, bottom in (("top", False), ("bottom", True)):
+        assert row[f"rbo_{side}_p0.8"] == pytest.approx(_rbo_brute(c, m, 0.8, bottom=bottom), abs=1e-12), side
+    assert row["rbo_top_p0.8"] != pytest.approx(row["rbo_bottom_p0.8"], abs=1e-3)
     moved = json.loads((tmp_path / "a" / "movers.json").read_text())["greatest@monk"]
     dz = (m - m.mean()) / m.std() - (c - c.mean()) / c.std()
     words = scores.filter(pl.col("prompt_key") == "greatest@plain").sort("token_id")["is_word"].to_numpy()
@@ -237,9 +243,15 @@ def test_a_persona_that_reverses_the_responses_is_a_reversal(tiny_dirs, tmp_path
     moved = json.loads((tmp_path / "a" / "movers.json").read_text())["greatest@pirate"]
     assert [m["decoded"] for m in moved["up"]] == by_hand[:2]
     assert [m["decoded"] for m in moved["down"]] == by_hand[::-1][:2]
+    rank = {r: k + 1 for k, r in enumerate(sorted(responses, key=control.get, reverse=True))}
+    values = np.array(list(control.values()), dtype=np.float64)
     for m in moved["up"] + moved["down"]:
         assert m["score_control"] == pytest.approx(control[m["decoded"]])
         assert m["score_persona"] == pytest.approx(-control[m["decoded"]])
+        assert (m["rank_control"], m["rank_persona"]) == (rank[m["decoded"]], len(responses) + 1 - rank[m["decoded"]])
+        # the persona's z-score is the control's negated: dz = -2 z
+        z = (control[m["decoded"]] - values.mean()) / values.std()
+        assert m["dz"] == pytest.approx(-2 * z, rel=1e-9)
     # --top (10) over five responses: each list holds only what rose, or fell (issue 45: all five were in both)
     assert analyze_main(["personas", str(run), "--out", str(tmp_path / "b")]) == 0
     moved = json.loads((tmp_path / "b" / "movers.json").read_text())["greatest@pirate"]

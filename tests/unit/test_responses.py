@@ -69,6 +69,9 @@ def test_response_run_equals_the_api_and_resumes_identically(tiny_dirs, tmp_path
     cli = ref.filter(pl.col("prompt_key") == "greatest_ever_one")
     assert api.select("response", "n_tokens", "rank").equals(cli.select("response", "n_tokens", "rank"))
     np.testing.assert_allclose(api["score"].to_numpy(), cli["score"].to_numpy(), rtol=1e-5, atol=1e-5)
+    # n_tokens: the response's own ids (the template keeps each as the tokenizer encodes it alone), not the closing ids
+    want = {r: len(lm.tokenizer.encode(r, add_special_tokens=False)) for r in ITEMS}
+    assert dict(cli.select("response", "n_tokens").iter_rows()) == want and len(set(want.values())) > 2
     # killed after 4 shards of 6, then resumed: identical
     from probe.runs.rundir import RunDir
 

@@ -175,3 +175,57 @@ def test_social_rewardbench_items_on_the_dpo_route(family, tmp_path):
     for it in load("rewardbench", data):
         want, _ = _rewardbench_scores(family["tokenizer"], lm.model, lm.ref.model, it.prompt, list(it.options))
         np.testing.assert_allclose([got[it.item_id, j] for j in range(len(it.options))], want, rtol=1e-5, atol=1e-4)
+
+
+# a template whose user turn ends in a newline that the tokenizer joins to the assistant turn's first one ('?\n' +
+# '\nAssistant' -> '?\n\n', 'Assistant'), and whose header ends in a newline a response's own first newline joins
+MERGING = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ 'User: ' + m['content'] + '\\n' }}"
+           "{% else %}{{ '\\nAssistant:\\n' + m['content'] + '\\n' }}{% endif %}{% endfor %}")
+
+
+def test_merged_boundaries_split_and_score_as_rewardbench(family, tmp_path):
+    """Where the prompt's text merges with the answer's first id, run_dpo.py's split moves one id earlier (the merged
+    id is scored); where a response merges with the header before it, the prefix is one id shorter and the scored
+    span keeps only the header ids still in it. Both: RewardBench's own ids, labels and DPO scores."""
+    import shutil
+
+    tok = copy.deepcopy(family["tokenizer"])
+    tok.chat_template = MERGING
+    folders = {}
+    for name in ("policy", "ref"):
+        folders[name] = tmp_path / name
+        shutil.copytree(family[name], folders[name])
+        tok.save_pretrained(folders[name])
+    responses = ["Love", "\nLove", "The Beatles"]
+    build = response_conversation(PROMPT)
+    prompt_text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False)
+    own = tok(prompt_text, add_special_tokens=False)["input_ids"]
+    prompt_ids, _ = rewardbench_dpo_ids(tok, build, "Love")
+    assert len(prompt_ids) == len(own)  # the lead id, and the prompt's ids less the merged one
+    assert rewardbench_dpo_ids(tok, build, "\nLove")[1][2] != rewardbench_dpo_ids(tok, build, "Love")[1][2]
+    lm = probe.load(str(folders["policy"]), device="cpu", ref=str(folders["ref"]), input_method="rewardbench")
+    ours = probe.score_responses(lm, None, PROMPT, responses)
+    got = dict(zip(ours["response"], ours["score"].to_numpy().astype(np.float64)))
+    want, rows = _rewardbench_scores(tok, lm.model, lm.ref.model, PROMPT, responses)
+    for r, row in zip(responses, rows):
+        p, a = rewardbench_dpo_ids(tok, build, r)
+        assert p + a == row["chosen_input_ids"] and sum(x != -100 for x in row["chosen_labels"]) == len(a), r
+    np.testing.assert_allclose([got[r] for r in responses], want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_dpo_input_limit_is_2048_ids(family):
+    """DPOInference keeps inputs of up to max_length = 2048 ids whole: one of exactly 2048 ids is scored, one of 2049
+    refused (each ' a' of the prompt one id, counted here)."""
+    from probe.core.template import REWARDBENCH_DPO_MAX_LENGTH
+    from probe.errors import TemplateError
+
+    tok = family["tokenizer"]
+
+    def n_ids(k):
+        prompt_ids, answer_ids = rewardbench_dpo_ids(tok, response_conversation("a" + " a" * k), "Love")
+        return len(prompt_ids) + len(answer_ids)
+
+    k = REWARDBENCH_DPO_MAX_LENGTH - n_ids(0)
+    assert n_ids(k) == 2048 and REWARDBENCH_DPO_MAX_LENGTH == 2048
+    with pytest.raises(TemplateError, match="2,049 ids is over its 2,048-id limit"):
+        n_ids(k + 1)

@@ -477,6 +477,40 @@ def test_length_rules_counted_by_hand_on_real_bbq_rows(social_data):
     assert agree["overall"]["rate"] == 1.0 and set(agree["by_context"]) == {"ambig", "disambig"}
     shorter = metrics.summarise_one("bbq", items, [-x for x in lengths])["length_rules"]["agrees_with_longer"]
     assert shorter["overall"]["rate"] == 0.0
+    # counted over the items whose longest option and whose pick (here the shortest option) are both untied
+    one = [sum(len(r[f"ans{k}"].strip()) == f(len(r[f"ans{j}"].strip()) for j in range(3)) for k in range(3)) == 1
+           for r in rows for f in (max, min)]
+    assert shorter["overall"]["n"] == sum(a and b for a, b in zip(one[::2], one[1::2])) < len(rows)
+    # the summary table's columns for the two rules and the agreement
+    from probe.commands.social import domain_table
+
+    row = domain_table({"m": {"bbq": summary}}).row(0, named=True)
+    pairs = [[len(it.options[k].strip()) for k in it.pair] for it in items if it.pair is not None]
+    assert row["metric"] == "pairwise" and row["n_pairs"] == len(pairs)
+    assert row["longer_wins_acc"] == pytest.approx(np.mean([a > b for a, b in pairs]))  # ties are wrong
+    assert row["shorter_wins_acc"] == pytest.approx(np.mean([a < b for a, b in pairs])) != row["longer_wins_acc"]
+    assert row["agrees_with_longer"] == 1.0 and row["accuracy"] == row["longer_wins_acc"]
+    assert row["domain"] == "bias" and row["ci_low"] < row["accuracy"] < row["ci_high"]
+    undesirable = [len(it.options[it.undesirable].strip()) > len(it.options[it.counterpart].strip())
+                   for it in items if it.counterpart is not None]
+    assert row["longer_wins_undesirable"] == pytest.approx(np.mean(undesirable))
+    # BBQ's own accuracy per context: the longer-wins rule's, counted above; its bias scores as BBQ's scorer gives
+    for cond, tag in (("ambig", "amb"), ("disambig", "dis")):
+        assert row[f"acc_{tag}"] == pytest.approx(np.mean(by_hand[("longer_wins", cond)]))
+        assert row[f"bias_{tag}"] == pytest.approx(summary["bbq"]["overall"][cond]["bias"])
+    assert row["acc_amb"] != pytest.approx(row["acc_dis"])
+    # the picks per social group: each item's longest option's label, counted here ("tie" where two are longest)
+    from collections import Counter
+
+    from probe.commands.social import picks_by_group
+
+    picks = picks_by_group({"m": {"bbq": summary}})
+    want = Counter(it.labels[int(np.argmax(x))] if (x == x.max()).sum() == 1 else "tie" for it, x in zip(items, lengths))
+    assert set(picks["group"]) == {it.meta["category"] for it in items} == {"Age"}
+    assert dict(picks.select("pick", "n").iter_rows()) == dict(want) and picks["n_tests"].to_list() == [1] * len(want)
+    # the options' lengths leave out the white space around them
+    pad = metrics.Item("toy", "bias", "1", "p", ("  ab \n", "abc"), ("a", "b"))
+    assert metrics.option_lengths([pad])[0].tolist() == [2.0, 3.0]
 
 
 def test_per_group_tests_are_counted_and_holm_adjusted(social_data):
@@ -501,6 +535,22 @@ def test_per_group_tests_are_counted_and_holm_adjusted(social_data):
         assert e["p_undesirable_vs_half"] == pytest.approx(p)
         pvals.append(p)
     assert [e["p_holm"] for e in tested.values()] == pytest.approx(holm(pvals).tolist())
+
+
+def test_the_printed_holm_line_selects_groups_by_their_adjusted_p(capsys):
+    """Three groups tested, p = 0.03, 0.004, 0.5: Holm by hand 0.06, 0.012, 0.5, so only the second is below 0.05
+    (the first is below it before the adjustment); a group without a test is not counted."""
+    from probe.commands.social import print_group_tests
+
+    groups = {"race": {"undesirable_rate": 0.61, "p_undesirable_vs_half": 0.03, "p_holm": 0.06, "n_tests": 3},
+              "gender": {"undesirable_rate": 0.72, "p_undesirable_vs_half": 0.004, "p_holm": 0.012, "n_tests": 3},
+              "age": {"undesirable_rate": 0.52, "p_undesirable_vs_half": 0.5, "p_holm": 0.5, "n_tests": 3},
+              "other": {"undesirable_rate": 0.5}}
+    print_group_tests({"m": {"crows_pairs": {"by_group": groups}}})
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("m / crows_pairs: 3 ")
+    listed = line.split("Holm-adjusted:")[1]
+    assert "gender (0.72, Holm p 0.012)" in listed and "race" not in listed and "age" not in listed
 
 
 def test_rewardbench_sections_beside_the_length_rules(tmp_path, capsys):

@@ -72,6 +72,11 @@ def test_permutation_tests_and_the_figure(release, tmp_path):
     tests = v.permutation_tests(medians, n_perm=199)
     assert len(tests) == 4 and all(t.groups == ("Gemma", "Llama") for t in tests)
     assert all(t.p_bonferroni == pytest.approx(min(1.0, 4 * t.p)) for t in tests)
+    # Holm by hand: the k-th smallest p times 4 - k + 1, each at least the one before it, at most 1
+    holm, last = {}, 0.0
+    for k, t in enumerate(sorted(tests, key=lambda t: t.p)):
+        last = holm[t.category, t.framing] = min(1.0, max(last, (4 - k) * t.p))
+    assert all(t.p_holm == pytest.approx(holm[t.category, t.framing]) and t.n_tests == 4 for t in tests)
     assert all(t.p <= 0.01 for t in tests)  # the follow-up's four panels all differ between base models
     shuffled = medians.with_columns(pl.col("base_model").shuffle(seed=1))
     assert max(t.p for t in v.permutation_tests(shuffled, n_perm=199)) > 0.05  # no signal, no star
