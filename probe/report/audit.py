@@ -112,7 +112,8 @@ def input_words(meta: dict) -> str:
         bos = "masks the first of the two (dropped here)" if pipe in DOUBLE_BOS_MASKED else "feeds both"
         return (f"RewardBench 0.1.4's inputs (--input-method rewardbench), not the family's own: {pipe} encodes the "
                 "chat template's text with tokenizer(text), which doubles BOS where the template writes one and the "
-                f"tokenizer adds one, and {bos}; without a chat template '</s>' is appended. The family's own: {own}")
+                f"tokenizer adds one, and {bos}; without a chat template a Llama or Gemma tokenizer's EOS is appended "
+                f"(run_rm.py's add_eos_token under transformers 4.51). The family's own: {own}")
     if method == "rewardbench":  # run_dpo.py's, an encoder's raw text (named so), or the family's own already
         route = (model.get("input") or {}).get("convention") or own
         return route if "RewardBench" in route else f"RewardBench 0.1.4's inputs (--input-method rewardbench), for "\
