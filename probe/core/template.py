@@ -9,7 +9,10 @@ tokenizer's rendering must equal ``prefix + [token_id] + suffix`` for every one,
 Where the template writes a space before the slot that the tokenizer joins to the response's first word
 ("Assistant: Love", "[RESPONSE A] Love" -> ``' Love'``), the split ends before that space (``leading_space``
 "joined") and is verified on leading-space tokens: the rendering of ``word`` must be ``prefix + [id of ' word'] +
-suffix``. A builder with its own ``render_ids`` (a pairwise model's input, probe/core/pairwise.py) is split the
+suffix``. Where the template writes no space before the slot and a SentencePiece tokenizer encodes the response
+glued to the text before it ("ASSISTANT:Love", "Assistant:Love": the piece ``Love``, not ``▁Love``), the slot holds
+the glued pieces (``leading_space`` "glued") and is verified on raw pieces, ``▁`` read as a space: the rendering
+of the piece's text must be ``prefix + [id] + suffix``. A builder with its own ``render_ids`` (a pairwise model's input, probe/core/pairwise.py) is split the
 same way; a pairwise builder's second order (candidate and reference swapped) is split with it and registered.
 
 A sweep then scores ``prefix + [token_id] + suffix`` for raw ids, so leading spaces, special tokens and ids
@@ -150,7 +153,7 @@ class TemplateSplit:
     suffix_ids: tuple[int, ...]
     prefix_text: str
     suffix_text: str
-    leading_space: str  # "kept" | "stripped" | "changed": what the template does to a response's leading space;
+    leading_space: str  # "kept" | "stripped" | "changed" | "joined" | "glued": what the template does to a response's leading space;
     # "joined": the template writes a space before the response that the tokenizer joins to its first word, so a
     # candidate id stands in place of both (' Love' is the response 'Love'; an id without a space is glued on)
     trailing_space: str
@@ -345,11 +348,16 @@ def rewardbench_call_ids(tokenizer, pipeline: str) -> CallIds:
     from probe.models.registry import DOUBLE_BOS_MASKED
 
     if _marked(tokenizer) and pipeline not in ADD_EOS_IGNORED and tokenizer_class(tokenizer) in EOS_REBUILT:
-        lead, trail = ([tokenizer.bos_token_id] if config_flag(tokenizer, "add_bos_token", True) else []), \
-            [tokenizer.eos_token_id]
-    else:
-        lead, trail = call_special_tokens(tokenizer)
-    return CallIds(lead, trail, tokenizer.bos_token_id if pipeline in DOUBLE_BOS_MASKED else None)
+        return add_eos_call_ids(tokenizer, tokenizer.bos_token_id if pipeline in DOUBLE_BOS_MASKED else None)
+    return CallIds(*call_special_tokens(tokenizer), tokenizer.bos_token_id if pipeline in DOUBLE_BOS_MASKED else None)
+
+
+def add_eos_call_ids(tokenizer, drop_double_bos: int | None = None) -> CallIds:
+    """What a Llama tokenizer with ``add_eos_token=True`` put around a text under transformers 4.x (RewardBench's
+    run script sets it; Ziya's model card loads its tokenizer with it): BOS where tokenizer_config.json's
+    ``add_bos_token`` (default true) says, the text, EOS, on either file layout."""
+    lead = [tokenizer.bos_token_id] if config_flag(tokenizer, "add_bos_token", True) else []
+    return CallIds(lead, [tokenizer.eos_token_id], drop_double_bos)
 
 
 def tokenizer_class(tokenizer) -> str:
@@ -416,6 +424,9 @@ def split_template(
     n_suf = _common_prefix_len([r[::-1] for r in rendered])
     middles = [ids[n_pre : len(ids) - n_suf] for ids in rendered]
     joined = _joined(tokenizer, probes, middles)
+    glued = None if joined else _glued(tokenizer, probes, middles)
+    if glued:  # the slot holds each word's glued pieces ('Love', not '▁Love'): the one-piece words are the probes
+        probes, middles = glued, [[tid] for _, tid in glued]
     for (word, tid), middle in zip(probes, middles):
         if own_tokens and not joined and middle != [tid]:
             raise TemplateError(
@@ -423,7 +434,7 @@ def split_template(
                 f"rendered as ids {middle}"
             )
     prefix, suffix = tuple(rendered[0][:n_pre]), tuple(rendered[0][len(rendered[0]) - n_suf :])
-    lead = "joined" if joined else _space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0],
+    lead = "joined" if joined else "glued" if glued else _space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0],
                                                      side="lead")
     split = TemplateSplit(
         prefix_ids=prefix,
@@ -441,8 +452,8 @@ def split_template(
         raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
     if input_call(tokenizer) == REWARDBENCH_DPO:
         split = replace(split, scored_in_prefix=_scored_in_prefix(tokenizer, build, probes, n_pre))
-    sample = _verification_sample(tokenizer, n_verify, seed, candidates, spaced=joined)
-    _verify(tokenizer, build, split, sample, joined=joined)
+    sample = _verification_sample(tokenizer, n_verify, seed, candidates, spaced=joined, pieces=bool(glued))
+    _verify(tokenizer, build, split, sample, joined=joined, pieces=bool(glued))
     split = replace(split, verified_tokens=len(sample) + len(probes))
     if getattr(build, "order", None) == 0 and hasattr(build, "swapped"):  # a pairwise model: both orders
         other = split_template(tokenizer, build.swapped(), n_verify=n_verify, seed=seed, candidates=candidates,
@@ -467,6 +478,26 @@ def _joined(tokenizer, probes: list[tuple[str, int]], middles: list[list[int]]) 
     ends the text before the slot with a space that the tokenizer joins to the response ("[RESPONSE A] Love")."""
     return all(m != [tid] and m == tokenizer.encode(" " + word, add_special_tokens=False)
                for (word, tid), m in zip(probes, middles))
+
+
+def _glued(tokenizer, probes: list[tuple[str, int]], middles: list[list[int]]) -> list[tuple[str, int]] | None:
+    """Where the template writes no space before the slot and a SentencePiece tokenizer glues the response to the
+    text before it ("ASSISTANT:Love" -> the piece ``Love``, where the word's own id is ``▁Love``): every probe word
+    sits in its slot as pieces that spell the word with no space marker. The words glued as one piece, with that
+    piece's id (at least 3, else None); None where the slot is not glued."""
+    if all(m == [tid] for (_, tid), m in zip(probes, middles)):
+        return None
+    if any("".join(piece_text(tokenizer, i) for i in m) != word for (word, _), m in zip(probes, middles)):
+        return None
+    single = [(word, m[0]) for (word, _), m in zip(probes, middles) if len(m) == 1]
+    return single if len(single) >= 3 else None
+
+
+def piece_text(tokenizer, tid: int) -> str:
+    """The text an id stands for inside a text, a SentencePiece ``▁`` read as the space it marks (``decode`` drops the
+    space of a first ``▁`` piece)."""
+    piece = tokenizer.convert_ids_to_tokens(int(tid))
+    return piece.replace("\u2581", " ") if isinstance(piece, str) else tokenizer.decode([int(tid)])
 
 
 def _date_sensitive(tokenizer, build, word: str, ids: list[int]) -> bool:
@@ -500,9 +531,10 @@ def _space_treatment(tokenizer, build, *, split_ids, word: str, side: str) -> st
 
 
 def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int] | None,
-                         spaced: bool = False) -> list[int]:
+                         spaced: bool = False, pieces: bool = False) -> list[int]:
     """Ordinary tokens: alphabetic text with no surrounding space (``spaced``: one leading space), not special,
-    surviving decode -> encode."""
+    surviving decode -> encode; ``pieces`` (a glued slot): alphabetic pieces, with or without one leading space
+    marker, each then rendered as its own text (`piece_text`)."""
     special = control_token_ids(tokenizer)
     pool = list(candidates) if candidates is not None else list(range(len(tokenizer)))
     rng = random.Random(seed)
@@ -513,6 +545,12 @@ def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int]
             break
         if tid in special:
             continue
+        if pieces:
+            word = piece_text(tokenizer, tid)
+            word = word[1:] if word.startswith(" ") else word
+            if word.isalpha() and word.isascii():
+                chosen.append(tid)
+            continue
         text = tokenizer.decode([tid])
         if spaced and not text.startswith(" "):
             continue
@@ -522,10 +560,11 @@ def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int]
     return chosen
 
 
-def _verify(tokenizer, build, split: TemplateSplit, sample: list[int], joined: bool = False) -> None:
+def _verify(tokenizer, build, split: TemplateSplit, sample: list[int], joined: bool = False,
+            pieces: bool = False) -> None:
     bad = []
     for tid in sample:
-        text = tokenizer.decode([tid])
+        text = piece_text(tokenizer, tid) if pieces else tokenizer.decode([tid])
         text = text[1:] if joined else text  # joined: ' word' is the response 'word' after the template's space
         if render(tokenizer, build, text) != split.full_ids([tid]):
             bad.append(f"{tid} ({text!r})")
