@@ -20,7 +20,7 @@ from probe.models.chat_templates import chat_template_text, resolve_chat_templat
 from probe.models.embedded import model_id_for, packaged, packaged_dir
 if TYPE_CHECKING:
     from probe.core.pairwise import Pairwise
-from probe.models.registry import (ENCODER_TYPES, REGISTRY, REWARDBENCH_RAW_INPUT, RewardModelSpec, encoder_spec, lookup,
+from probe.models.registry import (CARD_DIALOGUES, ENCODER_TYPES, REGISTRY, REWARDBENCH_RAW_INPUT, RewardModelSpec, encoder_spec, lookup,
                                    structural_spec)
 
 log = logging.getLogger(__name__)
@@ -286,9 +286,10 @@ def _tokenizer_config(path: str, revision: str | None) -> dict:
 
 
 def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None,
-                   family_template: str | None = None, need_template: bool = True):
+                   family_template: str | None = None, need_template: bool = True, family_replaces: bool = False):
     """The tokenizer, with ``chat_template`` (``--chat-template``) if given; else its own template; else the
-    family's dialogue format from the registry (``family_template``, a shipped template's name)."""
+    family's dialogue format from the registry (``family_template``, a shipped template's name), which with
+    ``family_replaces`` (a format the model card writes by hand) is used even where the tokenizer has a template."""
     from transformers import AutoTokenizer
 
     _check_sentencepiece(path)
@@ -299,6 +300,10 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, cha
     tok.rm_probe_config = _tokenizer_config(path, revision)
     if chat_template is not None:
         tok.chat_template = resolve_chat_template(chat_template)
+    elif family_template is not None and family_replaces and getattr(tok, "chat_template", None):
+        log.info("%s: the model card writes its input by hand, not with the tokenizer's chat template: using the "
+                 "card's dialogue format %r (--chat-template overrides)", path, family_template)
+        tok.chat_template = resolve_chat_template(family_template)
     elif not getattr(tok, "chat_template", None) and family_template is not None:
         log.info("%s: the tokenizer has no chat template; using the family's dialogue format %r", path, family_template)
         tok.chat_template = resolve_chat_template(family_template)
@@ -361,8 +366,9 @@ def load_model(
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
     own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
-    tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template,
-                               spec.chat_template if kind == "reward" else None, need_template and not own_format)
+    family, replaces = family_template(spec, input_method) if kind == "reward" else (None, False)
+    tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template, family,
+                               need_template and not own_format, family_replaces=replaces)
     if spec.chat_template == "raw" and tokenizer.chat_template == chat_template_text("raw"):
         spec = replace(spec, input_source=REWARDBENCH_RAW_INPUT)  # (a tokenizer's own template: RewardBench's too)
     _set_input_call(tokenizer, spec, kind, input_method)
@@ -403,11 +409,29 @@ def _trained_attention(model, spec: RewardModelSpec) -> None:
         raise ModelLoadError(str(err)) from None
 
 
+def family_template(spec: RewardModelSpec, input_method: str) -> tuple[str | None, bool]:
+    """The shipped dialogue format of the family, and whether it replaces a chat template the tokenizer carries: its
+    model card's (a format the card writes by hand, registry ``CARD_DIALOGUES``, replaces it: the card never calls
+    it), or under ``--input-method rewardbench`` the one RewardBench's run script renders (registry
+    ``rewardbench_chat_template``; the tokenizer's own template where RewardBench uses that)."""
+    card = spec.chat_template in CARD_DIALOGUES
+    if input_method == "rewardbench" and card:
+        return spec.rewardbench_chat_template, False
+    return spec.chat_template, card
+
+
 def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_method: str) -> None:
     """How this model's conversations become ids (probe/core/template.py: input_call): the family's convention
     (registry ``input_call``), or RewardBench's route; where that is a ``tokenizer(text)`` call, what the call adds
     around the text is worked out here once, not at every rendering."""
-    from probe.core.template import REWARDBENCH_DPO, CallIds, call_special_tokens, input_call, rewardbench_call_ids
+    from probe.core.template import (
+        REWARDBENCH_DPO,
+        CallIds,
+        add_eos_call_ids,
+        call_special_tokens,
+        input_call,
+        rewardbench_call_ids,
+    )
 
     if spec.input_call is not None and kind == "reward":  # the family's input convention (registry input_source)
         tokenizer.rm_probe_input_call = spec.input_call
@@ -421,6 +445,7 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
         tokenizer.rm_probe_ends_at = tokenizer.encode(spec.input_ends_at, add_special_tokens=False)
     if input_call(tokenizer) != "chat_template":
         tokenizer.rm_probe_call_ids = (rewardbench_call_ids(tokenizer, spec.rewardbench_pipeline) if route
+                                       else add_eos_call_ids(tokenizer) if spec.input_eos and kind == "reward"
                                        else CallIds(*call_special_tokens(tokenizer)))
 
 

@@ -41,6 +41,10 @@ LLAMA3_ASSISTANT_HEADER = "<|eot_id|><|start_header_id|>assistant<|end_header_id
 GRM_INPUT = ("model card and training code (GRM's reward_models/load_datasets.py: tokenizer.encode_plus("
              "tokenizer.apply_chat_template(messages, tokenize=False))): the template's text through tokenizer(text), "
              "so BOS twice (the template's and the tokenizer's), as the model was trained; no EOS")
+GRM_FT_INPUT = ("model card (Ray2333/GRM-gemma2-2B-rewardmodel-ft; the Llama -ft cards as copied by their users) and "
+                "GRM's training code: tokenizer.encode_plus(tokenizer.apply_chat_template(message, tokenize=False)): the "
+                "template's text through tokenizer(text), so BOS twice, as the model was trained; no EOS; the score "
+                "the logits")
 # the pipeline of each family's class, for checkpoints found by their class (RewardBench itself keys by model id)
 PIPELINE_OF_LAYOUT = {"grm": "GRMPipeline", "inform": "RewardBenchPipeline", "ultrarm": "OpenBMBPipeline",
                       "beaver": "BeaverPipeline", "ldl": "LDLPipeline"}
@@ -58,6 +62,33 @@ STARLING_INPUT = ("model card (Nexusflow/Starling-RM-34B, get_reward): reward_to
                   "hand, '<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n{response}<|im_end|>': the "
                   "chat template's text cut after the last '<|im_end|>' (no newline), the ids Yi's tokenizer adds "
                   "(none); the reward read before the first id 0")
+ULTRARM_INPUT = DIALOGUE_INPUT.format(
+    "'Human: {prompt}\\n\\nAssistant: {response}' (model card of openbmb/UltraRM-13b: its ultrarm_template; the "
+    "card's webgpt examples join the turns with one newline) through LlamaTokenizer: BOS + text") + (
+    "; --input-method rewardbench: RewardBench's openbmb format 'User: ..\\n\\nAssistant: ..\\n\\n' + EOS")
+BEAVER_INPUT = DIALOGUE_INPUT.format(
+    "'BEGINNING OF CONVERSATION: USER: {prompt} ASSISTANT:{response}' (model card of PKU-Alignment/beaver-7b-*, "
+    "safe-rlhf's PROMPT_BEGIN + PROMPT_USER + PROMPT_ASSISTANT, no space after 'ASSISTANT:'; an earlier response ends "
+    "with EOS, as safe-rlhf's format_prompt; safe-rlhf's training also appends EOS to the scored response, the card "
+    "does not)") + ("; --input-method rewardbench: RewardBench's pku-align format 'BEGINNING OF CONVERSATION: USER: .. "
+                    "ASSISTANT: .. ' + EOS")
+ZIYA_INPUT = ("model card: tokenizer(text) on 'Human:' + query + '\\n\\nAssistant:' + response, the tokenizer loaded "
+              "as LlamaTokenizer.from_pretrained(..., add_eos_token=True) (model card of IDEA-CCNL/Ziya-LLaMA-7B-Reward): "
+              "BOS + text + EOS, the reward read at the EOS; "
+              "--input-method rewardbench: RewardBench's Ziya format '\\n\\nHuman: ..\\n\\nAssistant: ..\\n\\n' + EOS")
+EURUS_INPUT = DIALOGUE_INPUT.format(
+    "'[INST] {prompt} [/INST] {response}' (model card of openbmb/Eurus-RM-7b: 'the same template as "
+    "Mistral-Instruct-v0.2'; its example strings misspell the closing tag '[\\INST]', read here as the tag it "
+    "names) through its AutoTokenizer: BOS + text, whatever chat template the tokenizer carries") + (
+    "; --input-method rewardbench: the tokenizer's own chat template through tokenizer(text), as OpenBMBPipeline")
+URM_INPUT = ("model card (LxzGordon/URM-LLaMa-3.1-8B): tokenizer(tokenizer.apply_chat_template(messages, "
+             "tokenize=False)): the template's text through tokenizer(text), so BOS twice (the template's and the "
+             "tokenizer's); no EOS; the score logits[0][0]")
+# the dialogue formats a model card writes by hand (shipped as <name>-card templates): used on the default route even
+# where the checkpoint's tokenizer carries a chat template of its own, which the card does not call; -> the format
+# RewardBench's run script renders instead (None: the tokenizer's own template)
+CARD_DIALOGUES = {"ultrarm-card": "openbmb", "beaver-card": "pku-align", "ziya-card": "ziya", "eurus-card": None}
+CARD_TO_REWARDBENCH = {k: v for k, v in CARD_DIALOGUES.items() if v is not None}
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
@@ -94,6 +125,14 @@ class RewardModelSpec:
     input_call: Literal["tokenizer(text)"] | None = field(default=None, metadata={
         "help": "'tokenizer(text)': the chat template's text is encoded by the tokenizer's own call (BOS and EOS as "
                 "it adds them: GRM's training code and cards); None: as the template says (probe/core/template.py)"})
+    rewardbench_chat_template: str | None = field(default=None, metadata={
+        "help": "the dialogue format RewardBench's run script renders for this family where its model card writes "
+                "another (a shipped template: RewardBench's fastchat string): --input-method rewardbench uses it for "
+                "a tokenizer without a chat template of its own; the default route uses chat_template (the card's)"})
+    input_eos: bool = field(default=False, metadata={
+        "help": "the model card's tokenizer call adds EOS after the text (Ziya's card: LlamaTokenizer.from_pretrained("
+                "..., add_eos_token=True)): the default route writes BOS (where add_bos_token), the text, EOS, as "
+                "that call gave under the transformers of its time"})
     input_ends_at: str | None = field(default=None, metadata={
         "help": "the model card's input ends right after the last occurrence of this text (a control token of the "
                 "template): the default route cuts the rendering there; --input-method rewardbench keeps the "
@@ -141,10 +180,13 @@ REGISTRY: dict[str, RewardModelSpec] = {
         RewardModelSpec("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2", family="Llama 3.1",
                         notes="LlamaForSequenceClassification"),
         RewardModelSpec("Ray2333/GRM-Llama3-8B-rewardmodel-ft", family="Llama 3",
+                        input_call="tokenizer(text)", input_source=GRM_FT_INPUT,
                         notes="LlamaForSequenceClassification (the -ft variants carry no extra heads)"),
         RewardModelSpec("Ray2333/GRM-Llama3.2-3B-rewardmodel-ft", family="Llama 3.2",
+                        input_call="tokenizer(text)", input_source=GRM_FT_INPUT,
                         notes="LlamaForSequenceClassification"),
         RewardModelSpec("Ray2333/GRM-gemma2-2B-rewardmodel-ft", family="Gemma 2",
+                        input_call="tokenizer(text)", input_source=GRM_FT_INPUT,
                         notes="Gemma2ForSequenceClassification"),
         RewardModelSpec(
             "RLHFlow/ArmoRM-Llama3-8B-v0.1", reader="gated", output="score", trust_remote_code=True,
@@ -167,7 +209,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
         ),
         RewardModelSpec(
             "LxzGordon/URM-LLaMa-3.1-8B", reader="forward", output="logits", trust_remote_code=True,
-            shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1", input_call="tokenizer(text)", input_source=URM_INPUT,
             notes="uncertainty-aware gated head; its modelling code was not available to check a cached reader "
                   "against, so candidates go through the model's own forward (outputs.logits[:, 0])",
         ),
@@ -186,13 +228,14 @@ REGISTRY: dict[str, RewardModelSpec] = {
                             ("GRM-Gemma2-2B-sftreg", "Gemma 2"))],
         RewardModelSpec("infly/INF-ORM-Llama3.1-70B", reader="module", layout="inform", family="Llama 3.1",
                         notes="INFORMForSequenceClassification: Linear-ReLU-Linear score head before the first pad"),
-        RewardModelSpec("openbmb/UltraRM-13b", reader="module", layout="ultrarm", chat_template="openbmb",
-                        rewardbench_pipeline="OpenBMBPipeline",
-                        input_source=DIALOGUE_INPUT.format("'User: {prompt}\\n\\nAssistant: {response}\\n\\n'"),
-                        family="Llama 2", notes="LlamaRewardModel: regression_head on the last token; dialogue "
-                        "'User: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's openbmb template)"),
+        RewardModelSpec("openbmb/UltraRM-13b", reader="module", layout="ultrarm", chat_template="ultrarm-card",
+                        rewardbench_chat_template="openbmb", rewardbench_pipeline="OpenBMBPipeline",
+                        input_source=ULTRARM_INPUT, family="Llama 2",
+                        notes="LlamaRewardModel: regression_head on the last token; the card's dialogue "
+                              "'Human: ...\\n\\nAssistant: ...'; RewardBench renders 'User: ...\\n\\nAssistant: "
+                              "...\\n\\n' (its openbmb template) and appends EOS"),
         RewardModelSpec("openbmb/Eurus-RM-7b", reader="module", layout="ultrarm", family="Mistral",
-                        rewardbench_pipeline="OpenBMBPipeline",
+                        chat_template="eurus-card", input_source=EURUS_INPUT, rewardbench_pipeline="OpenBMBPipeline",
                         notes="EurusRewardModel, read as UltraRM's class (MistralModel + regression_head at the last "
                               "token), as RewardBench reads both with one pipeline; its remote code is not run"),
         RewardModelSpec("Nexusflow/Starling-RM-34B", reader="module", layout="starling", family="Yi",
@@ -201,10 +244,10 @@ REGISTRY: dict[str, RewardModelSpec] = {
                         notes="Starling's LlamaForSequenceClassification: transformer + v_head before the first id 0; "
                               "RewardBench renders Yi-34B-Chat's ChatML"),
         *[RewardModelSpec(f"PKU-Alignment/beaver-7b-{v}-{kind}", reader="module", layout="beaver",
-                          sign=-1.0 if kind == "cost" else 1.0, chat_template="pku-align", family="Llama 2",
+                          sign=-1.0 if kind == "cost" else 1.0, chat_template="beaver-card",
+                          rewardbench_chat_template="pku-align", family="Llama 2",
                           rewardbench_pipeline="BeaverCostPipeline" if kind == "cost" else "BeaverPipeline",
-                          input_source=DIALOGUE_INPUT.format(
-                              "'BEGINNING OF CONVERSATION: USER: {prompt} ASSISTANT: {response} '"),
+                          input_source=BEAVER_INPUT,
                           notes="LlamaForScore: end score of score_head (normalised as the config says)"
                                 + ("; a cost: negated, as RewardBench's BeaverCostPipeline does" if kind == "cost" else ""))
           for v in ("v1.0", "v2.0") for kind in ("reward", "cost")],
@@ -249,12 +292,12 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                 "template (RewardBench's InternLMPipeline, the model's get_score); own forward")
           for name in ("internlm/internlm2-7b-reward", "internlm/internlm2-1_8b-reward", "internlm/internlm2-20b-reward",
                        "InternLM2ForRewardModel")],
-        RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya", dtype="float16", family="Llama",
-                        rewardbench_pipeline="ZiyaPipeline",
-                        input_source=DIALOGUE_INPUT.format(
-                            "'\\n\\nHuman: {prompt}\\n\\nAssistant: {response}\\n\\n' (RewardBench's Ziya format)"),
-                        notes="LlamaForSequenceClassification in float16 (as RewardBench runs it); dialogue "
-                              "'\\n\\nHuman: ...\\n\\nAssistant: ...\\n\\n' (RewardBench's Ziya template)"),
+        RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya-card", rewardbench_chat_template="ziya",
+                        input_eos=True, dtype="float16", family="Llama", rewardbench_pipeline="ZiyaPipeline",
+                        input_source=ZIYA_INPUT,
+                        notes="LlamaForSequenceClassification in float16 (as its card and RewardBench run it); the "
+                              "card's 'Human:...\\n\\nAssistant:...' + EOS; RewardBench renders '\\n\\nHuman: "
+                              "...\\n\\nAssistant: ...\\n\\n' (its Ziya template) + EOS"),
         # Families RewardBench runs that rm-probe does not read (yet): refused in one line, never read by a default
         # head that would give numbers of no meaning
         *[RewardModelSpec(name, reader="forward", family="Llama 2", unsupported=(
@@ -293,16 +336,18 @@ REGISTRY: dict[str, RewardModelSpec] = {
         ),
         *[RewardModelSpec(cls, reader="module", layout=layout, chat_template=template,
                           input_source=GRM_INPUT if layout == "grm" else CHAT_TEMPLATE_INPUT if template is None
-                          else DIALOGUE_INPUT.format(f"({template})"),
+                          else ULTRARM_INPUT if layout == "ultrarm" else BEAVER_INPUT,
+                          rewardbench_chat_template=CARD_TO_REWARDBENCH.get(template),
                           input_call="tokenizer(text)" if layout == "grm" else None,
                           rewardbench_pipeline=PIPELINE_OF_LAYOUT[layout],
                           notes=f"{cls}: RewardBench's class, by architecture")
           for cls, layout, template in (("GRewardModel", "grm", None), ("INFORMForSequenceClassification", "inform", None),
-                                        ("LlamaRewardModel", "ultrarm", "openbmb"), ("LlamaForScore", "beaver", "pku-align"),
-                                        ("LDLRewardModel27B", "ldl", None))],
+                                        ("LlamaRewardModel", "ultrarm", "ultrarm-card"),
+                                        ("LlamaForScore", "beaver", "beaver-card"), ("LDLRewardModel27B", "ldl", None))],
         RewardModelSpec(
             "LlamaForSequenceClassificationWithNormal_Weights", reader="forward", output="logits",
-            trust_remote_code=True, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            trust_remote_code=True, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1", input_call="tokenizer(text)",
+            input_source=URM_INPUT,
             notes="URM's class (as SGLang loads it): score pairs (mean, variance) weighted by an MLP; own forward",
         ),
     ]

@@ -95,7 +95,13 @@ def test_chat_models_keep_the_chat_template_call(tokenizers):
 def test_the_registry_records_each_familys_input_convention():
     for name in ("openbmb/UltraRM-13b", "PKU-Alignment/beaver-7b-v1.0-reward", "IDEA-CCNL/Ziya-LLaMA-7B-Reward",
                  "LlamaRewardModel", "LlamaForScore"):
-        assert REGISTRY[name].input_source.startswith("model card: tokenizer(text)")
+        spec = REGISTRY[name]
+        assert spec.input_source.startswith("model card: tokenizer(text)")
+        # the card's dialogue by default; RewardBench's fastchat string (named in the source) on its route
+        assert spec.chat_template.endswith("-card") and spec.rewardbench_chat_template in TEXTS
+        assert f"--input-method rewardbench: RewardBench's" in spec.input_source
+    assert REGISTRY["IDEA-CCNL/Ziya-LLaMA-7B-Reward"].input_eos and "add_eos_token=True" in REGISTRY[
+        "IDEA-CCNL/Ziya-LLaMA-7B-Reward"].input_source
     assert "apply_chat_template" in REGISTRY["default"].input_source
     grm = REGISTRY["Ray2333/GRM-llama3-8B-sftreg"]
     assert "BOS twice" in grm.input_source and grm.input_call == "tokenizer(text)"

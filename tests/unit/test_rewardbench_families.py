@@ -12,6 +12,7 @@ import torch
 
 import probe
 from probe.models.attention import use_trained_attention
+from probe.models.chat_templates import chat_template_text
 from probe.models.registry import REGISTRY
 from tests import rewardbench_code as rb
 from tests import tiny
@@ -112,9 +113,9 @@ def _as_run_script(tok):
     return run_tok
 
 
-def _texts(tok) -> list[str]:
+def _texts(tok, chat_template: str | None = None) -> list[str]:
     return [tok.apply_chat_template([{"role": "user", "content": PROMPT}, {"role": "assistant", "content": r}],
-                                    tokenize=False) for r in RESPONSES]
+                                    tokenize=False, chat_template=chat_template) for r in RESPONSES]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -125,11 +126,16 @@ def test_scores_equal_rewardbench_pipeline(families, name):
     route = "rewardbench" if REGISTRY[spec].input_ends_at else "ids"
     lm = probe.load(str(folder), device="cpu", spec=spec, input_method=route)
     assert lm.spec.name == spec and lm.spec.reader == "module"
-    if template:  # the repository has no chat template: the registry's dialogue format is used
-        assert lm.tokenizer.chat_template == tok.chat_template
+    card = REGISTRY[spec].chat_template
+    if template:  # the repository has no chat template: the registry's dialogue format is used, the model card's
+        assert REGISTRY[spec].rewardbench_chat_template == template and card != template
+        assert lm.tokenizer.chat_template == chat_template_text(card)
     ours = probe.score_responses(lm, None, PROMPT, RESPONSES)  # cached, with the self-check
     got = dict(zip(ours["response"], ours["score"].to_numpy()))
-    want = _pipeline_scores(name, model, tok, _texts(tok), truncation=True)
+    # the family's class through its pipeline's tokenizer(text), on the texts the default route renders (a dialogue
+    # family: its model card's format; RewardBench's own format and EOS are its route's, tested below)
+    texts = _texts(tok, chat_template_text(card) if template else None)
+    want = _pipeline_scores(name, model, tok, texts, truncation=True)
     np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
     assert np.ptp(want) > 1e-3  # the scores differ: the comparison is not between constants
 
