@@ -5,8 +5,9 @@ largest score difference and the Kendall tau between the two routes' rankings of
 
 Tiny random models built with each family's class (RewardBench's own where it has one) on real tokenizers: Llama
 3.1's (a plain sequence classifier, read through RewardBenchPipeline, and GRM) and Mistral v0.1's SentencePiece file
-for the Llama-2-era dialogue formats (UltraRM, Beaver reward and cost, Ziya; UltraRM also on Llama 2's
-tokenizer.json layout); Starling-RM-34B on the tests' Yi-layout ChatML tokenizer; PairRM (RewardBench's class, tiny,
+for the Llama-2-era dialogue formats (UltraRM, Eurus, Beaver reward and cost, Ziya: each card's text by default,
+RewardBench's fastchat string or the tokenizer's template on its route; UltraRM also on Llama 2's tokenizer.json
+layout); Starling-RM-34B on the tests' Yi-layout ChatML tokenizer; PairRM (RewardBench's class, tiny,
 on the MiniLM WordPiece tokenizer with its prefix tokens); DPO implicit rewards (a tiny causal LM
 against a perturbed copy, run_dpo.py's inputs) on Llama 3.1's and Qwen 2.5's; encoders (run_rm.py's raw
 concatenation against the card's text pair) on the real MiniLM encoder and a tiny DeBERTa-v2. One sweep of the first `--limit` token
@@ -25,15 +26,19 @@ FAMILIES = {
     "sequence classifier (RewardBenchPipeline)": ("llama3.1", None, "LlamaForSequenceClassification", None, {}, None),
     "GRM (GRMPipeline)": ("llama3.1", "grm", "GRewardModel", "Ray2333/GRM-llama3-8B-sftreg",
                           dict(vhead_layer_type="mlp", vhead_num_neurons=32, vhead_num_layers=2), None),
-    "UltraRM (OpenBMBPipeline)": ("mistral", "openbmb", "LlamaRewardModel", "openbmb/UltraRM-13b", {}, "openbmb"),
+    "GRM -ft (RewardBenchPipeline)": ("llama3.1", None, "LlamaForSequenceClassification",
+                                      "Ray2333/GRM-Llama3.2-3B-rewardmodel-ft", {}, None),
+    "UltraRM (OpenBMBPipeline)": ("mistral", "openbmb", "LlamaRewardModel", "openbmb/UltraRM-13b", {}, None),
+    "Eurus-RM (OpenBMBPipeline; Mistral-Instruct's template in its tokenizer)": (
+        "mistral-templated", "openbmb", "LlamaRewardModel", "openbmb/Eurus-RM-7b", {}, None),
     "Beaver reward (BeaverPipeline)": ("mistral", "beaver", "LlamaForScore", "PKU-Alignment/beaver-7b-v1.0-reward",
-                                       dict(score_dim=1, bias=True, score_type="reward"), "pku-align"),
+                                       dict(score_dim=1, bias=True, score_type="reward"), None),
     "Beaver cost (BeaverCostPipeline)": ("mistral", "beaver", "LlamaForScore", "PKU-Alignment/beaver-7b-v1.0-cost",
-                                         dict(score_dim=1, bias=False, score_type="cost"), "pku-align"),
+                                         dict(score_dim=1, bias=False, score_type="cost"), None),
     "Ziya (ZiyaPipeline)": ("mistral", None, "LlamaForSequenceClassification", "IDEA-CCNL/Ziya-LLaMA-7B-Reward", {},
-                            "ziya"),
+                            None),
     "UltraRM, Llama 2's tokenizer.json layout (OpenBMBPipeline)": ("mistral-json", "openbmb", "LlamaRewardModel",
-                                                                   "openbmb/UltraRM-13b", {}, "openbmb"),
+                                                                   "openbmb/UltraRM-13b", {}, None),
     "Starling-RM-34B (StarlingPipeline)": ("yi", "starling", "LlamaForSequenceClassification",
                                            "Nexusflow/Starling-RM-34B", {}, None),
 }
@@ -49,6 +54,14 @@ def build(name: str, folder: Path) -> str:
     tok_name, module, cls, _, fields, _ = FAMILIES[name]
     if tok_name == "mistral":
         real_tokenizers.mistral_v1(folder, None)
+    elif tok_name == "mistral-templated":  # a chat template in the tokenizer, which Eurus's card does not call
+        import json
+
+        real_tokenizers.mistral_v1(folder, None)
+        from tests.unit.test_card_inputs import MISTRAL_INSTRUCT
+
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": MISTRAL_INSTRUCT}))
     elif tok_name == "mistral-json":
         real_tokenizers.mistral_v1_json(folder, None)
     elif tok_name == "yi":  # Yi-34B-Chat's layout (ChatML, id 0 the pad): tests/tiny.py's, Yi's file is not on PyPI
