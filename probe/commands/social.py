@@ -208,7 +208,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     judge = judge_prompt_for(mode, mcfg.judge_prompt)
     if judge is not None and loaded.pairwise is None:  # a rating judge's prompt (a pairwise one's is in the above)
         settings |= judge.describe()
-    path, meta, done = broadcast(dist, _open_run(cfg, loaded, model, mode, settings, len(datasets))
+    path, meta, done = broadcast(dist, _open_run(mcfg, loaded, model, mode, settings, len(datasets))
                                  if dist.main else None)
     run = RunDir(path)
     if meta.get("status") == "complete":  # --resume on a finished run: its results as they are
@@ -253,7 +253,9 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
 
 def _open_run(cfg: SocialConfig, loaded, model: dict, mode: str, settings: dict,
               n_datasets: int) -> tuple[str, dict, set[int]]:
-    """The run folder (new, or the one to resume), its meta, and the data sets whose checkpoint is kept."""
+    """The run folder (new, or the one to resume), its meta, and the data sets whose checkpoint is kept.
+    ``cfg`` is the model's own configuration (`_model_config`): meta.json records a suite model's settings
+    (allow_random_head, trust_remote_code, revision, ...) as it records the command line's for one model."""
     from probe.runs.meta import new_meta as build_meta
 
     def new_meta(fp: str) -> dict:
