@@ -170,10 +170,9 @@ def tiny_dirs(tmp_path_factory, tokenizers):
 @pytest.fixture(scope="session")
 def social_data():
     """Slices of the published social data sets (../shared/data/social, or $RM_PROBE_SOCIAL_DATA)."""
-    from pathlib import Path
+    from probe.social.dataroot import social_data_root
 
-    root = Path(os.environ.get("RM_PROBE_SOCIAL_DATA")
-                or Path(__file__).resolve().parents[2] / "shared" / "data" / "social")
+    root = social_data_root()  # what a suite file's $RM_PROBE_SOCIAL_DATA/... reads
     assert (root / "bbq" / "Age.jsonl").is_file(), (
         f"the real social data slices are expected at {root}; set RM_PROBE_SOCIAL_DATA to their folder")
     return root

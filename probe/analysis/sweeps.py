@@ -196,9 +196,27 @@ def mode_name(meta: dict, default: str = "?") -> str:
     return meta.get("score", {}).get("mode", default)
 
 
+def input_route(meta: dict) -> str:
+    """The input method a run was scored with: ``ids`` (the family's own inputs), ``rewardbench`` or
+    ``paper``. From its settings (a response run records it only when not ``ids``), else its model record's
+    input convention, which names RewardBench's route where that was taken."""
+    from probe.models.registry import REWARDBENCH_DPO_INPUT
+
+    method = (meta.get("settings") or {}).get("input_method")
+    if method:
+        return str(method)
+    convention = str(((meta.get("model") or {}).get("input") or {}).get("convention") or "")
+    rewardbench = "(--input-method rewardbench)" in convention or convention == REWARDBENCH_DPO_INPUT
+    return "rewardbench" if rewardbench else "ids"
+
+
 def run_labels(sweeps: list[Sweep], with_mode: bool = True) -> list[str]:
     """One label per run: model and score mode (``SmolLM2-135M-Instruct [judge]``; without ``with_mode`` the
-    mode only where a model repeats), numbered where labels still repeat."""
+    mode only where a model repeats), then the input method where runs of one label differ by it (``m [reward,
+    rewardbench input]`` beside ``m [reward, ids input]``), numbered where labels still repeat."""
     base = [short_name(s.model) for s in sweeps]
     names = [f"{b} [{mode_name(s.meta)}]" if with_mode or base.count(b) > 1 else b for b, s in zip(base, sweeps)]
+    routes = [input_route(s.meta) for s in sweeps]
+    names = [f"{n[:-1]}, {r} input]" if len({q for m, q in zip(names, routes) if m == n}) > 1 else n
+             for n, r in zip(names, routes)]  # a repeated name has its mode in brackets: base repeats too
     return [n if names.count(n) == 1 else f"{n} #{i + 1}" for i, n in enumerate(names)]

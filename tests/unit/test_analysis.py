@@ -170,6 +170,44 @@ def test_runs_of_one_model_under_two_score_modes_are_named_by_mode(tmp_path):
     assert run_labels(sweeps)[-1] == "n [reward]"
 
 
+def test_runs_that_differ_only_by_input_method_are_named_by_it(tmp_path):
+    """Runs of one model and mode, some through --input-method rewardbench: named by the route, not by
+    position."""
+    from probe.analysis.sweeps import load_sweep, run_labels
+
+    runs = [write_fake_run(tmp_path, "org/m", ["a", "b", "c"], PROMPTS, input_method=m)
+            for m in ("ids", "rewardbench", "rewardbench")]
+    runs.append(write_fake_run(tmp_path, "org/n", ["a", "b", "c"], PROMPTS))
+    sweeps = [load_sweep(r.path) for r in runs]
+    assert run_labels(sweeps, with_mode=False) == [
+        "m [reward, ids input]", "m [reward, rewardbench input] #2", "m [reward, rewardbench input] #3", "n"]
+    assert run_labels(sweeps[2:]) == ["m [reward]", "n [reward]"]  # no route where nothing differs by it
+
+
+def test_two_score_runs_by_input_route_are_labelled_by_it(tiny_dirs, tmp_path, capsys):
+    """probe score with and without --input-method rewardbench on one reward model: probe analyze names each
+    run by its route (from what the run recorded), in its labels and its output."""
+    from probe.analysis.sweeps import run_labels
+    from probe.commands.score import main as score_main
+
+    base = ["--rm", tiny_dirs["rm"], "--allow-random-head", "--prompt", PROMPTS["greatest"], "--limit", "40",
+            "--device", "cpu", "--no-progress", "--verify", "0"]
+    assert score_main([*base, "--output", str(tmp_path / "a")]) == 0
+    assert score_main([*base, "--input-method", "rewardbench", "--output", str(tmp_path / "b")]) == 0
+    (a,), (b,) = (list((tmp_path / x).glob("*/exhaustive_*")) for x in "ab")
+    sweeps = [load_sweep(a), load_sweep(b)]
+    labels = run_labels(sweeps, with_mode=False)
+    assert labels == ["tiny-rm [reward, ids input]", "tiny-rm [reward, rewardbench input]"]
+    capsys.readouterr()
+    assert analyze_main(["agreement", str(a), str(b), "--out", str(tmp_path / "agree")]) == 0
+    agree = json.loads((tmp_path / "agree" / "agreement.json").read_text())
+    assert set(agree["greatest"]["kendall_tau_b"]) == set(labels)
+    # a run whose settings lack the key: its model record's input convention says which route it took
+    from probe.analysis.sweeps import input_route
+
+    assert [input_route({"model": s.meta["model"]}) for s in sweeps] == ["ids", "rewardbench"]
+
+
 def test_models_the_registry_does_not_know_are_not_one_family():
     """Two unknown models (the packaged SmolLM2 and Gemma 3) must not count as 'same base model' in RSA."""
     from probe.analysis.agreement import base_architecture_of, developer_of, family_of

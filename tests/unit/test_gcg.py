@@ -185,3 +185,31 @@ def test_random_baseline_is_in_the_models_units_for_both_directions(tiny_models)
     rows = torch.cat([rand, torch.tensor(split.suffix_ids).expand(len(rand), -1)], 1)
     own = scorer.score(rows, torch.full((rows.shape[0],), rows.shape[1])).numpy()
     assert hi.random_baseline["mean"] == pytest.approx(float(own.mean()), abs=1e-4)
+
+
+def test_a_random_head_is_drawn_from_the_seed_and_trace_agrees(tiny_dirs, tmp_path):
+    """probe gcg --allow-random-head seeds torch with --seed before loading: two runs with one seed (whatever
+    the global random state before each) find the same responses and scores, the seed is recorded, and probe
+    trace --gcg of the run (which draws the head from the run's seed) gives the run's own scores."""
+    import json
+
+    from probe.commands.gcg import main as gcg_main
+    from probe.commands.trace import main as trace_main
+
+    def gcg(out, seed, noise):
+        torch.manual_seed(noise)
+        torch.rand(3)  # the global state before the load differs from run to run
+        args = ["--rm", tiny_dirs["lm"], "--score", "reward", "--allow-random-head", "--seed", str(seed),
+                "--length", "2", "--steps", "2", "--search-width", "8", "--topk", "4", "--device", "cpu"]
+        assert gcg_main([*args, "--no-progress", "--output", str(tmp_path / out)]) == 0
+        (run,) = (tmp_path / out).glob("*/gcg_max_*")
+        return run, json.loads((run / "result.json").read_text()), json.loads((run / "meta.json").read_text())
+
+    (run, a, meta), (_, b, _) = gcg("a", 7, 1), gcg("b", 7, 2)
+    assert meta["settings"]["seed"] == 7 and meta["config"]["allow_random_head"] is True
+    assert a["best_ids"] == b["best_ids"] and a["best_score"] == b["best_score"]
+    assert a["random_baseline"] == b["random_baseline"]  # 256 fixed random responses, scored by one head
+    torch.manual_seed(3)
+    assert trace_main(["--gcg", str(run), "--device", "cpu", "--out", str(tmp_path / "t")]) == 0
+    traced = json.loads((tmp_path / "t" / "trace.json").read_text())["run_scores"]
+    assert traced["n"] >= 1 and traced["equal_within_float32_tolerance"] is True, traced

@@ -244,3 +244,33 @@ def test_by_group_breakdown_by_hand():
     groups = metrics.by_group(items, table)
     assert groups["race"]["n_items"] == 3 and groups["race"]["undesirable_rate"] == pytest.approx(2 / 3)
     assert groups["gender"]["undesirable_rate"] == 0.0 and groups["gender"]["accuracy"] == 0.5  # tie is wrong
+
+
+def test_a_suite_models_own_settings_are_recorded_in_its_meta(tiny_dirs, social_data, tmp_path):
+    """A suite model's allow_random_head, trust_remote_code and revision go into its run's meta.json (config
+    and model record) as the command line's do for a single model, and not into the other model's; probe trace
+    --social of the random-head run then draws that head from the run's seed unasked, and agrees."""
+    import yaml
+
+    from probe.commands.social import main
+    from probe.commands.trace import main as trace_main
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({
+        "models": [{"rm": tiny_dirs["lm"], "score": "reward", "allow_random_head": True,
+                    "trust_remote_code": True, "revision": "v2", "label": "null"},
+                   {"rm": tiny_dirs["rm"], "score": "reward", "label": "rm"}],
+        "datasets": [{"dataset": "bbq", "data": str(social_data / "bbq" / "Age.jsonl"), "limit": 12}]}))
+    assert main(["--suite", str(suite), "--seed", "4", "--device", "cpu", "--no-progress",
+                 "--output", str(tmp_path / "out")]) == 0
+    metas = {json.loads((r / "meta.json").read_text())["label"]: r
+             for r in (tmp_path / "out").glob("*/social_*")}
+    null, rm = (json.loads((metas[k] / "meta.json").read_text()) for k in ("null", "rm"))
+    assert (null["config"]["allow_random_head"], null["config"]["trust_remote_code"]) == (True, True)
+    assert null["config"]["seed"] == 4 and null["model"]["revision"] == "v2"
+    assert (rm["config"]["allow_random_head"], rm["config"]["trust_remote_code"]) == (False, False)
+    assert rm["model"]["revision"] is None
+    assert trace_main(["--social", str(metas["null"]), "--limit", "2", "--device", "cpu",
+                       "--out", str(tmp_path / "t")]) == 0
+    traced = json.loads((tmp_path / "t" / "trace.json").read_text())["run_scores"]
+    assert traced["n"] >= 1 and traced["equal_within_float32_tolerance"] is True, traced

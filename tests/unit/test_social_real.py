@@ -335,7 +335,7 @@ def test_wrong_data_set_for_the_file(social_data):
 
 
 def test_the_shipped_suite_file_reads(social_data):
-    """experiments/social_suite.yaml: its models and data sets (paths relative to the file) resolve and load."""
+    """experiments/social_suite.yaml: its models and data sets ($RM_PROBE_SOCIAL_DATA/...) resolve and load."""
     from pathlib import Path
 
     from probe.commands.social import SocialConfig, load_datasets, suite_models
@@ -348,6 +348,66 @@ def test_the_shipped_suite_file_reads(social_data):
     assert {e["dataset"] for e, _ in datasets} == {"bbq", "crows_pairs", "stereoset", "xstest", "ethics_cm",
                                                     "moralchoice"}
     assert all(len(items) == 3 for _, items in datasets)
+
+
+def test_the_shipped_suite_reads_its_data_from_rm_probe_social_data(social_data, tmp_path, monkeypatch):
+    """With RM_PROBE_SOCIAL_DATA pointing at a copy elsewhere, every data set of experiments/social_suite.yaml
+    is read from that copy (not from ../shared beside the checkout): the file runs in a clone placed anywhere."""
+    import shutil
+    from pathlib import Path
+
+    from probe.commands.social import SocialConfig, load_datasets
+
+    copy = tmp_path / "elsewhere" / "social"
+    shutil.copytree(social_data, copy)
+    # the copy differs from the original (ethics' first two rows dropped), so reading it shows in the items
+    lines = (copy / "ethics" / "cm_test.csv").read_text(encoding="utf-8").splitlines(keepends=True)
+    (copy / "ethics" / "cm_test.csv").write_text("".join([lines[0], *lines[3:]]), encoding="utf-8")
+    monkeypatch.setenv("RM_PROBE_SOCIAL_DATA", str(copy))
+    suite = Path(__file__).resolve().parents[2] / "experiments" / "social_suite.yaml"
+    datasets = load_datasets(SocialConfig(suite=str(suite), limit=3))
+    assert len(datasets) == 9
+    assert all(Path(e["data"]).is_relative_to(copy) for e, _ in datasets), [e["data"] for e, _ in datasets]
+    ethics = next(items for e, items in datasets if e["dataset"] == "ethics_cm")
+    original = load("ethics_cm", social_data / "ethics" / "cm_test.csv", 5)
+    assert [it.prompt for it in ethics] == [it.prompt for it in original[2:5]]
+
+
+def test_suite_files_with_explicit_paths_read_as_before(social_data, tmp_path, monkeypatch):
+    """A suite's data path relative to the suite file, or absolute, is that file, whatever
+    RM_PROBE_SOCIAL_DATA says."""
+    import shutil
+
+    from probe.commands.social import SocialConfig, suite_entries
+
+    (tmp_path / "suites" / "data").mkdir(parents=True)
+    shutil.copy(social_data / "bbq" / "Age.jsonl", tmp_path / "suites" / "data" / "Age.jsonl")
+    suite = tmp_path / "suites" / "s.yaml"
+    absolute = social_data / "crows_pairs" / "crows_pairs_anonymized.csv"
+    suite.write_text(f"datasets:\n- {{dataset: bbq, data: data/Age.jsonl}}\n"
+                     f"- {{dataset: crows_pairs, data: {absolute}}}\n")
+    monkeypatch.setenv("RM_PROBE_SOCIAL_DATA", str(tmp_path / "nowhere"))
+    entries = suite_entries(SocialConfig(suite=str(suite)))
+    assert [e["data"] for e in entries] == [str(tmp_path / "suites" / "data" / "Age.jsonl"), str(absolute)]
+
+
+@pytest.mark.parametrize("where, data, says", [
+    ("nowhere", "$RM_PROBE_SOCIAL_DATA/bbq/Age.jsonl", "RM_PROBE_SOCIAL_DATA="),
+    ("copy", "${RM_PROBE_SOCIAL_DATA}/bbq/NoSuchCategory.jsonl", "NoSuchCategory.jsonl does not exist"),
+    ("copy", "7", "data 7: a path"),
+])
+def test_a_suite_data_path_that_does_not_resolve_is_one_line(social_data, tmp_path, monkeypatch, capsys,
+                                                              where, data, says):
+    from probe.commands.social import main as social_main
+
+    monkeypatch.setenv("RM_PROBE_SOCIAL_DATA", str(social_data if where == "copy" else tmp_path / "nowhere"))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"datasets:\n- dataset: bbq\n  data: {data}\n")  # block style: ${...} is plain text
+    capsys.readouterr()
+    assert social_main(["--suite", str(suite), "--device", "cpu", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "datasets[1]" in err and says in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def _leaderboard_average(sections: dict[str, float | None]) -> float:
