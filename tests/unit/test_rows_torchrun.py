@@ -1,4 +1,4 @@
-"""``probe score --responses`` and ``probe social`` under torchrun (2 ranks, gloo on CPU): the run folder one process
+"""``probe score --responses``, ``probe social`` and ``probe trace`` under torchrun (2 ranks, gloo on CPU): the run folder one process
 writes (same files, same rows, bitwise scores), fresh and resumed after a kill. One torchrun launch per test."""
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ def files(run: Path) -> dict[str, Path]:
     return {str(p.relative_to(run)): p for p in sorted(run.rglob("*")) if p.is_file()}
 
 
-def same_folder(a: Path, b: Path, tables: tuple[str, ...]) -> None:
-    """Same files; the tables equal (scores bitwise); every other file byte for byte, meta.json aside (timing)."""
+def same_folder(a: Path, b: Path, tables: tuple[str, ...], own: str = "meta.json") -> None:
+    """Same files; the tables equal (scores bitwise); every other file byte for byte, ``own`` aside (timing)."""
     fa, fb = files(a), files(b)
     assert fa.keys() == fb.keys()
     for name in fa:
         if name.endswith(".parquet"):
             assert pl.read_parquet(fa[name]).equals(pl.read_parquet(fb[name])), name
-        elif name != "meta.json":
+        elif name != own:
             assert fa[name].read_bytes() == fb[name].read_bytes(), name
     assert set(tables) <= fa.keys()
 
@@ -134,3 +134,40 @@ def test_two_ranks_resume_a_killed_social_run(tiny_dirs, tmp_path, one_thread):
     torchrun("probe.social", social_args(tmp_path, tiny_dirs, "cut", "--resume"))
     same_folder(a, cut, ("scores.parquet", "summary.json"))
     assert {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in files(cut).items() if n in kept} == kept
+
+
+# --- probe trace: a social run's picks (a prompt each), a GCG run's best ids and responses under the paper prompt --
+def trace_args(tmp_path, tiny_dirs) -> list[str]:
+    """The inputs of one trace: every kind of piece, several prompts, so that each rank traces several."""
+    from probe.commands.gcg import main as gcg_main
+    from probe.commands.social import main as social_main
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"Question {i}?", "chosen": "Yes" * (1 + i % 3), "rejected":
+                                         f"No{'!' * i}", "subset": "hh"}) + "\n" for i in range(12)))
+    quiet = ["--device", "cpu", "--no-progress"]
+    assert social_main(["--rm", tiny_dirs["rm"], *quiet, "--output", str(tmp_path / "s"), "--dataset", "pairs",
+                        "--data", str(pairs)]) == 0
+    assert gcg_main(["--rm", tiny_dirs["rm"], "--length", "2", "--steps", "1", "--search-width", "8", "--topk", "4",
+                     *quiet, "--output", str(tmp_path / "g")]) == 0
+    responses = tmp_path / "responses.txt"
+    responses.write_text("Love and peace\nThe Beatles\nI do not know what it is.\nMusic\n")
+    (social,), (gcg,) = (tmp_path / "s").glob("*/social_*"), (tmp_path / "g").glob("*/gcg_max_*")
+    return ["--social", str(social), "--limit", "3", "--gcg", str(gcg), "--responses", str(responses), "--response",
+            "Peace", "--device", "cpu"]
+
+
+def test_two_ranks_trace_into_one_folder(tiny_dirs, tmp_path, one_thread):
+    """Each rank traces every second piece of work (a prompt's responses, a GCG result); rank 0 writes the folder
+    one process writes: the same files, plots and pages byte for byte, the same numbers bitwise."""
+    from probe.commands.trace import main
+
+    args = trace_args(tmp_path, tiny_dirs)
+    assert main([*args, "--out", str(tmp_path / "one")]) == 0
+    torchrun("probe.trace", [*args, "--out", str(tmp_path / "two")])
+    a, b = tmp_path / "one", tmp_path / "two"
+    same_folder(a, b, ("trace.parquet", "trace.csv", "trace.html", "trace_01.png"), own="trace.json")
+    ja, jb = (json.loads((p / "trace.json").read_text()) for p in (a, b))
+    assert "processes" not in ja.pop("timing") and jb.pop("timing")["processes"] == 2
+    assert ja == jb  # every setting, each trace's prompt, the run scores
+    assert len(ja["traces"]) >= 6 and {t["source"] for t in ja["traces"]} == {"--response", "--gcg", "--social"}
