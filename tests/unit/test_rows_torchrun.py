@@ -1,5 +1,6 @@
-"""``probe score --responses``, ``probe social`` and ``probe trace`` under torchrun (2 ranks, gloo on CPU): the run folder one process
-writes (same files, same rows, bitwise scores), fresh and resumed after a kill. One torchrun launch per test."""
+"""``probe score --responses``, ``probe social`` and ``probe trace`` under torchrun (2 ranks, gloo on CPU): the run
+folder one process writes (same files, same rows, bitwise scores), fresh and resumed after a kill (a kill: files
+deleted from a finished run, or a rank that dies at its N-th write). One torchrun launch per test, or two."""
 
 from __future__ import annotations
 
@@ -33,6 +34,28 @@ def torchrun(module: str, args: list[str]) -> None:
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           "-m", module, *args], capture_output=True, text=True, env=ENV, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def killed_torchrun(tmp_path: Path, module: str, args: list[str], rank: int, call: int, method: str) -> None:
+    """torchrun in which rank ``rank`` dies at its ``call``-th call of ``RunDir.<method>`` (before it writes: as a
+    kill leaves it; torchrun then stops the other rank)."""
+    script = tmp_path / "dying.py"
+    script.write_text(f"""import os, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from probe.runs.rundir import RunDir
+write, calls = RunDir.{method}, []
+def dying(self, *args):
+    calls.append(args)
+    if os.environ["RANK"] == "{rank}" and len(calls) == {call}:
+        os._exit(9)
+    return write(self, *args)
+RunDir.{method} = dying
+from {module} import main
+sys.exit(main(sys.argv[1:]))
+""")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), *args], capture_output=True, text=True, env=ENV, timeout=600)
+    assert out.returncode != 0, out.stderr[-3000:]
 
 
 def files(run: Path) -> dict[str, Path]:
@@ -95,6 +118,26 @@ def test_two_ranks_resume_a_killed_response_run(tiny_dirs, tmp_path, one_thread)
     assert now == kept  # the finished shards were kept, not scored again
     sessions = json.loads((cut / "meta.json").read_text())["timing"]["sessions"]
     assert sessions[-1]["responses_scored"] == 5 + 2 + 5  # the lost shards only: 2 of greatest, 5 + 5 of worst
+
+
+def test_a_self_check_on_rank_1_survives_a_kill(tiny_dirs, tmp_path, one_thread):
+    """Rank 1 self-checks worst_ever_one's first shard, writes it and dies before its last shard: the resumed run
+    records that self-check (of the shard it kept), as one process would have, and does not run another."""
+    from probe.commands.score import main
+
+    assert main(response_args(tiny_dirs, tmp_path, "one")) == 0
+    (a,) = (tmp_path / "one").glob("*/responses_*")
+    # rank 1's shards: greatest 1, worst 0 (self-checked), worst 2; it dies writing the third
+    killed_torchrun(tmp_path, "probe.commands.score", response_args(tiny_dirs, tmp_path, "cut"), 1, 3, "write_shard")
+    (cut,) = (tmp_path / "cut").glob("*/responses_*")
+    kept = {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in files(cut).items() if n.endswith(".npy")}
+    assert "checkpoints/worst_ever_one/shard_000000.npy" in kept
+    assert "checkpoints/worst_ever_one/shard_000002.npy" not in kept
+    torchrun("probe.exhaustive", response_args(tiny_dirs, tmp_path, "cut", "--resume"))
+    same_folder(a, cut, ("scores.parquet",))
+    assert {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in files(cut).items() if n in kept} == kept
+    one, resumed = (json.loads((p / "meta.json").read_text()) for p in (a, cut))
+    assert resumed["self_check"] == one["self_check"]  # worst_ever_one's on its first shard's rows, as one process
 
 
 # --- probe social: one prompt's 280 rows (chunks of 256 and 24) and 10 items with prompts of their own ------------
