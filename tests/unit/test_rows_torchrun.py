@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -36,20 +37,24 @@ def torchrun(module: str, args: list[str]) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
-def killed_torchrun(tmp_path: Path, module: str, args: list[str], rank: int, call: int, method: str) -> None:
-    """torchrun in which rank ``rank`` dies at its ``call``-th call of ``RunDir.<method>`` (before it writes: as a
-    kill leaves it; torchrun then stops the other rank)."""
+def killed_torchrun(tmp_path: Path, module: str, args: list[str], rank: int, call: int, target: str,
+                    setup: str = "") -> None:
+    """torchrun in which rank ``rank`` dies (as a kill: no cleanup) at its ``call``-th call of ``target``
+    ("module:Class.method"), before that call runs; torchrun then stops the other rank. ``setup``: lines run first."""
+    where, attr = target.split(":")
+    owner, method = attr.split(".")
     script = tmp_path / "dying.py"
     script.write_text(f"""import os, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
-from probe.runs.rundir import RunDir
-write, calls = RunDir.{method}, []
-def dying(self, *args):
-    calls.append(args)
+from {where} import {owner} as owner
+{setup}
+original, calls = owner.{method}, []
+def dying(*args, **kwargs):
+    calls.append(1)
     if os.environ["RANK"] == "{rank}" and len(calls) == {call}:
         os._exit(9)
-    return write(self, *args)
-RunDir.{method} = dying
+    return original(*args, **kwargs)
+owner.{method} = dying
 from {module} import main
 sys.exit(main(sys.argv[1:]))
 """)
@@ -128,7 +133,8 @@ def test_a_self_check_on_rank_1_survives_a_kill(tiny_dirs, tmp_path, one_thread)
     assert main(response_args(tiny_dirs, tmp_path, "one")) == 0
     (a,) = (tmp_path / "one").glob("*/responses_*")
     # rank 1's shards: greatest 1, worst 0 (self-checked), worst 2; it dies writing the third
-    killed_torchrun(tmp_path, "probe.commands.score", response_args(tiny_dirs, tmp_path, "cut"), 1, 3, "write_shard")
+    killed_torchrun(tmp_path, "probe.commands.score", response_args(tiny_dirs, tmp_path, "cut"), 1, 3,
+                    "probe.runs.rundir:RunDir.write_shard")
     (cut,) = (tmp_path / "cut").glob("*/responses_*")
     kept = {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in files(cut).items() if n.endswith(".npy")}
     assert "checkpoints/worst_ever_one/shard_000000.npy" in kept
@@ -177,6 +183,27 @@ def test_two_ranks_resume_a_killed_social_run(tiny_dirs, tmp_path, one_thread):
     torchrun("probe.social", social_args(tmp_path, tiny_dirs, "cut", "--resume"))
     same_folder(a, cut, ("scores.parquet", "summary.json"))
     assert {n: (p.stat().st_ino, p.stat().st_mtime_ns) for n, p in files(cut).items() if n in kept} == kept
+
+
+def test_two_ranks_resume_a_social_run_killed_mid_data_set(tiny_dirs, tmp_path, one_thread):
+    """Rank 1 dies before its third chunk of the pairs (10 prompts: a chunk each; every chunk kept as it finishes
+    here): the resumed run scores only the chunks no rank kept, and its folder is one process's, bitwise."""
+    from probe.commands.social import main
+
+    assert main(social_args(tmp_path, tiny_dirs, "one")) == 0
+    (a,) = (tmp_path / "one").glob("*/social_*")
+    # rank 1 scores crows chunk 1, then the pairs' chunks 1, 3, 5, ...: it dies before chunk 5
+    killed_torchrun(tmp_path, "probe.commands.social", social_args(tmp_path, tiny_dirs, "cut"), 1, 4,
+                    "probe.core.scoring:AdaptiveBatcher.run", "import probe.social.scoring as s; s.FLUSH_ROWS = 1")
+    (cut,) = (tmp_path / "cut").glob("*/social_*")
+    chunks = {n: p for n, p in files(cut).items() if n.startswith("checkpoints/001/")}
+    assert {"checkpoints/001/chunks_000001.npz", "checkpoints/001/chunks_000003.npz"} <= chunks.keys()
+    assert "checkpoints/001/chunks_000005.npz" not in chunks and "checkpoints/000.parquet" in files(cut)
+    kept_rows = sum(len(np.load(p)["scores"]) for p in chunks.values())
+    torchrun("probe.social", social_args(tmp_path, tiny_dirs, "cut", "--resume"))
+    same_folder(a, cut, ("scores.parquet", "summary.json", "checkpoints/000.parquet", "checkpoints/001.parquet"))
+    session = json.loads((cut / "meta.json").read_text())["timing"][-1]
+    assert session["rows_scored"] == 2 * 10 - kept_rows and session["processes"] == 2
 
 
 # --- probe trace: a social run's picks (a prompt each), a GCG run's best ids and responses under the paper prompt --
