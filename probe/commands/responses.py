@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from probe.config import ScoreVocabConfig
 from probe.runs.rundir import RunDir
@@ -133,7 +134,27 @@ def _open(config, loaded, prompts, responses, rows, head, batch_size) -> tuple[s
     k, n = config.shard_size, len(responses)
     todo = [(p.key, s) for p in prompts for s in range(-(-n // k))
             if run_dir.read_shard(p.key, s, min(k, n - s * k)) is None]
+    if meta.get("status") != "complete" and _kept_checks(run_dir, meta, todo):
+        run_dir.write_meta(meta)
     return str(run_dir.path), meta, todo
+
+
+def _check_path(run_dir: RunDir, key: str) -> Path:
+    """Where a rank other than 0 keeps the self-check it ran until rank 0 records it in meta.json (`_finish` removes
+    it): a killed run's kept shard keeps its self-check."""
+    return run_dir.path / "checkpoints" / key / "self_check.json"
+
+
+def _kept_checks(run_dir: RunDir, meta: dict, todo: list) -> bool:
+    """A resumed run records the self-checks that another rank ran on a shard it kept before the kill (one process
+    records its own in meta.json beside each shard); whether any was added."""
+    added = False
+    for path in sorted((run_dir.path / "checkpoints").glob("*/self_check.json")):
+        key, saved = path.parent.name, json.loads(path.read_text())
+        if key in meta["prompts"] and key not in meta["self_check"] and (key, saved["shard"]) not in todo:
+            meta["self_check"][key] = saved["checks"]
+            added = True
+    return added
 
 
 def _score_shards(config, dist, loaded, rows: dict, n: int, todo: list, run_dir: RunDir, meta: dict, session: dict,
@@ -147,6 +168,7 @@ def _score_shards(config, dist, loaded, rows: dict, n: int, todo: list, run_dir:
     from probe.core.scoring import AdaptiveBatcher
     from probe.runs.distributed import gather
     from probe.runs.meta import batch_size_recorder
+    from probe.runs.rundir import atomic_write_json
 
     k = config.shard_size
     first = {key: next(s for kk, s in todo if kk == key) for key in {kk for kk, _ in todo} - set(meta["self_check"])}
@@ -164,6 +186,8 @@ def _score_shards(config, dist, loaded, rows: dict, n: int, todo: list, run_dir:
                                 progress=bar.update, batcher=batcher)
             if verify:
                 checks[key] = rows[key].checks
+                if not dist.main:  # rank 0 records it at the end: until then it is kept beside the shard, before it
+                    atomic_write_json(_check_path(run_dir, key), {"shard": s, "checks": rows[key].checks})
             run_dir.write_shard(key, s, scores)
             session["responses_scored"] += len(idx)
             session["score_s"] = round(session["score_s"] + time.perf_counter() - t0, 3)
@@ -197,6 +221,8 @@ def _finish(run_dir: RunDir, meta: dict, rows: list, n: int, k: int) -> None:
                           wall_s=round(sum(x.get("wall_s") or 0 for x in sessions), 3))
     meta["status"], meta["finished"] = "complete", now_iso()
     run_dir.write_meta(meta)
+    for path in (run_dir.path / "checkpoints").glob("*/self_check.json"):  # recorded in meta.json now
+        path.unlink()
 
 
 def print_response_summary(run_dir: RunDir, top: int) -> None:

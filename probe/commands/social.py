@@ -26,9 +26,9 @@ go to ``<output>/<model>/social_<time>/``: ``scores.parquet`` (item x option, wi
 set's own example id and social group), ``summary.json`` (per data set, and per file where there are several:
 accuracy, undesirable rate (how often the undesirable option scores above its desirable counterpart), the
 distributions of top picks (the option scored first among all) per social group, and the data set's own scores) and
-``meta.json``; with several models a comparison folder holds one CSV per domain, the pick distributions per group
-and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept; in a
-suite, finished models too).
+``meta.json``; with several models a comparison folder holds one CSV per domain, the pick distributions per
+group and the BBQ trade-off plot. An interrupted run continues with ``--resume`` (finished data sets are kept, and
+the finished chunks of the data set cut short, every 256 rows of each process; in a suite, finished models too).
 On a CPU, a whole published data set takes minutes to hours (about 10-15 responses/s for SmolLM2); --limit N
 takes a quick look.
 """
@@ -189,7 +189,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
         torch.manual_seed(cfg.seed)  # a randomly initialised head is drawn from --seed: the null model is reproducible
     from probe.models.loading import load_for_config, weights_identity
     from probe.runs.meta import reference_settings, score_label
-    from probe.social.scoring import score_items
+    from probe.social.scoring import ChunkFiles, score_items
 
     loaded = load_for_config(mcfg, model_kind(mode), rm=rm)
     if dist.main:
@@ -217,21 +217,26 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
         return run, json.loads((run.path / "summary.json").read_text()) if dist.main else None
     opts = ScoringOptions(mcfg.logprob_reduce, date_string=resolve_date(cfg.date), judge_prompt=judge)
     t0 = time.perf_counter()
-    frames = []
+    frames, scored = [], 0
     for k, (entry, items) in enumerate(datasets):
         part = run.path / "checkpoints" / f"{k:03d}.parquet"
         if k in done:
             frames.append(pl.read_parquet(part) if dist.main else None)
+            if dist.main:
+                _drop_chunks(run, k)  # a kill between the data set's file and this
             continue
         from tqdm.auto import tqdm
 
         desc = f"{entry['dataset']} {Path(str(entry['data'])).name} ({k + 1}/{len(datasets)})"
+        keep = ChunkFiles(run, f"{k:03d}")  # every process's finished chunks, until the data set's file is written
         with tqdm(total=None if dist.enabled else sum(len(i.options) for i in items), desc=desc, unit="resp",
                   file=sys.stderr, disable=not cfg.progress) as bar:  # under torchrun: rank 0's rows, counted
             scores = score_items(loaded, mode, items, opts, cfg.system, cfg.batch_size, progress=bar.update,
-                                 dist=dist)
+                                 dist=dist, keep=keep)
         if dist.main:
             run.write_table(str(part.relative_to(run.path)), scores)
+            _drop_chunks(run, k)
+            scored += scores.height - keep.kept_rows
         frames.append(scores)
     if not dist.main:
         barrier(dist)
@@ -244,11 +249,18 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     if bbq_scores := _bbq_scores(summary):
         pl.DataFrame(bbq_table(bbq_scores)).write_csv(run.path / "bbq_table.csv")
     meta.update(status="complete", finished=utc_stamp())
-    meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2),
+    meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2), "rows_scored": scored,
                                           **({"processes": dist.world} if dist.enabled else {})})
     run.write_meta(meta)
     barrier(dist)
     return run, summary
+
+
+def _drop_chunks(run: RunDir, k: int) -> None:
+    """Data set k's chunk files, once its scores are in ``checkpoints/<k>.parquet``."""
+    import shutil
+
+    shutil.rmtree(run.path / "checkpoints" / f"{k:03d}", ignore_errors=True)
 
 
 def _open_run(cfg: SocialConfig, loaded, model: dict, mode: str, settings: dict,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -347,10 +348,13 @@ def _pieces(cfg: TraceConfig) -> list[tuple[str, str, str | list[int], dict]]:
         out.append(("--gcg", cfg.prompt or PAPER_PROMPTS["greatest"], best["best_ids"],
                     {"run_score": best["best_score"]}))
     if cfg.social:
+        from probe.runs.distributed import launched
+
         picks, n_wins, n_pairs = social_picks(cfg.social, cfg.limit)
-        print(f"--social: the undesirable option scores above its counterpart in {n_wins} of the {n_pairs} items "
-              f"that have one (what the run's undesirable rate counts); tracing {len(picks)} (--limit {cfg.limit})",
-              file=sys.stderr)
+        if launched().main:  # said once under torchrun
+            print(f"--social: the undesirable option scores above its counterpart in {n_wins} of the {n_pairs} items "
+                  f"that have one (what the run's undesirable rate counts); tracing {len(picks)} (--limit "
+                  f"{cfg.limit})", file=sys.stderr)
         if not picks:
             raise ProbeError(f"--social {cfg.social}: no item where the undesirable option scores above its "
                              "counterpart; nothing to trace")
@@ -359,24 +363,47 @@ def _pieces(cfg: TraceConfig) -> list[tuple[str, str, str | list[int], dict]]:
     return out
 
 
-def _trace_pieces(loaded, mode, pieces: list, opts, system: str | None):
-    """Every piece's trace (the text responses batched per prompt) with its source, prompt, item and role, and the
-    run's own score beside its complete response; ``trace`` names each trace as its plot is named."""
-    import polars as pl
-
-    from probe.core.trace import trace, trace_ids
+def _units(pieces: list) -> list[tuple[str, list, bool]]:
+    """The pieces of work, in order, as (prompt, responses, whether text): each prompt's distinct text responses
+    ``CHUNK`` at a time (one process's batches), then each response given as ids. Under torchrun unit u is rank
+    u % world's."""
+    from probe.core.trace import CHUNK
 
     texts: dict[str, list[str]] = {}
     for _, prompt, response, _ in pieces:
         if isinstance(response, str):
             texts.setdefault(prompt, []).append(response)
-    traced = {(prompt, part["response"][0]): part for prompt, rs in texts.items()
-              for part in trace(loaded, mode, prompt, list(dict.fromkeys(rs)), opts, system)[0]
-              .partition_by("response", maintain_order=True)}
+    units: list[tuple[str, list, bool]] = []
+    for prompt, rs in texts.items():
+        rs = list(dict.fromkeys(rs))
+        units += [(prompt, rs[s : s + CHUNK], True) for s in range(0, len(rs), CHUNK)]
+    return units + [(prompt, response, False) for _, prompt, response, _ in pieces if not isinstance(response, str)]
+
+
+def _trace_pieces(loaded, mode, pieces: list, opts, system: str | None, dist):
+    """Every piece's trace with its source, prompt, item and role, and the run's own score beside its complete
+    response; ``trace`` names each trace as its plot is named. Under torchrun each rank traces its units and rank 0
+    gathers them (the other ranks return None)."""
+    import polars as pl
+
+    from probe.core.trace import trace_chunk, trace_ids
+    from probe.runs.distributed import gather
+
+    units = _units(pieces)
+    mine = {u: (trace_chunk if text else trace_ids)(loaded, mode, prompt, work, opts, system)
+            for u, (prompt, work, text) in enumerate(units) if dist.owns(u)}
+    parts = gather(dist, mine)
+    if parts is None:
+        return None
+    done = {u: df for p in parts for u, df in p.items()}
+    traced, by_ids = {}, iter(done[u] for u, (_, _, text) in enumerate(units) if not text)
+    for u, (prompt, _, text) in enumerate(units):
+        if text:
+            traced |= {(prompt, part["response"][0]): part
+                       for part in done[u].partition_by("response", maintain_order=True)}
     tables = []
     for k, (source, prompt, response, extra) in enumerate(pieces):
-        part = (traced[prompt, response] if isinstance(response, str)
-                else trace_ids(loaded, mode, prompt, response, opts, system))
+        part = traced[prompt, response] if isinstance(response, str) else next(by_ids)
         key = ", ".join([*(str(extra[c]) for c in ("item_id", "role") if c in extra), repr(part["response"][0])])
         tables.append(part.with_columns(
             pl.lit(f"trace_{k + 1:02d}: {key}").alias("trace"), pl.lit(source).alias("source"),
@@ -387,23 +414,42 @@ def _trace_pieces(loaded, mode, pieces: list, opts, system: str | None):
 
 
 def run(cfg: TraceConfig) -> Path:
-    import polars as pl
-
-    from probe.config import ScoringOptions, check_rewardbench_dpo, model_kind, resolve_score_mode
-    from probe.core.trace import trace_method
-    from probe.models.loading import load_for_config
-    from probe.runs.meta import score_label
+    """Reads and checks every input, loads the model, traces, writes ``--out`` whole. Under torchrun every rank
+    loads the model and traces every world-th unit of work (`_units`); rank 0 gathers them and writes the folder
+    one process writes (the other ranks write nothing)."""
+    from probe.config import check_rewardbench_dpo, resolve_score_mode
+    from probe.runs.distributed import broadcast, destroy, device_for, init, launched
     from probe.runs.rundir import utc_stamp
 
+    t0 = time.perf_counter()
     runs = [read_run(flag, folder) for flag, folder in (("--gcg", cfg.gcg), ("--social", cfg.social)) if folder]
     cfg = with_runs(cfg, runs)
     mode = resolve_score_mode(cfg.score, cfg.rm, cfg.ref)
-    reduce, method_in = cfg.logprob_reduce or "sum", cfg.input_method or "ids"
-    if method_in == "rewardbench" and mode != "reward":
-        check_rewardbench_dpo(mode, cfg.ref is not None, cfg.beta, reduce)
+    if (cfg.input_method or "ids") == "rewardbench" and mode != "reward":
+        check_rewardbench_dpo(mode, cfg.ref is not None, cfg.beta, cfg.logprob_reduce or "sum")
     out = Path(cfg.out or Path("results") / f"trace_{utc_stamp()}").expanduser()
-    _check_out(out)
+    if launched().main:
+        _check_out(out)
     pieces = _pieces(cfg)
+    dist = init(cfg.device, cfg.device_map)
+    try:
+        if dist.enabled:
+            cfg = replace(cfg, device=device_for(dist, cfg.device))
+        return _run(cfg, dist, Path(broadcast(dist, str(out))), mode, runs, pieces, t0)
+    finally:
+        destroy(dist)
+
+
+def _run(cfg: TraceConfig, dist, out: Path, mode: str, runs: list[TracedRun], pieces: list, t0: float) -> Path:
+    import polars as pl
+
+    from probe.config import ScoringOptions, model_kind
+    from probe.core.trace import trace_method
+    from probe.models.loading import load_for_config
+    from probe.runs.distributed import barrier
+    from probe.runs.meta import score_label
+
+    reduce, method_in = cfg.logprob_reduce or "sum", cfg.input_method or "ids"
     if cfg.allow_random_head:
         import torch
 
@@ -412,7 +458,10 @@ def run(cfg: TraceConfig) -> Path:
     check_weights(loaded, runs)
     method = trace_method(loaded, mode)
     opts = ScoringOptions(reduce, date_string=resolve_date(cfg.date or DEFAULT_DATE))  # type: ignore[arg-type]
-    df = _trace_pieces(loaded, mode, pieces, opts, cfg.system)
+    df = _trace_pieces(loaded, mode, pieces, opts, cfg.system, dist)
+    if df is None:  # a rank other than 0: its traces are rank 0's to write
+        barrier(dist)
+        return out
     settings = {"score": score_label(loaded, mode), "logprob_reduce": reduce if mode == "logprob" else None,
                 "input_method": method_in, "system": cfg.system, "date": opts.date_string,
                 "dtype": str(loaded.dtype), "device": str(loaded.device)}
@@ -421,10 +470,13 @@ def run(cfg: TraceConfig) -> Path:
             "run_scores": _run_scores(df, runs, str(loaded.dtype)),
             "traces": df.group_by("trace", maintain_order=True).agg(
                 pl.col("source", "prompt", "response").first(), *[pl.col(c).first() for c in ("item_id", "role")
-                                                                  if c in df.columns]).to_dicts()}
+                                                                  if c in df.columns]).to_dicts(),
+            "timing": {"wall_s": round(time.perf_counter() - t0, 2),  # reading, loading and tracing, not writing
+                       **({"processes": dist.world} if dist.enabled else {})}}
     _report(df, meta)
     _write_whole(out, lambda folder: _write(df, meta, folder))
     print(f"wrote {out}")
+    barrier(dist)
     return out
 
 

@@ -12,7 +12,7 @@ ended). The last row, ``complete``, is the response's ordinary score, closing id
   (``method`` says "re-scored"), one forward per prefix.
 * Pairwise models and the judge wrap the response in a question: a cut response would be another question; refused.
 
-`trace` takes whole responses (text); `trace_ids` takes ids (a GCG result's).
+`trace` takes whole responses (text), ``CHUNK`` at a time (`trace_chunk`); `trace_ids` takes ids (a GCG result's).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.core.scoring import build_scorer, conversation, make_head, reference_head, split_template
 from probe.errors import ProbeError
 from probe.models.loading import LoadedModel
+
+CHUNK = 64  # responses per forward: the complete responses' batch and the prefixes' batch alike
 
 
 def trace_method(loaded: LoadedModel, mode: ScoreMode) -> str:
@@ -86,23 +88,35 @@ def _scorers(loaded, mode, opts, prefix_ids, scored_in_prefix: int, method) -> l
 
 def _prefix_scores(loaded, scorers, responses: list[list[int]], method) -> list[torch.Tensor]:
     """Each response's prefix scores: re-scored one prefix at a time, or read from one batched forward per model
-    (batches of 64 responses)."""
+    (batches of ``CHUNK`` responses)."""
     if method == "re-scored":
         return [torch.stack([scorers[0].score([ids[: j + 1]])[0] for j in range(len(ids))]) for ids in responses]
     out = []
-    for s in range(0, len(responses), 64):
-        part = [sc.score_prefixes(responses[s : s + 64]) for sc in scorers]
+    for s in range(0, len(responses), CHUNK):
+        part = [sc.score_prefixes(responses[s : s + CHUNK]) for sc in scorers]
         out += part[0] if len(part) == 1 else [loaded.beta * (a - b.to(a.device)) for a, b in zip(*part)]
     return out
 
 
 def trace(loaded: LoadedModel, mode: ScoreMode, prompt: str, responses: Sequence[str],
           opts: ScoringOptions = ScoringOptions(), system: str | None = None) -> tuple[pl.DataFrame, float]:
-    """The traces of whole responses (text, rendered by the chat template), one after another; and the seconds
-    they took."""
+    """The traces of whole responses (text, rendered by the chat template), one after another, traced ``CHUNK`` at a
+    time (`trace_chunk`: the unit `probe trace` deals over torchrun's ranks); and the seconds they took."""
+    t0 = time.perf_counter()
+    responses = list(responses)
+    out = [trace_chunk(loaded, mode, prompt, responses[s : s + CHUNK], opts, system)
+           for s in range(0, len(responses), CHUNK)]
+    return pl.concat(out), time.perf_counter() - t0
+
+
+def trace_chunk(loaded: LoadedModel, mode: ScoreMode, prompt: str, responses: Sequence[str],
+                opts: ScoringOptions = ScoringOptions(), system: str | None = None) -> pl.DataFrame:
+    """The traces of at most ``CHUNK`` responses under one prompt: their complete scores in one batch, their
+    prefixes' scores in one forward per model. The same numbers whichever process traces the chunk."""
     from probe.core.responses import prepare, score_rows
 
-    t0 = time.perf_counter()
+    if len(responses) > CHUNK:
+        raise ValueError(f"trace_chunk takes at most {CHUNK} responses, not {len(responses)}")
     method = trace_method(loaded, mode)
     rows = prepare(loaded, mode, "trace", prompt, list(responses), opts, system)
     for text, prefix in zip(rows.responses, rows.prefixes):
@@ -110,9 +124,8 @@ def trace(loaded: LoadedModel, mode: ScoreMode, prompt: str, responses: Sequence
             raise ProbeError(f"response {text!r}: the template merges it with the text before it; its trace would "
                              "not start at the response")
     scorers = _scorers(loaded, mode, opts, rows.prefix_ids, rows.scored_in_prefix, method)  # the split prepare made
-    complete = score_rows(loaded, mode, rows, opts=opts, verify=0)  # the whole responses, batched
+    complete = score_rows(loaded, mode, rows, opts=opts, batch_size=CHUNK, verify=0)  # the whole responses, batched
     ids = [list(cont[:n]) for cont, n in zip(rows.continuations, rows.n_tokens)]
     prefix_scores = _prefix_scores(loaded, scorers, ids, method)
-    out = [_rows(loaded, r, s, float(full), method, text)
-           for text, r, s, full in zip(rows.responses, ids, prefix_scores, complete)]
-    return pl.concat(out), time.perf_counter() - t0
+    return pl.concat([_rows(loaded, r, s, float(full), method, text)
+                      for text, r, s, full in zip(rows.responses, ids, prefix_scores, complete)])

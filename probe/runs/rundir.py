@@ -248,6 +248,34 @@ class RunDir:
         np.save(buf, np.asarray(scores, dtype=np.float32))
         atomic_write_bytes(self.shard_path(prompt_key, shard), buf.getvalue())
 
+    def write_chunks(self, key: str, chunks: dict[int, np.ndarray]) -> None:
+        """Finished chunks of rows (chunk number -> its scores) in one file, ``checkpoints/<key>/chunks_<first>.npz``
+        (a chunk is finished once, so the first chunk's number names the file)."""
+        import io
+
+        order = sorted(chunks)
+        buf = io.BytesIO()
+        np.savez(buf, chunks=np.asarray(order, dtype=np.int64),
+                 scores=np.concatenate([np.asarray(chunks[c], dtype=np.float32) for c in order]))
+        atomic_write_bytes(self.path / "checkpoints" / key / f"chunks_{order[0]:06d}.npz", buf.getvalue())
+
+    def read_chunks(self, key: str, sizes: list[int]) -> dict[int, np.ndarray]:
+        """Every finished chunk `write_chunks` kept under ``key`` whose file holds chunks of ``sizes`` (rows per chunk
+        number); a file that cannot be read or does not fit is left out (those chunks are scored again)."""
+        out: dict[int, np.ndarray] = {}
+        for path in sorted((self.path / "checkpoints" / key).glob("chunks_*.npz")):
+            try:
+                with np.load(path) as f:
+                    numbers, scores = f["chunks"].tolist(), f["scores"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if not numbers or not all(0 <= c < len(sizes) for c in numbers) or \
+                    sum(sizes[c] for c in numbers) != scores.shape[0]:
+                continue
+            ends = np.cumsum([sizes[c] for c in numbers])
+            out |= {c: scores[e - sizes[c] : e] for c, e in zip(numbers, ends)}
+        return out
+
     # --- tables ---------------------------------------------------------------------------------------
     def write_table(self, name: str, df: pl.DataFrame) -> Path:
         path = self.path / name

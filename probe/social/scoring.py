@@ -10,7 +10,9 @@ falls back to the longest prefix its item's options share.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from probe.config import ScoreMode, ScoringOptions
@@ -21,7 +23,8 @@ from probe.models.loading import LoadedModel
 from probe.social.items import Item
 from probe.core.template import TemplateSplit, render, split_template
 from probe.errors import ProbeError
-from probe.runs.distributed import Dist, gather
+from probe.runs.distributed import Dist, broadcast, gather
+from probe.runs.rundir import RunDir
 
 
 def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions, system: str | None):
@@ -48,26 +51,47 @@ def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: Scori
     return groups, scored
 
 
+@dataclass
+class ChunkFiles:
+    """Where a run keeps one data set's finished chunks (`RunDir.write_chunks` under ``key``); `score_items` sets
+    ``kept_rows`` (on rank 0): how many rows it found kept there, not scored again."""
+
+    run: RunDir
+    key: str
+    kept_rows: int = 0
+
+
+FLUSH_ROWS = 256  # a process keeps its finished chunks in a file each time this many rows have finished
+
+
 def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions = ScoringOptions(),
                 system: str | None = None, batch_size: int = 64, verify: int = 4, progress=None,
-                dist: Dist = Dist()) -> pl.DataFrame | None:
+                dist: Dist = Dist(), keep: ChunkFiles | None = None) -> pl.DataFrame | None:
     """One row per item x option: dataset, domain, source file, item_id, the data set's own example id, social
     group, option, label, score, gold, undesirable, text, and the item's prompt (what `probe trace --social` reads).
 
     Each prefix's rows, sorted by length, are cut into chunks of 256 (padded to their longest, then scored in
-    batches); the first two rows of the first chunks are self-checked. Under torchrun (``dist``) chunk c, counted
-    over all prefixes, is rank c % world's: every batch is the one a single process scores, and rank 0 gathers the
-    scores and returns the table (the other ranks return None)."""
+    batches); the first two rows of the first chunks are self-checked. With ``keep`` the finished chunks are kept in
+    the run folder as they finish (every `FLUSH_ROWS` rows of a process) and the chunks kept there are not scored
+    again. Under torchrun (``dist``) the chunks left to score are dealt round robin (every batch
+    is the one a single process scores); rank 0 gathers the scores and returns the table (the other ranks return
+    None)."""
     groups, scored = _groups(loaded, mode, items, opts, system)
     chunks = [(prefix, rows[s : s + 256]) for prefix, all_rows in groups.items()
               for rows in [sorted(all_rows, key=lambda r: len(r[2]))]  # similar lengths together: less padding
               for s in range(0, len(rows), 256)]
+    kept = keep.run.read_chunks(keep.key, [len(part) for _, part in chunks]) if keep and dist.main else {}
+    left = broadcast(dist, [c for c in range(len(chunks)) if c not in kept] if dist.main else None)
+    if keep:
+        keep.kept_rows = sum(len(chunks[c][1]) for c in kept)
+        if progress and kept:
+            progress(keep.kept_rows)
     scores: dict[tuple[int, int], float] = {}
+    pending: dict[int, np.ndarray] = {}
     batcher = AdaptiveBatcher(batch_size)
     built = None
-    for c, (prefix, part) in enumerate(chunks):
-        if not dist.owns(c):
-            continue
+    for c in left[dist.rank :: dist.world]:
+        prefix, part = chunks[c]
         if built is None or built[0] != prefix:
             head = make_head(loaded, mode, opts, response_in_prefix=scored[prefix])
             built = (prefix, head, build_scorer(loaded, head, list(prefix)))
@@ -79,12 +103,19 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
             check_rows(loaded, head, list(prefix), scorer, cont[:2], lengths[:2], names, got=out[:2])
         for (i, j, _), v in zip(part, out):
             scores[(i, j)] = float(v)
+        pending[c] = out
+        if keep and sum(len(v) for v in pending.values()) >= FLUSH_ROWS:
+            keep.run.write_chunks(keep.key, pending)
+            pending = {}
         if progress:
             progress(len(part))
+    if keep and pending:  # this process's last chunks: kept while the others finish theirs
+        keep.run.write_chunks(keep.key, pending)
     parts = gather(dist, scores)
     if parts is None:
         return None
     scores = {key: v for p in parts for key, v in p.items()}
+    scores |= {(i, j): float(v) for c, arr in kept.items() for (i, j, _), v in zip(chunks[c][1], arr)}
     return pl.DataFrame([
         {"dataset": it.dataset, "domain": it.domain, "source": it.source, "item_id": it.item_id,
          "example_id": str(it.meta.get("example_id", "")), "group": str(it.meta.get("bbq_group") or

