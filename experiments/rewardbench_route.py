@@ -29,7 +29,7 @@ FAMILIES = {
     "GRM -ft (RewardBenchPipeline)": ("llama3.1", None, "LlamaForSequenceClassification",
                                       "Ray2333/GRM-Llama3.2-3B-rewardmodel-ft", {}, None),
     "UltraRM (OpenBMBPipeline)": ("mistral", "openbmb", "LlamaRewardModel", "openbmb/UltraRM-13b", {}, None),
-    "Eurus-RM (OpenBMBPipeline; Mistral-Instruct's template in its tokenizer)": (
+    "Eurus-RM (OpenBMBPipeline; a tokenizer with Mistral-Instruct's template, a stand-in)": (
         "mistral-templated", "openbmb", "LlamaRewardModel", "openbmb/Eurus-RM-7b", {}, None),
     "Beaver reward (BeaverPipeline)": ("mistral", "beaver", "LlamaForScore", "PKU-Alignment/beaver-7b-v1.0-reward",
                                        dict(score_dim=1, bias=True, score_type="reward"), None),

@@ -237,3 +237,38 @@ def pairrm_folder(folder: Path) -> Path:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def internlm2_folder(folder: Path, family: str = "llama3") -> Path:
+    """A tiny stand-in of InternLM2's reward model (tests/remote_code: its class around a Llama backbone, InternLM2's
+    own is not at hand offline) saved as its checkpoints are, remote code under ``auto_map`` AutoModel, with the real
+    tokenizer of ``family`` (tests/real_tokenizers.py) and a reserved token as ``reward_token_id``."""
+    import importlib.util
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer, LlamaConfig
+
+    from tests import real_tokenizers
+
+    remote = Path(__file__).resolve().parent / "remote_code" / "modeling_internlm2_reward.py"
+    spec = importlib.util.spec_from_file_location("modeling_internlm2_reward", remote)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    real_tokenizers.build(family, folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg.reward_token_id = tok.convert_tokens_to_ids("<|reserved_special_token_100|>")
+    torch.manual_seed(0)
+    model = module.InternLM2ForRewardModel(cfg).eval()
+    with torch.no_grad():
+        model.v_head.weight.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    shutil.copy(remote, folder / remote.name)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["InternLM2ForRewardModel"]
+    config["auto_map"] = {"AutoModel": "modeling_internlm2_reward.InternLM2ForRewardModel"}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder

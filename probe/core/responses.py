@@ -63,6 +63,18 @@ class ResponseRows:
         return out
 
 
+def _slot_text(tok, prefix: Sequence[int], slot_ids: Sequence[int], glued: bool) -> str:
+    """The response as its ids in the slot spell it. A glued slot (no space before it: 'ASSISTANT:Love') is decoded
+    after the prefix's last id, which keeps a first piece's own space ('▁Love' -> ' Love'; decoded alone, a
+    SentencePiece tokenizer drops it)."""
+    if glued and prefix:
+        anchor = tok.decode(list(prefix[-1:]))
+        both = tok.decode([*prefix[-1:], *slot_ids])
+        if both.startswith(anchor):
+            return both[len(anchor):]
+    return tok.decode(list(slot_ids))
+
+
 def _change(text: str, slot: str, slot_ids: Sequence[int], control: set[int], template_space: bool = False) -> str | None:
     """How the text in the response slot differs from the response given. ``template_space``: the template writes
     a space before the slot that the tokenizer joins to the response's first word (not a change of the response)."""
@@ -100,7 +112,7 @@ def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, 
         cont = full[len(own):]
         end = len(cont) - len(suffix) if suffix and tuple(cont[-len(suffix):]) == suffix else len(cont)
         slot_ids = cont[:end]
-        slot = tok.decode(slot_ids)
+        slot = _slot_text(tok, own, slot_ids, split.leading_space == "glued")
         if own == prefix and split.second_order is not None:  # a pairwise model: this response's second order
             _second_order(loaded, build, split, text, cont)
         rows.prefixes.append(own)

@@ -20,7 +20,7 @@ from probe.models.chat_templates import chat_template_text, resolve_chat_templat
 from probe.models.embedded import model_id_for, packaged, packaged_dir
 if TYPE_CHECKING:
     from probe.core.pairwise import Pairwise
-from probe.models.registry import (CARD_DIALOGUES, ENCODER_TYPES, REGISTRY, REWARDBENCH_RAW_INPUT, RewardModelSpec, encoder_spec, lookup,
+from probe.models.registry import (CARD_DIALOGUES, ENCODER_TYPES, PIPELINES_WITHOUT_SPECIAL_TOKENS, REGISTRY, REWARDBENCH_RAW_INPUT, RewardModelSpec, encoder_spec, lookup,
                                    structural_spec)
 
 log = logging.getLogger(__name__)
@@ -439,7 +439,10 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
         tokenizer.rm_probe_input_call = REWARDBENCH_DPO
         return
     route = input_method == "rewardbench" and rewardbench_differs(spec)
-    if route:
+    if route and spec.rewardbench_pipeline in PIPELINES_WITHOUT_SPECIAL_TOKENS:  # the template's own ids
+        tokenizer.rm_probe_input_call = "chat_template"
+        route = False
+    elif route:
         tokenizer.rm_probe_input_call = "rewardbench"
     elif spec.input_ends_at is not None and kind == "reward":  # the card's input stops there (registry)
         tokenizer.rm_probe_ends_at = tokenizer.encode(spec.input_ends_at, add_special_tokens=False)
@@ -453,9 +456,10 @@ def rewardbench_differs(spec: RewardModelSpec) -> bool:
     """Whether RewardBench's run script feeds this family other ids than rm-probe's default: it does for every family
     its pipelines encode as ``tokenizer(text)`` (the chat template's text, so a tokenizer that adds BOS doubles it;
     without a chat template, fastchat's format with ``add_eos_token``), and for PairRM (its card's ``tokenize_pair``
-    on plain texts; RewardBench's ``tokenize_conv_pair``); the pair-preference LMs and InternLM2 reward get their
-    pipelines' own inputs by default already."""
-    return (spec.reader != "pairwise" or spec.pairwise == "pairrm") and spec.append_token is None
+    on plain texts; RewardBench's ``tokenize_conv_pair``), and for InternLM2 reward (its card's ``get_score`` encodes
+    the template's text with the tokenizer's special tokens, two BOS; InternLMPipeline without them, one); the
+    pair-preference LMs get their pipeline's own input by default already."""
+    return spec.reader != "pairwise" or spec.pairwise == "pairrm"
 
 
 def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_response: str | None):

@@ -74,7 +74,7 @@ BEAVER_INPUT = DIALOGUE_INPUT.format(
                     "ASSISTANT: .. ' + EOS")
 ZIYA_INPUT = ("model card: tokenizer(text) on 'Human:' + query + '\\n\\nAssistant:' + response, the tokenizer loaded "
               "as LlamaTokenizer.from_pretrained(..., add_eos_token=True) (model card of IDEA-CCNL/Ziya-LLaMA-7B-Reward): "
-              "BOS + text + EOS, the reward read at the EOS; "
+              "BOS + text + EOS, the reward read at the EOS (the card truncates to 1,024 ids, rm-probe does not); "
               "--input-method rewardbench: RewardBench's Ziya format '\\n\\nHuman: ..\\n\\nAssistant: ..\\n\\n' + EOS")
 EURUS_INPUT = DIALOGUE_INPUT.format(
     "'[INST] {prompt} [/INST] {response}' (model card of openbmb/Eurus-RM-7b: 'the same template as "
@@ -84,6 +84,14 @@ EURUS_INPUT = DIALOGUE_INPUT.format(
 URM_INPUT = ("model card (LxzGordon/URM-LLaMa-3.1-8B): tokenizer(tokenizer.apply_chat_template(messages, "
              "tokenize=False)): the template's text through tokenizer(text), so BOS twice (the template's and the "
              "tokenizer's); no EOS; the score logits[0][0]")
+INTERNLM2_INPUT = ("model card (internlm/internlm2-*-reward): model.get_score(tokenizer, chat), which encodes "
+                   "tokenizer.apply_chat_template(chat, tokenize=False) with tokenizer.encode(text) (special tokens "
+                   "added: a second BOS after the template's) and appends the config's reward_token_id; "
+                   "--input-method rewardbench: InternLMPipeline's encode(text, add_special_tokens=False), the "
+                   "template's ids (one BOS) and the reward token")
+# RewardBench pipelines that encode the template's text without the tokenizer's special tokens (its route: the
+# template's own ids)
+PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline",)
 # the dialogue formats a model card writes by hand (shipped as <name>-card templates): used on the default route even
 # where the checkpoint's tokenizer carries a chat template of its own, which the card does not call; -> the format
 # RewardBench's run script renders instead (None: the tokenizer's own template)
@@ -121,7 +129,8 @@ class RewardModelSpec:
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
-                "format as RewardBench renders it"})
+                "format as its model card writes it (a CARD_DIALOGUES format replaces even a template the tokenizer "
+                "carries, which the card does not call); rewardbench_chat_template: RewardBench's"})
     input_call: Literal["tokenizer(text)"] | None = field(default=None, metadata={
         "help": "'tokenizer(text)': the chat template's text is encoded by the tokenizer's own call (BOS and EOS as "
                 "it adds them: GRM's training code and cards); None: as the template says (probe/core/template.py)"})
@@ -286,8 +295,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
         # after the chat template; its backbone is remote too, so every candidate runs through its own forward
         *[RewardModelSpec(name, reader="forward", output="logits", trust_remote_code=True, auto_class="AutoModel",
                           append_token="reward_token_id", family="InternLM2", rewardbench_pipeline="InternLMPipeline",
-                          input_source="the model's get_score and RewardBench's InternLMPipeline: the chat template's "
-                                       "ids (one BOS) with the config's reward_token_id appended",
+                          input_call="tokenizer(text)", input_source=INTERNLM2_INPUT,
                           notes="InternLM2ForRewardModel (remote): v_head at the reward token appended after the chat "
                                 "template (RewardBench's InternLMPipeline, the model's get_score); own forward")
           for name in ("internlm/internlm2-7b-reward", "internlm/internlm2-1_8b-reward", "internlm/internlm2-20b-reward",

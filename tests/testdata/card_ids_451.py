@@ -8,8 +8,8 @@ the 4.3x releases of the cards' time). The texts are built here as each card bui
   PROMPT_BEGIN + PROMPT_USER + PROMPT_ASSISTANT), ``AutoTokenizer.from_pretrained(path)``, ``tokenizer(input)``;
 - IDEA-CCNL/Ziya-LLaMA-7B-Reward: ``"Human:" + query + "\\n\\nAssistant:" + response``,
   ``LlamaTokenizer.from_pretrained(path, add_eos_token=True)``, ``tokenizer(text, truncation=True, max_length=1024)``;
-- openbmb/Eurus-RM-7b: ``"[INST] " + prompt + " [/INST] " + response`` (its card's strings write the closing tag
-  ``[\\INST]``; the tag it names, Mistral-Instruct's, is used), ``AutoTokenizer.from_pretrained(path)``,
+- openbmb/Eurus-RM-7b: ``"[INST] " + prompt + " [/INST] " + response``: the card's format with its tag corrected, a
+  deliberate deviation (its strings write ``[\\INST]``; the tag it names, Mistral-Instruct's, is used), ``AutoTokenizer.from_pretrained(path)``,
   ``tokenizer(text)``.
 
 The slow ``LlamaTokenizer`` needs ``tokenizer.model``: on the ``tokenizer.json``-only layout the UltraRM and Ziya

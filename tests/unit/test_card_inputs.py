@@ -3,7 +3,8 @@
 checkpoint ships, against rm-probe's rendering through its own loader (the family's registry spec).
 
 The dialogue families' cards (UltraRM, Beaver, Ziya, Eurus) write their text by hand and call ``tokenizer(text)``
-on Llama-2-era SentencePiece tokenizers: their golden ids are the cards' code run under transformers 4.51.0
+on Llama-2-era SentencePiece tokenizers: their golden ids are the cards' code run under transformers 4.51.0 (Eurus's
+with its closing tag corrected: its card writes ``[\\INST]`` for the ``[/INST]`` it names; a deliberate deviation)
 (tests/testdata/card_ids.json, written by tests/testdata/card_ids_451.py), on Mistral v1's vocabulary in both
 layouts and every ``legacy`` setting. The chat families' cards call the installed transformers, run here."""
 
@@ -38,7 +39,8 @@ DIALOGUE_CARDS = {"ultrarm": ("openbmb/UltraRM-13b", "LlamaRewardModel"),
 # where the card writes a space before the response (UltraRM, Eurus; Beaver and Ziya write none).
 TEXT_DIFFERS = {("model", " leading space", "ultrarm"), ("model", " leading space", "eurus"),
                 *{(kind, "</s> as text", card) for kind in ("model", "json") for card in DIALOGUE_CARDS}}
-# a chat template the Eurus folder carries (Mistral-Instruct's): the card does not call it
+# a chat template a checkpoint's tokenizer may carry (here Mistral-Instruct's; whether Eurus-RM-7b's tokenizer_config.json
+# has one could not be checked offline): the card does not call it
 MISTRAL_INSTRUCT = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + "
                     "message['content'] + ' [/INST]' }}{% else %}{{ message['content'] + eos_token }}{% endif %}"
                     "{% endfor %}")
@@ -124,8 +126,39 @@ def test_the_rewardbench_route_keeps_rewardbenchs_own_format(folders, card):
 
 
 def test_eurus_on_the_rewardbench_route_keeps_its_tokenizers_template(folders):
+    """OpenBMBPipeline's ``tokenizer(text)`` on the tokenizer's own template (no BOS mask): the template's BOS and the
+    call's, the response then the template's EOS, and no EOS added (the tokenizer has a template)."""
     tok, got = _rendered(folders / "model-None-templated", "openbmb/Eurus-RM-7b", "rewardbench")
     assert tok.chat_template == MISTRAL_INSTRUCT
+    for r in RESPONSES:
+        text = tok.apply_chat_template([{"role": "user", "content": PROMPT}, {"role": "assistant", "content": r}],
+                                       tokenize=False)
+        want = tok(text)["input_ids"]
+        assert want[:2] == [tok.bos_token_id] * 2 and want[-1] == tok.eos_token_id and want[-2] != tok.eos_token_id
+        if "</s>" not in r:  # a control token inside a response: text for rm-probe, the token for tokenizer(text)
+            assert got[r] == want, r
+
+
+def test_probe_load_reads_eurus_by_its_card_although_its_tokenizer_has_a_template(folders, tmp_path):
+    """Through ``probe.load`` (not the loader's steps one by one): the card's format replaces the tokenizer's."""
+    import probe
+    from transformers import AutoTokenizer
+    from tests import rewardbench_code as rb
+    from tests import tiny
+
+    src = folders / "model-None-templated"
+    tok = AutoTokenizer.from_pretrained(src)
+    model = tiny.family_model(rb.load("openbmb").LlamaRewardModel, tiny.llama_config(tok, pad_token_id=0))
+    model.save_pretrained(tmp_path / "eurus")
+    for f in src.iterdir():
+        (tmp_path / "eurus" / f.name).write_bytes(f.read_bytes())
+    lm = probe.load(str(tmp_path / "eurus"), device="cpu", spec="openbmb/Eurus-RM-7b")
+    assert lm.tokenizer.chat_template == chat_template_text("eurus-card")
+    build = response_conversation(PROMPT)
+    golden = json.loads(GOLDEN.read_text())["ids"]
+    assert render(lm.tokenizer, build, "Love") == golden["model-None|eurus|0"]
+    rb_lm = probe.load(str(tmp_path / "eurus"), device="cpu", spec="openbmb/Eurus-RM-7b", input_method="rewardbench")
+    assert rb_lm.tokenizer.chat_template == MISTRAL_INSTRUCT
 
 
 def test_a_chat_template_given_by_the_user_wins_over_the_cards(folders):
@@ -279,6 +312,13 @@ def test_ziya_scores_and_sweep_are_its_cards_input_on_a_tiny_model(folders, tmp_
     assert np.ptp(want) > 1e-3
     split = prompt_split(lm, "reward", PROMPT, None, ScoringOptions(), len(tok))
     assert list(split.suffix_ids) == [tok.eos_token_id] and split.prefix_ids[0] == tok.bos_token_id
+    from probe.core.responses import prepare
+
+    # a glued slot keeps a response's own leading space ('▁leading'): not a change of the response (decoded alone,
+    # SentencePiece drops that space, which once flagged it "trimmed")
+    rows = prepare(lm, "reward", "p", PROMPT, [" leading space", "Love"])
+    assert rows.split.leading_space == "glued" and rows.change == [None, None]
+    assert rows.slot_text == [" leading space", "Love"]
     sweep = probe.sweep(lm, None, PROMPT, limit=40, batch_size=16)  # with its self-check against the model's forward
     ids = sweep["token_id"].to_list()[::5]
     rows = torch.tensor([[*split.prefix_ids, t, *split.suffix_ids] for t in ids])
@@ -304,3 +344,63 @@ def test_single_token_sweeps_split_every_card_format(folders, layout):
         split = split_template(tok, response_conversation(PROMPT), n_verify=24)
         assert split.leading_space == want[card] and split.verified_tokens >= 24, (card, split.leading_space)
         assert list(split.suffix_ids) == ([tok.eos_token_id] if card == "ziya" else [])
+
+
+def test_internlm2_reads_its_cards_get_score_and_rewardbench_on_its_route(tmp_path):
+    """InternLM2 reward's card calls ``model.get_score(tokenizer, chat)``: ``tokenizer.encode(
+    tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False))`` (special tokens added: a
+    second BOS after the template's, on a tokenizer whose call adds one) and the config's ``reward_token_id``
+    appended. RewardBench's InternLMPipeline encodes without special tokens (one BOS): its route. A tiny stand-in of
+    the class (tests/remote_code) on the real Llama 3.1 tokenizer, whose call adds BOS, so the two differ. Old code:
+    the pipeline's one BOS by default."""
+    import probe
+    from probe.core.scoring import ScoringOptions, conversation
+    from tests import tiny
+
+    folder = tiny.internlm2_folder(tmp_path / "internlm2", "llama3.1")
+    lms = {r: probe.load(str(folder), device="cpu", trust_remote_code=True, input_method=r)
+           for r in ("ids", "rewardbench")}
+    tok, reward = lms["ids"].tokenizer, lms["ids"].model.config.reward_token_id
+    for r in CHAT_RESPONSES:
+        chat = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": r}]
+        text = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=False, date_string="26 Jul 2024")
+        card = tok.encode(text) + [reward]
+        pipeline = tok.encode(text, add_special_tokens=False) + [reward]
+        assert card.count(tok.bos_token_id) == 2 and pipeline.count(tok.bos_token_id) == 1
+        for route, want in (("ids", card), ("rewardbench", pipeline)):
+            build = conversation("reward", PROMPT, None, ScoringOptions(), lms[route])
+            assert build.render_ids(lms[route].tokenizer, r) == want, (route, r)
+    scores = {route: probe.score_responses(lm, None, PROMPT, CHAT_RESPONSES)["score"].to_numpy()
+              for route, lm in lms.items()}  # each self-checked against the model's own forward
+    assert abs(scores["ids"] - scores["rewardbench"]).max() > 1e-4
+
+
+@pytest.mark.parametrize("spec_name", ["Ray2333/GRM-Llama3.2-3B-rewardmodel-ft", "LxzGordon/URM-LLaMa-3.1-8B"])
+def test_two_bos_cards_get_one_on_the_rewardbench_route(chat_folders, spec_name):
+    """GRM -ft and URM: their cards' two BOS by default; RewardBenchPipeline masks the first of a doubled BOS, so its
+    route feeds one (the template's ids)."""
+    fam, card = CHAT_CARDS[spec_name]
+    spec = REGISTRY[spec_name]
+    assert spec.rewardbench_pipeline == "RewardBenchPipeline"
+    tok = load_tokenizer(str(chat_folders[fam]), None, False)
+    _set_input_call(tok, spec, "reward", "rewardbench")
+    build = response_conversation(PROMPT)
+    conv = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "Love"}]
+    got = render(tok, build, "Love")
+    assert got.count(tok.bos_token_id) == 1
+    assert got == tok.apply_chat_template(conv, tokenize=True, return_dict=False, date_string="26 Jul 2024")
+    assert card(tok, conv, date_string="26 Jul 2024").count(tok.bos_token_id) == 2
+
+
+def test_the_glued_slot_is_not_found_on_a_byte_level_tokenizer(chat_folders):
+    """A format with no space before the response on Llama 3's byte-level BPE keeps each word as its own id ('Love'
+    is one id glued or not: no ▁ pieces), so the split is the ordinary one, not "glued" (whole responses; a sweep
+    then fails its verification where BPE merges the colon with a word, e.g. ':k' in 'ASSISTANT:kemiz')."""
+    from transformers import AutoTokenizer
+
+    from probe.core.template import split_template
+
+    tok = AutoTokenizer.from_pretrained(chat_folders["llama3"])
+    tok.chat_template = chat_template_text("beaver-card")
+    split = split_template(tok, response_conversation(PROMPT), n_verify=0, own_tokens=False)
+    assert split.leading_space not in ("glued", "joined")

@@ -21,7 +21,7 @@ import torch
 
 import probe
 from probe.errors import ProbeError
-from tests import real_tokenizers, rewardbench_code
+from tests import real_tokenizers, rewardbench_code, tiny
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 RESPONSES = ["Love", "Black people", "The Beatles", "nature and life", "self-sacrifice", "Love!"]
@@ -254,32 +254,7 @@ def test_internlm2_reward_appends_its_token_and_equals_rewardbench_pipeline(tmp_
     every input ends with the config's reward token, and each response's score equals RewardBench's
     InternLMPipeline on the chat template's string (one conversation per call: it reads the last position of a
     right-padded batch)."""
-    import json
-    import shutil
-
-    from transformers import AutoTokenizer, LlamaConfig
-
-    remote = Path(__file__).resolve().parents[1] / "remote_code" / "modeling_internlm2_reward.py"
-    spec = importlib.util.spec_from_file_location("modeling_internlm2_reward", remote)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    folder = real_tokenizers.build("llama3", tmp_path / "internlm2")
-    tok = AutoTokenizer.from_pretrained(folder)
-    reward_token = tok.convert_tokens_to_ids("<|reserved_special_token_100|>")
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    cfg.reward_token_id = reward_token
-    torch.manual_seed(0)
-    model = module.InternLM2ForRewardModel(cfg).eval()
-    with torch.no_grad():
-        model.v_head.weight.normal_(0, 1.0)
-    model.save_pretrained(folder)
-    shutil.copy(remote, folder / remote.name)
-    config = json.loads((folder / "config.json").read_text())
-    config["architectures"] = ["InternLM2ForRewardModel"]
-    config["auto_map"] = {"AutoModel": "modeling_internlm2_reward.InternLM2ForRewardModel"}
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    folder = tiny.internlm2_folder(tmp_path / "internlm2")
     with pytest.raises(ProbeError, match="--trust-remote-code"):
         probe.load(str(folder), device="cpu")
     lm = probe.load(str(folder), device="cpu", trust_remote_code=True)

@@ -133,7 +133,8 @@ def test_scores_equal_rewardbench_pipeline(families, name):
     ours = probe.score_responses(lm, None, PROMPT, RESPONSES)  # cached, with the self-check
     got = dict(zip(ours["response"], ours["score"].to_numpy()))
     # the family's class through its pipeline's tokenizer(text), on the texts the default route renders (a dialogue
-    # family: its model card's format; RewardBench's own format and EOS are its route's, tested below)
+    # family: its model card's format, rendered by the same shipped template on both sides: the card's text itself is
+    # pinned by tests/unit/test_card_inputs.py's golden ids; RewardBench's own format and EOS are its route's, below)
     texts = _texts(tok, chat_template_text(card) if template else None)
     want = _pipeline_scores(name, model, tok, texts, truncation=True)
     np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=2e-5, atol=2e-5)
