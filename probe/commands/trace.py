@@ -450,11 +450,8 @@ def _run(cfg: TraceConfig, dist, out: Path, mode: str, runs: list[TracedRun], pi
     from probe.runs.meta import score_label
 
     reduce, method_in = cfg.logprob_reduce or "sum", cfg.input_method or "ids"
-    if cfg.allow_random_head:
-        import torch
-
-        torch.manual_seed(next((r.seed for r in runs), 0))  # as probe social draws a random head
-    loaded = load_for_config(cfg, model_kind(mode), input_method=method_in)
+    # a random head is drawn from the traced run's seed, as the run drew it (probe/models/loading.py)
+    loaded = load_for_config(cfg, model_kind(mode), input_method=method_in, seed=next((r.seed for r in runs), 0))
     check_weights(loaded, runs)
     method = trace_method(loaded, mode)
     opts = ScoringOptions(reduce, date_string=resolve_date(cfg.date or DEFAULT_DATE))  # type: ignore[arg-type]

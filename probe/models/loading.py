@@ -602,11 +602,23 @@ def _load_family(path, spec, revision, dtype, device_map, allow_random_head, con
 _CONFIG_RM = object()
 
 
-def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_method: str | None = None) -> LoadedModel:
+def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_method: str | None = None,
+                     seed: int | None = None) -> LoadedModel:
     """`load_model` with the model settings a command's config carries (rm, device, dtype, revision, ...);
-    ``rm`` overrides the config's own (a command that runs several models)."""
+    ``rm`` overrides the config's own (a command that runs several models); ``seed``: a random head's, where the
+    config's own ``seed`` is not the run's (a trace draws it from the traced run's)."""
     get = lambda name, default=None: getattr(config, name, default)  # noqa: E731
     judge_pair = get("score") == "judge-pair"  # a language model as a pairwise judge: its reference set below
+    if get("allow_random_head", False):
+        # a head the checkpoint lacks is drawn from the run's seed (recorded in its settings), so the null model is
+        # the same run to run and a trace of the run draws it again; the caller's random state is left as it was
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+            torch.manual_seed(int(seed if seed is not None else get("seed", 0) or 0))
+            return _load_model_for(get, kind, rm, input_method, judge_pair)
+    return _load_model_for(get, kind, rm, input_method, judge_pair)
+
+
+def _load_model_for(get, kind: ModelKind, rm: object, input_method: str | None, judge_pair: bool) -> LoadedModel:
     loaded = load_model(
         get("rm") if rm is _CONFIG_RM else rm, kind=kind, device=get("device", "auto"), dtype=get("dtype", "auto"), revision=get("revision"),
         trust_remote_code=get("trust_remote_code", False), chat_template=get("chat_template"), spec_name=get("spec"),
@@ -627,16 +639,17 @@ def with_judge_pair(loaded: LoadedModel, reference: str | None, judge_prompt: st
 
 
 
-def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_method: str | None = None) -> LoadedModel:
+def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_method: str | None = None,
+                    seed: int | None = None) -> LoadedModel:
     """`load_model` with the model settings a command's config carries; with ``ref`` (``--ref``) the reference
     model too, as a causal LM on the same device, after its vocabulary was found equal to the model's.
     ``input_method``: instead of the config's (the API's ``probe.load``)."""
     ref = getattr(config, "ref", None)
     if ref is None:
-        return _load_for_config(config, kind, rm, input_method)
+        return _load_for_config(config, kind, rm, input_method, seed)
     policy_ref = config.rm if rm is _CONFIG_RM else rm
     check_same_vocabulary(policy_ref, ref, getattr(config, "revision", None), getattr(config, "trust_remote_code", False))
-    loaded = _load_for_config(config, kind, rm, input_method)
+    loaded = _load_for_config(config, kind, rm, input_method, seed)
     reference = load_model(ref, kind="causal", device=str(loaded.device) if getattr(config, "device_map", None) is None
                            else "auto", dtype=str(loaded.dtype).removeprefix("torch."),
                            trust_remote_code=getattr(config, "trust_remote_code", False),

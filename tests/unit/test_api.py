@@ -188,3 +188,20 @@ def test_the_wheel_installs_one_top_level_package_with_its_data(tmp_path):
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry).decode()
     assert "rm-probe = probe.commands.cli:main" in scripts and "probe = probe.commands.cli:main" in scripts
+
+
+def test_a_random_head_is_drawn_from_the_seed_whatever_the_global_state(tiny_dirs):
+    """``allow_random_head`` (probe.load, probe score, probe gcg, probe social, trace: all load through
+    load_for_config): the head a checkpoint lacks is drawn from the run's seed (0 for probe.load), so two loads
+    give one head whatever the global random state before each, and the caller's random state is left as it was.
+    Old code: the head followed the global state (probe score and the API were never seeded)."""
+    import torch
+
+    heads = []
+    for noise in (1, 2):
+        torch.manual_seed(noise)
+        before = torch.random.get_rng_state()
+        lm = probe.load(tiny_dirs["lm"], device="cpu", allow_random_head=True)
+        assert torch.equal(torch.random.get_rng_state(), before)
+        heads.append(lm.model.score.weight.detach().clone())
+    assert torch.equal(heads[0], heads[1]) and heads[0].abs().sum() > 0
