@@ -37,6 +37,16 @@ CHAT_TEMPLATE_INPUT = ("model card: tokenizer.apply_chat_template(conversation, 
                        "writes it (once), no EOS added")
 DIALOGUE_INPUT = ("model card: tokenizer(text) on the dialogue string {}; BOS from the tokenizer's post-processor "
                   "(never text, so SentencePiece's legacy flag cannot change the ids), no EOS")
+TEMPLATE_IDS_CARD = ("model card ({}): tokenizer.apply_chat_template(conversation, tokenize=True) (or its "
+                     "return_tensors='pt' form): the template's ids, BOS as the template writes it (once), no EOS; {}")
+SKYWORK_V1_INPUT = ("model card (Skywork/Skywork-Reward-Gemma-2-27B and -Llama-3.1-8B, v0.1): "
+                    "rm_tokenizer(rm_tokenizer.apply_chat_template(conv, tokenize=False)); 'We removed the BOS token "
+                    "from the chat templates of the two models to prevent it being added twice': BOS from the "
+                    "tokenizer's call (once; none where a template without it is read as the template's ids), no EOS; "
+                    "the score logits[0][0]")
+SKYWORK_V2_INPUT = ("model card (Skywork/Skywork-Reward-V2-*, the same for every size): apply_chat_template(conv, "
+                    "tokenize=False), its leading BOS text removed ('remove the potential duplicate bos token'), then "
+                    "tokenizer(text): the template's ids with one BOS (none on Qwen3), no EOS; the score logits[0][0]")
 LLAMA3_ASSISTANT_HEADER = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
 GRM_INPUT = ("model card and training code (GRM's reward_models/load_datasets.py: tokenizer.encode_plus("
              "tokenizer.apply_chat_template(messages, tokenize=False))): the template's text through tokenizer(text), "
@@ -183,11 +193,17 @@ REGISTRY: dict[str, RewardModelSpec] = {
     for spec in [
         DEFAULT,
         # The paper's ten reward models (../shared/data/paper-release/table_1_reward_models.csv).
-        RewardModelSpec("Skywork/Skywork-Reward-Gemma-2-27B", family="Gemma 2", notes="Gemma2ForSequenceClassification"),
+        RewardModelSpec("Skywork/Skywork-Reward-Gemma-2-27B", family="Gemma 2", notes="Gemma2ForSequenceClassification",
+                        input_call="tokenizer(text)", input_source=SKYWORK_V1_INPUT),
+        RewardModelSpec("Skywork/Skywork-Reward-Llama-3.1-8B", family="Llama 3.1",
+                        notes="LlamaForSequenceClassification", input_call="tokenizer(text)",
+                        input_source=SKYWORK_V1_INPUT),
         RewardModelSpec("Skywork/Skywork-Reward-Gemma-2-27B-v0.2", family="Gemma 2",
-                        notes="Gemma2ForSequenceClassification"),
+                        notes="Gemma2ForSequenceClassification",
+                        input_source=TEMPLATE_IDS_CARD.format("Skywork-Reward v0.2", "the score logits[0][0]")),
         RewardModelSpec("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2", family="Llama 3.1",
-                        notes="LlamaForSequenceClassification"),
+                        notes="LlamaForSequenceClassification",
+                        input_source=TEMPLATE_IDS_CARD.format("Skywork-Reward v0.2", "the score logits[0][0]")),
         RewardModelSpec("Ray2333/GRM-Llama3-8B-rewardmodel-ft", family="Llama 3",
                         input_call="tokenizer(text)", input_source=GRM_FT_INPUT,
                         notes="LlamaForSequenceClassification (the -ft variants carry no extra heads)"),
@@ -199,20 +215,20 @@ REGISTRY: dict[str, RewardModelSpec] = {
                         notes="Gemma2ForSequenceClassification"),
         RewardModelSpec(
             "RLHFlow/ArmoRM-Llama3-8B-v0.1", reader="gated", output="score", trust_remote_code=True,
-            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3",
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, input_source=TEMPLATE_IDS_CARD.format("RLHFlow/ArmoRM-Llama3-8B-v0.1", "the score output.score"), family="Llama 3",
             rewardbench_pipeline="ArmoRMPipeline",
             notes="LlamaForRewardModelWithGating: score = sum(gating(h[gate]) * (regression(h[last]) @ T)); "
                   "19 objectives; the gate reads the first token of the last assistant header.",
         ),
         RewardModelSpec(
             "nicolinho/QRM-Llama3.1-8B", reader="gated", output="score", trust_remote_code=True,
-            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, input_source=TEMPLATE_IDS_CARD.format("nicolinho/QRM-Llama3.1-8B", "the score output.score"), family="Llama 3.1",
             notes="quantile regression head (num_objectives x num_quantiles), averaged over quantiles, then gated "
                   "as ArmoRM; score is outputs.score[:, 0]",
         ),
         RewardModelSpec(
             "nicolinho/QRM-Gemma-2-27B", reader="gated", output="score", trust_remote_code=True,
-            gating_pattern=GEMMA_MODEL_TURN, family="Gemma 2",
+            gating_pattern=GEMMA_MODEL_TURN, input_source=TEMPLATE_IDS_CARD.format("nicolinho/QRM-Gemma-2-27B", "the score output.score"), family="Gemma 2",
             notes="as QRM-Llama3.1-8B with the Gemma turn pattern; assumed from the Llama variant's published code, "
                   "which is why every sweep re-checks the reader against the model's own forward",
         ),
@@ -223,7 +239,8 @@ REGISTRY: dict[str, RewardModelSpec] = {
                   "against, so candidates go through the model's own forward (outputs.logits[:, 0])",
         ),
         # RewardBench 2's leaders (2025): plain sequence classifiers on Llama 3.x and Qwen3
-        *[RewardModelSpec(f"Skywork/Skywork-Reward-V2-{name}", family=fam, notes=f"{arch}ForSequenceClassification")
+        *[RewardModelSpec(f"Skywork/Skywork-Reward-V2-{name}", family=fam, notes=f"{arch}ForSequenceClassification",
+                          input_source=SKYWORK_V2_INPUT)
           for name, fam, arch in (("Llama-3.1-8B", "Llama 3.1", "Llama"), ("Llama-3.1-8B-40M", "Llama 3.1", "Llama"),
                                   ("Llama-3.2-3B", "Llama 3.2", "Llama"), ("Llama-3.2-1B", "Llama 3.2", "Llama"),
                                   ("Qwen3-8B", "Qwen3", "Qwen3"), ("Qwen3-4B", "Qwen3", "Qwen3"),
@@ -236,6 +253,9 @@ REGISTRY: dict[str, RewardModelSpec] = {
                             ("GRM-llama3.2-3B-sftreg", "Llama 3.2"), ("GRM-Gemma-2B-sftreg", "Gemma"),
                             ("GRM-Gemma2-2B-sftreg", "Gemma 2"))],
         RewardModelSpec("infly/INF-ORM-Llama3.1-70B", reader="module", layout="inform", family="Llama 3.1",
+                        input_source=TEMPLATE_IDS_CARD.format(
+                            "infly/INF-ORM-Llama3.1-70B; its usage block as its users copy it, the stored card being "
+                            "cut before it", "the score logits[0][0] before the first pad"),
                         notes="INFORMForSequenceClassification: Linear-ReLU-Linear score head before the first pad"),
         RewardModelSpec("openbmb/UltraRM-13b", reader="module", layout="ultrarm", chat_template="ultrarm-card",
                         rewardbench_chat_template="openbmb", rewardbench_pipeline="OpenBMBPipeline",
@@ -261,6 +281,9 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                 + ("; a cost: negated, as RewardBench's BeaverCostPipeline does" if kind == "cost" else ""))
           for v in ("v1.0", "v2.0") for kind in ("reward", "cost")],
         RewardModelSpec("ShikaiChen/LDL-Reward-Gemma-2-27B-v0.1", reader="module", layout="ldl", family="Gemma 2",
+                        input_source=TEMPLATE_IDS_CARD.format(
+                            "not readable offline past its model loading; its Lenovo v2 server script and RewardBench's "
+                            "LDLPipeline, which masks a doubled BOS, give these ids", "the score .score"),
                         rewardbench_pipeline="LDLPipeline",
                         notes="LDLRewardModel27B: 10-bin distributions per objective, gated, expectation on [0, 1]; "
                               "heads in regression_layer.pt and gating_layer.pt"),

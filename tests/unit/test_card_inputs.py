@@ -205,7 +205,15 @@ def _skywork_v2(tok, conv, **kw):
     return tok(text, return_tensors="pt")["input_ids"][0].tolist()
 
 
+def _skywork_v1(tok, conv, **kw):
+    """Skywork-Reward v0.1's card: ``rm_tokenizer(rm_tokenizer.apply_chat_template(conv, tokenize=False))``, on its
+    checkpoints' templates, from which Skywork "removed the BOS token ... to prevent it being added twice"."""
+    return tok(tok.apply_chat_template(conv, tokenize=False, **kw), return_tensors="pt")["input_ids"][0].tolist()
+
+
 CHAT_CARDS = {
+    "Skywork/Skywork-Reward-Gemma-2-27B": ("gemma2-nobos", _skywork_v1),
+    "Skywork/Skywork-Reward-Llama-3.1-8B": ("llama3.1-nobos", _skywork_v1),
     "Skywork/Skywork-Reward-Gemma-2-27B-v0.2": ("gemma2", _template_ids),
     "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2": ("llama3.1", _template_ids),
     "Ray2333/GRM-Llama3-8B-rewardmodel-ft": ("llama3", _encode_plus_text),
@@ -229,7 +237,18 @@ CHAT_RESPONSES = ["Love", " leading space", "cafÃ© au lait", "line\nbreak", "ðŸŽ
 @pytest.fixture(scope="module")
 def chat_folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("chatcards")
-    return {fam: real_tokenizers.build(fam, root / fam) for fam in {f for f, _ in CHAT_CARDS.values()}}
+    out = {}
+    for fam in {f for f, _ in CHAT_CARDS.values()}:
+        base = fam.removesuffix("-nobos")
+        out[fam] = real_tokenizers.build(base, root / fam)
+        if fam.endswith("-nobos"):  # Skywork v0.1's checkpoints: the family's template without its BOS
+            cfg = out[fam] / "tokenizer_config.json"
+            data = json.loads(cfg.read_text())
+            text = chat_template_text(base)
+            data["chat_template"] = text.replace("{{- bos_token }}", "", 1).replace("{{ bos_token }}", "", 1)
+            assert data["chat_template"] != text
+            cfg.write_text(json.dumps(data))
+    return out
 
 
 @pytest.mark.parametrize("spec_name", list(CHAT_CARDS))
@@ -254,7 +273,9 @@ def test_chat_families_read_their_model_cards_ids(chat_folders, spec_name):
     # folder's post-processor adds none: Meta-Llama-3's first tokenizer.json)
     adds = tok("a")["input_ids"].count(tok.bos_token_id) if tok.bos_token_id is not None else 0
     n_bos = want.count(tok.bos_token_id) if tok.bos_token_id is not None else 0
-    assert n_bos == (0 if fam.startswith("qwen") else 1) + (adds if card in (_encode_plus_text, _tokenizer_text) else 0)
+    in_template = 0 if fam.startswith("qwen") or fam.endswith("-nobos") else 1
+    assert n_bos == in_template + (adds if card in (_encode_plus_text, _tokenizer_text, _skywork_v1) else 0) == (
+        1 if card is _skywork_v1 else n_bos)
     assert fam == "llama3" or fam.startswith("qwen") or adds == 1
 
 
