@@ -12,8 +12,9 @@ Where the template writes a space before the slot that the tokenizer joins to th
 suffix``. Where the template writes no space before the slot and a SentencePiece tokenizer encodes the response
 glued to the text before it ("ASSISTANT:Love", "Assistant:Love": the piece ``Love``, not ``▁Love``), the slot holds
 the glued pieces (``leading_space`` "glued") and is verified on raw pieces, ``▁`` read as a space: the rendering
-of the piece's text must be ``prefix + [id] + suffix``. A builder with its own ``render_ids`` (a pairwise model's input, probe/core/pairwise.py) is split the
-same way; a pairwise builder's second order (candidate and reference swapped) is split with it and registered.
+of the piece's text must be ``prefix + [id] + suffix``. A builder with its own ``render_ids`` (a pairwise model's
+input, probe/core/pairwise.py) is split the same way; a pairwise builder's second order (candidate and reference
+swapped) is split with it and registered.
 
 A sweep then scores ``prefix + [token_id] + suffix`` for raw ids, so leading spaces, special tokens and ids
 that do not survive a decode/encode round trip are scored as themselves. How the template treats whitespace
@@ -153,7 +154,8 @@ class TemplateSplit:
     suffix_ids: tuple[int, ...]
     prefix_text: str
     suffix_text: str
-    leading_space: str  # "kept" | "stripped" | "changed" | "joined" | "glued": what the template does to a response's leading space;
+    leading_space: str  # "kept" | "stripped" | "changed": what the template does to a response's leading space;
+    # "glued": no space before the slot, SentencePiece glues the response to the text before it (the piece 'Love');
     # "joined": the template writes a space before the response that the tokenizer joins to its first word, so a
     # candidate id stands in place of both (' Love' is the response 'Love'; an id without a space is glued on)
     trailing_space: str
@@ -434,8 +436,8 @@ def split_template(
                 f"rendered as ids {middle}"
             )
     prefix, suffix = tuple(rendered[0][:n_pre]), tuple(rendered[0][len(rendered[0]) - n_suf :])
-    lead = "joined" if joined else "glued" if glued else _space_treatment(tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0],
-                                                     side="lead")
+    lead = "joined" if joined else "glued" if glued else _space_treatment(
+        tokenizer, build, split_ids=(prefix, suffix), word=probes[0][0], side="lead")
     split = TemplateSplit(
         prefix_ids=prefix,
         suffix_ids=suffix,

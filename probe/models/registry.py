@@ -215,20 +215,23 @@ REGISTRY: dict[str, RewardModelSpec] = {
                         notes="Gemma2ForSequenceClassification"),
         RewardModelSpec(
             "RLHFlow/ArmoRM-Llama3-8B-v0.1", reader="gated", output="score", trust_remote_code=True,
-            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, input_source=TEMPLATE_IDS_CARD.format("RLHFlow/ArmoRM-Llama3-8B-v0.1", "the score output.score"), family="Llama 3",
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3",
+            input_source=TEMPLATE_IDS_CARD.format("RLHFlow/ArmoRM-Llama3-8B-v0.1", "the score output.score"),
             rewardbench_pipeline="ArmoRMPipeline",
             notes="LlamaForRewardModelWithGating: score = sum(gating(h[gate]) * (regression(h[last]) @ T)); "
                   "19 objectives; the gate reads the first token of the last assistant header.",
         ),
         RewardModelSpec(
             "nicolinho/QRM-Llama3.1-8B", reader="gated", output="score", trust_remote_code=True,
-            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, input_source=TEMPLATE_IDS_CARD.format("nicolinho/QRM-Llama3.1-8B", "the score output.score"), family="Llama 3.1",
+            gating_pattern=LLAMA3_ASSISTANT_HEADER, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1",
+            input_source=TEMPLATE_IDS_CARD.format("nicolinho/QRM-Llama3.1-8B", "the score output.score"),
             notes="quantile regression head (num_objectives x num_quantiles), averaged over quantiles, then gated "
                   "as ArmoRM; score is outputs.score[:, 0]",
         ),
         RewardModelSpec(
             "nicolinho/QRM-Gemma-2-27B", reader="gated", output="score", trust_remote_code=True,
-            gating_pattern=GEMMA_MODEL_TURN, input_source=TEMPLATE_IDS_CARD.format("nicolinho/QRM-Gemma-2-27B", "the score output.score"), family="Gemma 2",
+            gating_pattern=GEMMA_MODEL_TURN, family="Gemma 2",
+            input_source=TEMPLATE_IDS_CARD.format("nicolinho/QRM-Gemma-2-27B", "the score output.score"),
             notes="as QRM-Llama3.1-8B with the Gemma turn pattern; assumed from the Llama variant's published code, "
                   "which is why every sweep re-checks the reader against the model's own forward",
         ),
