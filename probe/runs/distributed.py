@@ -43,6 +43,18 @@ class Dist:
         return shard % self.world == self.rank
 
 
+def deal(costs: list[float], world: int) -> list[list[int]]:
+    """Work items (by index, with their estimated costs) dealt to ``world`` ranks, the costliest first, each to the
+    rank with the least work so far (ties: the lowest rank); each rank's share in index order. Deterministic: every
+    rank computes the same deal."""
+    load, share = [0.0] * world, [[] for _ in range(world)]
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        load[r] += costs[i]
+        share[r].append(i)
+    return [sorted(s) for s in share]
+
+
 def uses_cuda(requested: str) -> bool:
     """Whether ``--device`` puts the ranks on CUDA."""
     import torch  # here, not at import: `probe social --help` imports this module and must not load torch

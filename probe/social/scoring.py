@@ -23,7 +23,7 @@ from probe.models.loading import LoadedModel
 from probe.social.items import Item
 from probe.core.template import TemplateSplit, render, split_template
 from probe.errors import ProbeError
-from probe.runs.distributed import Dist, broadcast, gather
+from probe.runs.distributed import Dist, broadcast, deal, gather
 from probe.runs.rundir import RunDir
 
 
@@ -73,9 +73,9 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
     Each prefix's rows, sorted by length, are cut into chunks of 256 (padded to their longest, then scored in
     batches); the first two rows of the first chunks are self-checked. With ``keep`` the finished chunks are kept in
     the run folder as they finish (every `FLUSH_ROWS` rows of a process) and the chunks kept there are not scored
-    again. Under torchrun (``dist``) the chunks left to score are dealt round robin (every batch
-    is the one a single process scores); rank 0 gathers the scores and returns the table (the other ranks return
-    None)."""
+    again. Under torchrun (``dist``) the chunks left to score are dealt to the ranks by their cost (`deal`: rows
+    x padded length, costliest first; every batch is the one a single process scores); rank 0 gathers the scores
+    and returns the table (the other ranks return None)."""
     groups, scored = _groups(loaded, mode, items, opts, system)
     chunks = [(prefix, rows[s : s + 256]) for prefix, all_rows in groups.items()
               for rows in [sorted(all_rows, key=lambda r: len(r[2]))]  # similar lengths together: less padding
@@ -90,7 +90,11 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
     pending: dict[int, np.ndarray] = {}
     batcher = AdaptiveBatcher(batch_size)
     built = None
-    for c in left[dist.rank :: dist.world]:
+    # dealt by cost (rows x their padded length, the longest chunks first), not round robin: a prefix's last, short
+    # chunk and a data set's long options no longer pile up on one rank; every batch is still a single process's
+    costs = [float(len(chunks[c][1]) * max(len(r[2]) for r in chunks[c][1])) for c in left]
+    mine = [left[k] for k in deal(costs, dist.world)[dist.rank]]
+    for c in mine:
         prefix, part = chunks[c]
         if built is None or built[0] != prefix:
             head = make_head(loaded, mode, opts, response_in_prefix=scored[prefix])

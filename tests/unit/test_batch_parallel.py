@@ -156,3 +156,19 @@ def test_job_size_is_rows_times_prompts(tmp_path):
             ScoreVocabConfig(prompt=("a",), responses=str(answers), limit=3), ScoreVocabConfig(prompt=("a",))]
     assert [job_size(j) for j in jobs] == [8, 10, 3, float("inf")]
     assert largest_first(jobs) == [3, 1, 0, 2]
+
+
+def test_deal_balances_costs_and_gives_every_item_once():
+    """`deal` (social chunks under torchrun): every item to exactly one rank, the same deal on every rank, and on a
+    skewed list the heaviest rank carries less than round robin gives it (one long chunk, many short ones)."""
+    from probe.runs.distributed import deal
+
+    costs = [100.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 60.0, 1.0, 1.0, 1.0]
+    for world in (1, 2, 3):
+        shares = deal(costs, world)
+        assert sorted(i for s in shares for i in s) == list(range(len(costs)))
+        assert all(s == sorted(s) for s in shares) and shares == deal(costs, world)
+    rr = max(sum(costs[i::2]) for i in range(2))
+    dealt = max(sum(costs[i] for i in s) for s in deal(costs, 2))
+    assert dealt < rr and dealt == 100.0
+    assert deal([], 2) == [[], []] and deal([5.0], 3) == [[0], [], []]
