@@ -106,7 +106,6 @@ PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline",)
 # where the checkpoint's tokenizer carries a chat template of its own, which the card does not call; -> the format
 # RewardBench's run script renders instead (None: the tokenizer's own template)
 CARD_DIALOGUES = {"ultrarm-card": "openbmb", "beaver-card": "pku-align", "ziya-card": "ziya", "eurus-card": None}
-CARD_TO_REWARDBENCH = {k: v for k, v in CARD_DIALOGUES.items() if v is not None}
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
@@ -140,14 +139,10 @@ class RewardModelSpec:
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
                 "format as its model card writes it (a CARD_DIALOGUES format replaces even a template the tokenizer "
-                "carries, which the card does not call); rewardbench_chat_template: RewardBench's"})
+                "carries, which the card does not call; RewardBench's own: rewardbench_chat_template)"})
     input_call: Literal["tokenizer(text)"] | None = field(default=None, metadata={
         "help": "'tokenizer(text)': the chat template's text is encoded by the tokenizer's own call (BOS and EOS as "
                 "it adds them: GRM's training code and cards); None: as the template says (probe/core/template.py)"})
-    rewardbench_chat_template: str | None = field(default=None, metadata={
-        "help": "the dialogue format RewardBench's run script renders for this family where its model card writes "
-                "another (a shipped template: RewardBench's fastchat string): --input-method rewardbench uses it for "
-                "a tokenizer without a chat template of its own; the default route uses chat_template (the card's)"})
     input_eos: bool = field(default=False, metadata={
         "help": "the model card's tokenizer call adds EOS after the text (Ziya's card: LlamaTokenizer.from_pretrained("
                 "..., add_eos_token=True)): the default route writes BOS (where add_bos_token), the text, EOS, as "
@@ -167,6 +162,13 @@ class RewardModelSpec:
     unsupported: str | None = field(default=None, metadata={
         "help": "why rm-probe refuses this model (one line, before anything loads); None for every model it reads"})
     notes: str = field(default="", metadata={"help": "provenance of this entry"})
+
+    @property
+    def rewardbench_chat_template(self) -> str | None:
+        """The dialogue format RewardBench's run script renders for this family where its model card writes another
+        (`CARD_DIALOGUES`): --input-method rewardbench uses it for a tokenizer without a chat template of its own;
+        None: the tokenizer's own template."""
+        return CARD_DIALOGUES.get(self.chat_template)
 
     def __post_init__(self) -> None:
         if self.reader == "gated" and not self.gating_pattern:
@@ -261,7 +263,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
                             "cut before it", "the score logits[0][0] before the first pad"),
                         notes="INFORMForSequenceClassification: Linear-ReLU-Linear score head before the first pad"),
         RewardModelSpec("openbmb/UltraRM-13b", reader="module", layout="ultrarm", chat_template="ultrarm-card",
-                        rewardbench_chat_template="openbmb", rewardbench_pipeline="OpenBMBPipeline",
+                        rewardbench_pipeline="OpenBMBPipeline",
                         input_source=ULTRARM_INPUT, family="Llama 2",
                         notes="LlamaRewardModel: regression_head on the last token; the card's dialogue "
                               "'Human: ...\\n\\nAssistant: ...'; RewardBench renders 'User: ...\\n\\nAssistant: "
@@ -277,7 +279,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
                               "RewardBench renders Yi-34B-Chat's ChatML"),
         *[RewardModelSpec(f"PKU-Alignment/beaver-7b-{v}-{kind}", reader="module", layout="beaver",
                           sign=-1.0 if kind == "cost" else 1.0, chat_template="beaver-card",
-                          rewardbench_chat_template="pku-align", family="Llama 2",
+                          family="Llama 2",
                           rewardbench_pipeline="BeaverCostPipeline" if kind == "cost" else "BeaverPipeline",
                           input_source=BEAVER_INPUT,
                           notes="LlamaForScore: end score of score_head (normalised as the config says)"
@@ -326,7 +328,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                 "template (RewardBench's InternLMPipeline, the model's get_score); own forward")
           for name in ("internlm/internlm2-7b-reward", "internlm/internlm2-1_8b-reward", "internlm/internlm2-20b-reward",
                        "InternLM2ForRewardModel")],
-        RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya-card", rewardbench_chat_template="ziya",
+        RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya-card",
                         input_eos=True, dtype="float16", family="Llama", rewardbench_pipeline="ZiyaPipeline",
                         input_source=ZIYA_INPUT,
                         notes="LlamaForSequenceClassification in float16 (as its card and RewardBench run it); the "
@@ -371,7 +373,6 @@ REGISTRY: dict[str, RewardModelSpec] = {
         *[RewardModelSpec(cls, reader="module", layout=layout, chat_template=template,
                           input_source=GRM_INPUT if layout == "grm" else CHAT_TEMPLATE_INPUT if template is None
                           else ULTRARM_INPUT if layout == "ultrarm" else BEAVER_INPUT,
-                          rewardbench_chat_template=CARD_TO_REWARDBENCH.get(template),
                           input_call="tokenizer(text)" if layout == "grm" else None,
                           rewardbench_pipeline=PIPELINE_OF_LAYOUT[layout],
                           notes=f"{cls}: RewardBench's class, by architecture")
