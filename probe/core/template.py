@@ -346,9 +346,12 @@ def rewardbench_call_ids(tokenizer, pipeline: str) -> CallIds:
     for a tokenizer without a chat template of its own (here: a shipped dialogue format) its run script first sets
     ``add_eos_token = True``, which under its transformers 4.51 gave a Llama or Gemma tokenizer BOS (where
     ``add_bos_token``), the text and EOS (`EOS_REBUILT`; other classes and the encoders' pipeline: unchanged);
-    `DOUBLE_BOS_MASKED` pipelines mask a doubled leading BOS."""
-    from probe.models.registry import DOUBLE_BOS_MASKED
+    `DOUBLE_BOS_MASKED` pipelines mask a doubled leading BOS; `PIPELINES_WITHOUT_SPECIAL_TOKENS` encode the text
+    without the tokenizer's special tokens (InternLMPipeline: the template's own ids)."""
+    from probe.models.registry import DOUBLE_BOS_MASKED, PIPELINES_WITHOUT_SPECIAL_TOKENS
 
+    if pipeline in PIPELINES_WITHOUT_SPECIAL_TOKENS:
+        return CallIds([], [])
     if _marked(tokenizer) and pipeline not in ADD_EOS_IGNORED and tokenizer_class(tokenizer) in EOS_REBUILT:
         return add_eos_call_ids(tokenizer, tokenizer.bos_token_id if pipeline in DOUBLE_BOS_MASKED else None)
     return CallIds(*call_special_tokens(tokenizer), tokenizer.bos_token_id if pipeline in DOUBLE_BOS_MASKED else None)

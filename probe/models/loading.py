@@ -20,8 +20,8 @@ from probe.models.chat_templates import chat_template_text, resolve_chat_templat
 from probe.models.embedded import model_id_for, packaged, packaged_dir
 if TYPE_CHECKING:
     from probe.core.pairwise import Pairwise
-from probe.models.registry import (CARD_DIALOGUES, ENCODER_TYPES, PIPELINES_WITHOUT_SPECIAL_TOKENS, REGISTRY, REWARDBENCH_RAW_INPUT, RewardModelSpec, encoder_spec, lookup,
-                                   structural_spec)
+from probe.models.registry import (CARD_DIALOGUES, ENCODER_TYPES, REGISTRY, REWARDBENCH_RAW_INPUT, RewardModelSpec,
+                                   encoder_spec, lookup, structural_spec)
 
 log = logging.getLogger(__name__)
 
@@ -439,10 +439,7 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
         tokenizer.rm_probe_input_call = REWARDBENCH_DPO
         return
     route = input_method == "rewardbench" and rewardbench_differs(spec)
-    if route and spec.rewardbench_pipeline in PIPELINES_WITHOUT_SPECIAL_TOKENS:  # the template's own ids
-        tokenizer.rm_probe_input_call = "chat_template"
-        route = False
-    elif route:
+    if route:
         tokenizer.rm_probe_input_call = "rewardbench"
     elif spec.input_ends_at is not None and kind == "reward":  # the card's input stops there (registry)
         tokenizer.rm_probe_ends_at = tokenizer.encode(spec.input_ends_at, add_special_tokens=False)

@@ -100,7 +100,7 @@ def judge_rows(meta: dict) -> list[tuple[str, str]]:
 def input_words(meta: dict) -> str:
     """The ids the model was given: its family's own input, RewardBench's (``--input-method rewardbench``) or the
     paper's re-tokenized text (``--input-method paper``)."""
-    from probe.models.registry import DOUBLE_BOS_MASKED
+    from probe.models.registry import DOUBLE_BOS_MASKED, PIPELINES_WITHOUT_SPECIAL_TOKENS
 
     model = meta.get("model") or {}
     # the family's own convention: its registry spec's (a run's input.convention names the route it took)
@@ -109,6 +109,10 @@ def input_words(meta: dict) -> str:
     method = (meta.get("settings") or {}).get("input_method", "ids")
     if call == "rewardbench":
         pipe = (model.get("spec") or {}).get("rewardbench_pipeline", "its pipeline")
+        if pipe in PIPELINES_WITHOUT_SPECIAL_TOKENS:
+            return (f"RewardBench 0.1.4's inputs (--input-method rewardbench), not the family's own: {pipe} encodes "
+                    "the chat template's text without the tokenizer's special tokens (the template's own ids, one "
+                    f"BOS where the template writes one). The family's own: {own}")
         bos = "masks the first of the two (dropped here)" if pipe in DOUBLE_BOS_MASKED else "feeds both"
         return (f"RewardBench 0.1.4's inputs (--input-method rewardbench), not the family's own: {pipe} encodes the "
                 "chat template's text with tokenizer(text), which doubles BOS where the template writes one and the "

@@ -57,17 +57,19 @@ def input_convention(loaded) -> str:
     """Where this run's ids come from, in words: the family's own convention (registry ``input_source``) or, under
     ``--input-method rewardbench``, RewardBench 0.1.4's (its pipeline, or run_dpo.py for a language model)."""
     from probe.core.template import REWARDBENCH_DPO, input_call
-    from probe.models.registry import REWARDBENCH_DPO_INPUT
+    from probe.models.registry import PIPELINES_WITHOUT_SPECIAL_TOKENS, REWARDBENCH_DPO_INPUT
 
     call = input_call(loaded.tokenizer)
     if call == REWARDBENCH_DPO:
         return REWARDBENCH_DPO_INPUT
     if call == "rewardbench" or (getattr(loaded, "pairwise", None) is not None
                                  and getattr(loaded.tokenizer, "rm_probe_input_call", None) == "rewardbench"):
-        return (f"RewardBench 0.1.4's inputs (--input-method rewardbench): {loaded.spec.rewardbench_pipeline} on the "
-                "chat template's text through tokenizer(text), with run_rm.py's add_eos_token for a dialogue format as "
-                "transformers 4.51.0 applied it; not the family's own convention "
-                f"({loaded.spec.input_source})")
+        pipe = loaded.spec.rewardbench_pipeline
+        how = ("encoded without the tokenizer's special tokens" if pipe in PIPELINES_WITHOUT_SPECIAL_TOKENS else
+               "through tokenizer(text), with run_rm.py's add_eos_token for a dialogue format as transformers 4.51.0 "
+               "applied it")
+        return (f"RewardBench 0.1.4's inputs (--input-method rewardbench): {pipe} on the chat template's text {how}; "
+                f"not the family's own convention ({loaded.spec.input_source})")
     return loaded.spec.input_source
 
 

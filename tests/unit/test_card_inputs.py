@@ -394,6 +394,17 @@ def test_internlm2_reads_its_cards_get_score_and_rewardbench_on_its_route(tmp_pa
     scores = {route: probe.score_responses(lm, None, PROMPT, CHAT_RESPONSES)["score"].to_numpy()
               for route, lm in lms.items()}  # each self-checked against the model's own forward
     assert abs(scores["ids"] - scores["rewardbench"]).max() > 1e-4
+    # what meta.json and the report say of each route: the route's own words, never "the family's own" for it
+    from probe.report.audit import input_words
+    from probe.runs.meta import model_record
+
+    records = {route: model_record(lm) for route, lm in lms.items()}
+    assert records["ids"]["input"]["convention"] == REGISTRY["InternLM2ForRewardModel"].input_source
+    rb = records["rewardbench"]["input"]
+    assert rb["call"] == "rewardbench" and "InternLMPipeline" in rb["convention"]
+    assert "without the tokenizer's special tokens" in rb["convention"] and "add_eos_token" not in rb["convention"]
+    words = input_words({"model": records["rewardbench"], "settings": {"input_method": "rewardbench"}})
+    assert "without the tokenizer's special tokens" in words and "its own:" not in words.split(". The")[0]
 
 
 @pytest.mark.parametrize("spec_name", ["Ray2333/GRM-Llama3.2-3B-rewardmodel-ft", "LxzGordon/URM-LLaMa-3.1-8B"])
