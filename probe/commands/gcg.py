@@ -47,13 +47,7 @@ def main_from_args(ns: argparse.Namespace) -> int:
     writable_dir(config.output, "--output")
     experiment = "beam" if config.beam else f"gcg_{config.direction}"
     check_resume_target(config.resume, experiment)
-    if config.allow_random_head:
-        import torch
-
-        # a randomly initialised head is drawn from --seed (recorded in the settings), as probe social draws
-        # it and probe trace --gcg draws it again: the null model, and so the run, is reproducible
-        torch.manual_seed(config.seed)
-    loaded = load_for(config)
+    loaded = load_for(config)  # a random head (--allow-random-head) is drawn from --seed (load_for_config)
     settings = _settings(config, loaded)
 
     run_dir, meta = open_or_resume(config.output, loaded.model_id, experiment, settings, config.resume,

@@ -183,15 +183,11 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     rm = model.get("rm")
     mcfg = _model_config(cfg, model)
     mode = mcfg.mode(rm)
-    if mcfg.allow_random_head:
-        import torch
-
-        torch.manual_seed(cfg.seed)  # a randomly initialised head is drawn from --seed: the null model is reproducible
     from probe.models.loading import load_for_config, weights_identity
     from probe.runs.meta import reference_settings, score_label
     from probe.social.scoring import ChunkFiles, score_items
 
-    loaded = load_for_config(mcfg, model_kind(mode), rm=rm)
+    loaded = load_for_config(mcfg, model_kind(mode), rm=rm)  # a random head: drawn from --seed
     if dist.main:
         print(f"rm-probe social: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]",
               file=sys.stderr)
