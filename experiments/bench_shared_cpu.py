@@ -19,8 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from probe.social.dataroot import social_data_root
+
 RESULTS = Path(__file__).resolve().parent / "results"
-SOCIAL = Path(os.environ.get("RM_PROBE_SOCIAL_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data" / "social")
+SOCIAL = social_data_root()  # $RM_PROBE_SOCIAL_DATA, else ../shared/data/social beside the checkout
 SETTINGS = {"before (GNU OpenMP's default spin)": {"GOMP_SPINCOUNT": "300000"}, "after (probe/runs/cpu.py)": {}}
 
 

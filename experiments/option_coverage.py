@@ -211,7 +211,9 @@ def collect_columns(tmp: Path) -> dict[str, dict[str, list[str]]]:
     prompt, common = "What, in one word, is the greatest thing ever?", ["--device", "cpu", "--no-progress"]
     (tmp / "r.txt").write_text("Love\nWar\nThe sea\nGold\n")
     (tmp / "s.yaml").write_text("pirate: You are a pirate.\nplain:\n")
-    social_data = ROOT.parent / "shared" / "data" / "social"
+    from probe.social.dataroot import social_data_root
+
+    social_data = social_data_root()
     runs = {
         "probe score": (score, ["--rm", models["lm"], "--score", "logprob", "--prompt", prompt, "--limit", "40"]),
         "probe score --responses": (score, ["--rm", models["rm"], "--allow-random-head", "--responses",
