@@ -436,3 +436,36 @@ def test_the_glued_slot_is_not_found_on_a_byte_level_tokenizer(chat_folders):
     tok.chat_template = chat_template_text("beaver-card")
     split = split_template(tok, response_conversation(PROMPT), n_verify=0, own_tokens=False)
     assert split.leading_space not in ("glued", "joined")
+
+
+# the registry's other sizes and versions of a family tested above: the same card, so the same input convention
+SIBLINGS = {
+    "Skywork/Skywork-Reward-V2-Llama-3.1-8B": ["Skywork/Skywork-Reward-V2-Llama-3.1-8B-40M",
+                                               "Skywork/Skywork-Reward-V2-Llama-3.2-3B"],
+    "Skywork/Skywork-Reward-V2-Qwen3-8B": ["Skywork/Skywork-Reward-V2-Qwen3-4B", "Skywork/Skywork-Reward-V2-Qwen3-1.7B",
+                                           "Skywork/Skywork-Reward-V2-Qwen3-0.6B"],
+    "Ray2333/GRM-llama3-8B-sftreg": ["Ray2333/GRM-llama3-8B-distill", "Ray2333/GRM-llama3.2-3B-sftreg",
+                                     "Ray2333/GRM-Gemma-2B-sftreg"],
+    "PKU-Alignment/beaver-7b-v1.0-reward": ["PKU-Alignment/beaver-7b-v2.0-reward"],
+    "InternLM2ForRewardModel": ["internlm/internlm2-7b-reward", "internlm/internlm2-1_8b-reward",
+                                "internlm/internlm2-20b-reward"],
+    "nicolinho/QRM-Llama3.1-8B": ["LlamaForRewardModelWithGating3"],
+    "DebertaV2PairRM": ["llm-blender/PairRM-hf"],
+    "OpenAssistant/reward-model-deberta-v3-large-v2": ["OpenAssistant/reward-model-deberta-v3-large",
+                                                       "OpenAssistant/reward-model-deberta-v3-base",
+                                                       "OpenAssistant/reward-model-electra-large-discriminator"],
+}
+
+
+@pytest.mark.parametrize("tested", list(SIBLINGS))
+def test_every_registry_size_and_version_reads_its_tested_siblings_input(tested):
+    """Each registry entry not tested on its own card above is a size or version of one that is: its input is that
+    one's (template, call, EOS, cut, RewardBench's pipeline and format); its source names the same card."""
+    def convention(s):
+        return (s.chat_template, s.rewardbench_chat_template, s.input_call, s.input_eos, s.input_ends_at,
+                s.rewardbench_pipeline, s.append_token)
+
+    for name in SIBLINGS[tested]:
+        assert convention(REGISTRY[name]) == convention(REGISTRY[tested]), name
+        if name != "LlamaForRewardModelWithGating3":  # a class found by architecture names no card of its own
+            assert REGISTRY[name].input_source == REGISTRY[tested].input_source, name
