@@ -11,6 +11,10 @@ run against the matmul rate measured in this run (bf16 8192^3 on a GPU; float32 
   floor is the FLOPs of the new tokens (2 x non-embedding parameters x tokens per row, and the head) over the
   matmul rate; the plan's bytes per row against ``torch.cuda.max_memory_allocated``, and the largest batch that
   ran (doubling from the plan's until the allocator refuses).
+  Batch invariance: the first 4,096 ids of the vocabulary scored again on each path at the batch that ran, a quarter
+  and a sixteenth of it and an odd size (1,024 ids on the uncached path at full size, whose rows cost the whole
+  prompt each): the largest score difference against the batch that ran, how many of those ids change rank, and
+  whether the best and worst 20 change (RewardBench's users see scores move with the batch size: its issue #137).
 * ``ref``: the same sweep with a ``--ref`` reference model (two models per row).
 * ``gcg``: one GCG step at search width 512 (gradient, sampling, scoring the candidates), against the same step
   with the plain full-sequence forward.
@@ -123,6 +127,47 @@ def largest_batch(scorer, rows: torch.Tensor, start: int, device, cap: int = 163
     return ok
 
 
+INVARIANCE_IDS = 4096
+TOP = 20
+
+
+def invariance_batches(ran: int, n: int) -> list[int]:
+    """The batch sizes a batch-invariance check compares: the batch that ran (at most ``n``), a quarter and a
+    sixteenth of it, and an odd size (a third of it, made odd: its last batch is a remainder), largest first."""
+    base = max(1, min(ran, n))
+    return sorted({base, max(1, base // 4), max(1, base // 16), max(3, base // 3) | 1}, reverse=True)
+
+
+def batch_invariance(score, rows: torch.Tensor, batches: list[int]) -> dict:
+    """``rows`` scored by ``score`` (one call per batch, no halving) at each size in ``batches``, each against the
+    first: the largest absolute score difference, how many rows change rank (ranks as a sweep ranks: ``min`` on
+    ties, best first), whether the best and worst ``TOP`` rows (ids, in order) are the same, and whether the scores
+    are bitwise equal."""
+    from scipy.stats import rankdata
+
+    def at(batch: int) -> np.ndarray:
+        parts = [score(rows[i : i + batch]).float().cpu() for i in range(0, rows.shape[0], batch)]
+        return torch.cat(parts).numpy().astype(np.float64)
+
+    base = at(batches[0])
+    base_rank = rankdata(-base, method="min")
+    order = np.argsort(-base, kind="stable")
+    out = {"rows": int(rows.shape[0]), "base_batch": batches[0], "against": []}
+    for batch in batches[1:]:
+        s = at(batch)
+        o = np.argsort(-s, kind="stable")
+        out["against"].append({
+            "batch": batch, "max_abs_diff": float(np.max(np.abs(s - base))),
+            "rank_changes": int(np.sum(rankdata(-s, method="min") != base_rank)),
+            "top_same": bool(np.array_equal(o[:TOP], order[:TOP])),
+            "bottom_same": bool(np.array_equal(o[-TOP:], order[-TOP:])),
+            "bitwise": bool(np.array_equal(s, base))})
+    out["max_abs_diff"] = max((a["max_abs_diff"] for a in out["against"]), default=0.0)
+    out["rank_changes"] = max((a["rank_changes"] for a in out["against"]), default=0)
+    out["bitwise"] = all(a["bitwise"] for a in out["against"])
+    return out
+
+
 PLAN_PATH = {"shared": "shared", "cache": "cache", "uncached": "full"}  # this benchmark's path -> the plan's
 
 
@@ -182,6 +227,10 @@ def bench_sweep(shape: str, device, dtype, small: bool, rate: float, timed: dict
             entry["measured_bytes_per_row"] = (entry["max_memory_allocated"] - weights - fixed) / ran
             if path == "shared":
                 entry["largest_batch_that_ran"] = largest_batch(scorer, rows, ran, device)
+        ids = INVARIANCE_IDS if path != "uncached" or small else INVARIANCE_IDS // 4
+        entry["batch_invariance"] = batch_invariance(scorer.score, rows[:ids], invariance_batches(ran, ids))
+        say(f"sweep {shape} {path}: batch invariance over {ids} ids, largest difference "
+            f"{entry['batch_invariance']['max_abs_diff']:.3g}, {entry['batch_invariance']['rank_changes']} rank changes")
         out["paths"][path] = entry
         say(f"sweep {shape} {path}: {seconds:.2f} s ({100 * floor / seconds:.1f}% of the floor {floor:.2f} s), "
             f"batch {ran}")

@@ -314,6 +314,23 @@ def _f(x, fmt: str = ".3g") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _invariance(sweeps: dict) -> list[str]:
+    """The batch-invariance table: per shape and path, the same ids at the batch that ran and at three other sizes."""
+    rows = [(shape, path, p["batch_invariance"]) for shape, s in sweeps.items() for path, p in s["paths"].items()
+            if "batch_invariance" in p]
+    if not rows:
+        return []
+    lines = ["**Batch invariance** (the same ids scored at the batch that ran and at three other sizes, each against "
+             "the first):", "", "| shape | path | ids | batches | largest difference | ids that change rank | best 20 "
+             "the same | worst 20 the same | bitwise |", "|---|---|---|---|---|---|---|---|---|"]
+    for shape, path, x in rows:
+        batches = ", ".join(str(a["batch"]) for a in x["against"])
+        lines.append(f"| {shape} | {path} | {x['rows']:,} | {x['base_batch']} vs {batches} | {x['max_abs_diff']:.3g} | "
+                     f"{x['rank_changes']} | {all(a['top_same'] for a in x['against'])} | "
+                     f"{all(a['bottom_same'] for a in x['against'])} | {x['bitwise']} |")
+    return lines + [""]
+
+
 def markdown(r: dict) -> str:
     env, t, b = r["environment"], r["tests"], r["bench"]
     res = b.get("results", {})
@@ -353,6 +370,8 @@ def markdown(r: dict) -> str:
                   + ". Shared prefix against the uncached (paper's) method: " + ", ".join(
                       f"{k} {v['speedup_shared_vs_uncached']:.1f}x" for k, v in res["sweep"].items()
                       if "speedup_shared_vs_uncached" in v) + ".", ""]
+    if "sweep" in res:
+        lines += _invariance(res["sweep"])
     if "ref" in res:
         x = res["ref"]
         lines += [f"**--ref** ({x['shape']}, log-probabilities): {x['seconds_alone']:.2f} s alone, "
