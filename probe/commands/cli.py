@@ -120,7 +120,9 @@ def make_parser(argv: list[str] | None = None, prog: str = "probe") -> argparse.
     imported); the others are listed by name and help line, so ``probe --help`` imports no library code.
     ``argv`` None: every subcommand's full parser."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="probe --list-models: every reward-model family rm-probe reads (or refuses), "
+                                            "how it reads it, and where each family's input comes from")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name, (module, help_) in SUBCOMMANDS.items():
@@ -133,6 +135,14 @@ def make_parser(argv: list[str] | None = None, prog: str = "probe") -> argparse.
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--list-models"]:
+        from probe.commands.models import list_models
+
+        try:
+            list_models()
+        except BrokenPipeError:  # `probe --list-models | head`: the reader had enough
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (nothing more is written; the interpreter closes it)
+        return 0
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] and not sys.argv[0].endswith(".py") else "probe"
     return run_command(make_parser(argv, prog if prog in ("probe", "rm-probe") else "probe"), argv)
 
