@@ -360,12 +360,15 @@ def load_model(
     if label_index is not None:
         spec = replace(spec, label_index=label_index)
     pairwise = _pairwise(model_id, spec, kind, reference_response)
+    if input_method == "rewardbench" and pairwise is not None and pairwise.format == "polar":
+        raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline for {model_id} (POLAR); "
+                             "its card's own input is the default route")
     if input_method == "rewardbench" and kind == "reward" and spec.chat_template == "text-pair":
         # an encoder: run_rm.py's raw concatenation (a language model takes run_dpo.py's inputs: _set_input_call)
         spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
-    own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
+    own_format = pairwise is not None and pairwise.format in ("pairrm", "polar")  # PairRM's, POLAR's: not a chat
     family, replaces = family_template(spec, input_method) if kind == "reward" else (None, False)
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template, family,
                                need_template and not own_format, family_replaces=replaces)
@@ -472,9 +475,14 @@ def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_r
             raise ModelLoadError(f"--reference-response: {model_id} is not a pairwise preference model (spec "
                                  f"{spec.name!r}); it scores each response on its own")
         return None
+    if spec.pairwise == "polar" and reference_response is None:
+        raise ModelLoadError(f"{model_id} (POLAR) scores a response by how close it is to a reference response (its "
+                             "card's 'reference', a demonstration of the answer wanted), and its card suggests no "
+                             "default: pass --reference-response TEXT")
     found = Pairwise(spec.pairwise, DEFAULT_REFERENCE if reference_response is None else reference_response)
-    log.warning("%s is a pairwise preference model: every response is scored against the reference response %r in "
-                "both orders (%s)%s", model_id, found.reference, found.describe()["score"],
+    log.warning("%s is a pairwise preference model: every response is scored against the reference response %r%s "
+                "(%s)%s", model_id, found.reference, " in both orders" if found.two_orders else "",
+                found.describe()["score"],
                 "" if reference_response is not None else "; the default reference: pass --reference-response TEXT")
     return found
 
