@@ -180,7 +180,8 @@ def test_sweep_equals_the_cards_code_on_one_piece_responses(polar, polar_dir):
 
 
 def test_social_benchmark_on_polar(polar, polar_dir, tmp_path):
-    """`probe social` scores each option against the reference (recorded in the run) as the card's code does."""
+    """`probe social` scores each option against the reference (recorded in the run, named in the report) as the
+    card's code does."""
     import csv
 
     import polars as pl
@@ -201,6 +202,9 @@ def test_social_benchmark_on_polar(polar, polar_dir, tmp_path):
     (run,) = list((tmp_path / "out").glob("*/social_*"))
     meta = json.loads((run / "meta.json").read_text())
     assert meta["settings"]["reference_response"] == REFERENCE and meta["settings"]["pairwise"] == "polar"
+    from probe.report.audit import judge_rows
+
+    assert "in one order, the reference first" in dict(judge_rows(meta))["reference response"]  # the report's line
     scores = pl.read_parquet(run / "scores.parquet")
     want = card_rewards(polar_dir, [{"prompt": NEUTRAL_PROMPT, "reference": REFERENCE, "output": s}
                                     for s in sentences])
@@ -223,3 +227,8 @@ def test_bad_input_is_one_line_before_weights(polar_dir, monkeypatch):
     with pytest.raises(ProbeError, match="no pipeline for"):
         probe.load(str(polar_dir), device="cpu", trust_remote_code=True, reference_response=REFERENCE,
                    input_method="rewardbench")
+
+
+def test_gcg_is_refused_in_one_line(polar):
+    with pytest.raises(ProbeError, match="POLAR's is read through its remote class's own forward"):
+        probe.gcg(polar, None, PROMPT, length=2, steps=1)
