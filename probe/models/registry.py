@@ -396,7 +396,7 @@ REGISTRY: dict[str, RewardModelSpec] = {
         # attention mask covers). Checkpoints found by class (InternLM2ForRewardModel) read as InternLM2 reward.
         *[RewardModelSpec(f"internlm/POLAR-{size}", reader="pairwise", pairwise="polar", output="logits",
                           trust_remote_code=True, auto_class="AutoModel", family="InternLM2.5",
-                          input_source=(
+                          input_call="tokenizer(text)", input_source=(
                               "model card (internlm/POLAR-*, the GitHub README's 'Inference with transformers'): "
                               "RewardModelClient.encode -> tokenizer(texts, padding=True), model(**batch)[0]: prompt, "
                               "--reference-response and candidate each encoded with special tokens, cut (4,096 ids a "

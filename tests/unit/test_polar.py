@@ -202,6 +202,8 @@ def test_social_benchmark_on_polar(polar, polar_dir, tmp_path):
     (run,) = list((tmp_path / "out").glob("*/social_*"))
     meta = json.loads((run / "meta.json").read_text())
     assert meta["settings"]["reference_response"] == REFERENCE and meta["settings"]["pairwise"] == "polar"
+    assert meta["model"]["input"]["call"] == "tokenizer(text)" and "RewardModelClient" in meta["model"]["input"][
+        "convention"]
     from probe.report.audit import judge_rows
 
     assert "in one order, the reference first" in dict(judge_rows(meta))["reference response"]  # the report's line
