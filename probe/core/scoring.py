@@ -348,7 +348,8 @@ def scoring_path(loaded: LoadedModel, head: ScoreHead | None = None) -> str:
     """Which path `build_scorer` takes for this model, as the memory plan names it (probe/models/memory.py)."""
     from probe.kernels.prefix_attention import supported
 
-    if isinstance(head, OwnForwardHead) or (loaded.pairwise is not None and loaded.pairwise.format == "pairrm"):
+    if isinstance(head, OwnForwardHead) or (loaded.pairwise is not None
+                                             and loaded.pairwise.format in ("pairrm", "polar")):
         return "full"
     if loaded.kind == "reward" and loaded.spec.reader == "forward":
         return "full"
@@ -379,7 +380,7 @@ def batch_parts(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
     fused = not isinstance(head, LogprobHead) or head.fused
     parts: dict = {}
     models = [loaded] + ([loaded.ref] if loaded.ref is not None else [])
-    models += [loaded] if loaded.pairwise is not None else []
+    models += [loaded] if loaded.pairwise is not None and loaded.pairwise.two_orders else []
     for m in models:
         path = scoring_path(m, head if m is loaded else None)
         cost = row_cost(m.model.config, n_prefix, n_new, m.dtype, mode, path, fused)

@@ -234,3 +234,13 @@ def test_bad_input_is_one_line_before_weights(polar_dir, monkeypatch):
 def test_gcg_is_refused_in_one_line(polar):
     with pytest.raises(ProbeError, match="POLAR's is read through its remote class's own forward"):
         probe.gcg(polar, None, PROMPT, length=2, steps=1)
+
+
+def test_memory_plan_counts_one_full_sequence_model(polar):
+    """POLAR runs whole sequences through one model (no second order): the plan has one part on its device."""
+    from probe.core.scoring import batch_parts, make_head, scoring_path
+
+    head = make_head(polar, "reward")
+    assert scoring_path(polar) == scoring_path(polar, head) == "full"
+    parts = batch_parts(polar, 48, 3, "reward", head)
+    assert [len(v) for v in parts.values()] == [1]
