@@ -401,11 +401,13 @@ REGISTRY: dict[str, RewardModelSpec] = {
                               "RewardModelClient.encode -> tokenizer(texts, padding=True), model(**batch)[0]: prompt, "
                               "--reference-response and candidate each encoded with special tokens, cut (4,096 ids a "
                               "response), decoded without them; 'prompt\\nreference<|reward|>prompt\\ncandidate"
-                              "[UNUSED_TOKEN_130]' as plain text (no chat template; a --system text joined before the "
-                              "prompt with a newline, as the client joins the prompt's messages) through tokenizer(text): "
-                              "BOS as the tokenizer adds it, no EOS; the score outputs[0] at the last id"),
-                          notes="InternLM2ForRewardModel (remote, AutoModel): v_head at the closing [UNUSED_TOKEN_130]; "
-                                "one order, the reference first; own forward (its backbone is remote code)"
+                              "[UNUSED_TOKEN_130]' as plain text (no chat template; a --system text joined before "
+                              "the prompt with a newline, as the client joins the prompt's messages) through "
+                              "tokenizer(text): BOS as the tokenizer adds it, no EOS; the score outputs[0] at the last "
+                              "id"),
+                          notes="InternLM2ForRewardModel (remote, AutoModel): v_head at the closing "
+                                "[UNUSED_TOKEN_130]; one order, the reference first; own forward (its backbone is "
+                                "remote code)"
                                 + ("; the pre-trained-only checkpoint, read as the card reads the fine-tuned one"
                                    if size.endswith("-Base") else ""))
           for size in ("7B", "1_8B", "7B-Base", "1_8B-Base")],
