@@ -244,3 +244,24 @@ def test_memory_plan_counts_one_full_sequence_model(polar):
     assert scoring_path(polar) == scoring_path(polar, head) == "full"
     parts = batch_parts(polar, 48, 3, "reward", head)
     assert [len(v) for v in parts.values()] == [1]
+
+
+def test_long_inputs_are_cut_as_the_cards_client_cuts_them(polar_dir):
+    """A response over 4,096 ids is cut to its first 4,096 (BOS included), and a prompt longer than half of what the
+    responses leave of 16,380 ids to its last ids (the third case): the ids equal the card's encode, then
+    tokenizer(text)."""
+    from transformers import AutoTokenizer
+
+    from probe.core.pairwise import Pairwise, PairwiseConversation
+
+    tok = AutoTokenizer.from_pretrained(polar_dir)
+    words = [w for w in (Path(__file__).resolve().parents[1] / "testdata" / "top3000_en.txt").read_text().split()
+             if w.isalpha()]
+    long_response = " ".join(words[:2500] * 2)
+    long_prompt = "Summarise this. " + " ".join(words[500:3000] * 3) + " What is the capital of China?"
+    for prompt, response in ((PROMPT, long_response), (long_prompt, "Beijing."), (long_prompt, long_response)):
+        ours = PairwiseConversation(prompt, Pairwise("polar", REFERENCE)).render_ids(tok, response)
+        card = tok(card_encode(tok, prompt, REFERENCE, response))["input_ids"]
+        assert ours == card
+    room = (16384 - 4 - 4096 - len(tok.encode(REFERENCE))) // 2  # the client's prompt room beside a cut response
+    assert len(tok.encode(long_response)) > 4096 and len(tok.encode(long_prompt)) > room
