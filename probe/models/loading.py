@@ -381,6 +381,8 @@ def load_model(
     model = _from_pretrained(path, kind, spec, revision, trust_remote_code, torch_dtype,
                              dev if device_map is None else device_map, allow_random_head, config)
     _trained_attention(model, spec)
+    if pairwise is not None and pairwise.format == "polar":
+        check_polar_reward_token(model_id, tokenizer, model.config)
     if kind == "reward" and (found := structural_spec(model, spec)) is not None:
         log.warning("%s: no linear score head, but an ArmoRM/QRM-style regression layer and gating network: using "
                     "the gated reader (%s); every sweep re-checks it against the model's own forward",
@@ -398,6 +400,19 @@ def load_model(
     model.requires_grad_(False)
     source = pkg.source() if (pkg := packaged(ref)) is not None else None
     return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise)
+
+
+def check_polar_reward_token(model_id: str, tokenizer, config) -> None:
+    """POLAR's card writes its reward token as the text ``[UNUSED_TOKEN_130]`` and reads the score there; its training
+    appended the config's ``reward_token_id``. A tokenizer that does not encode that text as that one id would have
+    the score read elsewhere: refused in one line (nothing to check where the config names no reward token)."""
+    from probe.core.pairwise import POLAR_REWARD_TOKEN
+
+    want = getattr(config, "reward_token_id", None)
+    got = tokenizer.encode(POLAR_REWARD_TOKEN, add_special_tokens=False)
+    if want is not None and got != [want]:
+        raise ModelLoadError(f"{model_id}: its tokenizer encodes {POLAR_REWARD_TOKEN!r}, where POLAR's card reads the "
+                             f"score, as ids {got}, not as the config's reward_token_id {want}")
 
 
 def _trained_attention(model, spec: RewardModelSpec) -> None:

@@ -265,3 +265,15 @@ def test_long_inputs_are_cut_as_the_cards_client_cuts_them(polar_dir):
         assert ours == card
     room = (16384 - 4 - 4096 - len(tok.encode(REFERENCE))) // 2  # the client's prompt room beside a cut response
     assert len(tok.encode(long_response)) > 4096 and len(tok.encode(long_prompt)) > room
+
+
+def test_a_tokenizer_that_splits_the_reward_token_is_refused(polar):
+    """The card reads the score at its text '[UNUSED_TOKEN_130]', trained as the config's reward_token_id: a tokenizer
+    giving other ids is refused in one line; the tiny checkpoint's passes."""
+    from types import SimpleNamespace
+
+    from probe.models.loading import check_polar_reward_token
+
+    check_polar_reward_token("polar", polar.tokenizer, polar.model.config)
+    with pytest.raises(ProbeError, match="not as the config's reward_token_id 7"):
+        check_polar_reward_token("polar", polar.tokenizer, SimpleNamespace(reward_token_id=7))
