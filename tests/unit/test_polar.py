@@ -9,12 +9,14 @@ That code is written out below (`card_encode`, `card_rewards`) and run on the sa
 * the model: tests/remote_code/modeling_internlm2_polar.py (POLAR's ``InternLM2ForRewardModel`` read as xtuner's
   class reads it: ``v_head`` at the last id the attention mask covers; a Llama backbone stands in for InternLM2's
   remote one), config shrunk from InternLM2.5-1.8B's (hidden 2048, 16 heads / 8 key-value heads, MLP 4x, RMSNorm eps
-  1e-5, rope theta 1e6: its published config as InternVL2.5 embeds it; POLAR-1_8B's own is not readable offline),
+  1e-5: its published config as InternVL2.5 embeds it; POLAR-1_8B's own is not readable offline; its rope theta 1e6
+  is left at the default, whose spelling differs across transformers 5.x),
   saved as ``.../internlm/POLAR-1_8B`` with its remote code under ``auto_map`` AutoModel;
 * the tokenizer: InternLM2's own SentencePiece file is on no PyPI package; Mistral 7B v0.1's (mistral-common, the
-  same kind: SentencePiece BPE with byte fallback, ``<s>`` added, no EOS; ``legacy`` as InternLM2Tokenizer encodes
-  each piece of text between added tokens on its own) stands in, with ``<|reward|>`` and ``[UNUSED_TOKEN_130]``
-  added as the special tokens they are in POLAR's vocabulary, and InternLM2's pad ``</s>``.
+  same kind: SentencePiece BPE with byte fallback, ``<s>`` added, no EOS; ``legacy`` true: each run of text between
+  added tokens encoded on its own, as a slow SentencePiece tokenizer of InternLM2Tokenizer's kind does) stands in,
+  with ``<|reward|>`` and ``[UNUSED_TOKEN_130]`` added as one token each (the client counts "one <|reward|> token";
+  POLAR's fine-tuning configs name ``[UNUSED_TOKEN_130]`` id 92527 the reward token), and InternLM2's pad ``</s>``.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ def polar_dir(tmp_path_factory) -> Path:
     tok.pad_token = "</s>"
     tok.save_pretrained(folder)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=1e6,
+                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
                       max_position_embeddings=512, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
     cfg.reward_token_id = tok.convert_tokens_to_ids("[UNUSED_TOKEN_130]")
