@@ -111,7 +111,9 @@ class ModelOptions:
     beta: float = field(default=1.0, metadata={"help": "with --ref: the scale of the log-ratio (DPO's beta)"})
     reference_response: str | None = field(default=None, metadata={
         "help": "pairwise preference models (PairRM, RLHFlow's pair-preference LMs) and --score judge-pair: the "
-                "response every candidate is compared with, in both orders (default: \"I don't know.\"; recorded in the run)", "metavar": "TEXT"})
+                "response every candidate is compared with, in both orders (default: \"I don't know.\"; recorded in "
+                "the run); POLAR: the reference its card puts first, required (its card suggests no default)",
+        "metavar": "TEXT"})
 
     def check_reference(self) -> None:
         """--beta 0 and --beta without --ref are errors (one line, before anything loads)."""

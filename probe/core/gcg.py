@@ -291,8 +291,10 @@ def run(loaded: LoadedModel, config: GCGConfig, done: dict[int, GCGRun] | None =
     already finished (a resumed search); ``on_restart(k, run)`` is called after each new one."""
     opts = config.scoring_options()
     if loaded.pairwise is not None and config.mode == "reward":
+        why = ("a pairwise score takes two (both orders)" if loaded.pairwise.two_orders else
+               "POLAR's is read through its remote class's own forward only, which has no differentiable twin")
         raise ProbeError(f"{loaded.model_id} is a pairwise preference model: GCG's gradients need one sequence per "
-                         "candidate, and a pairwise score takes two (both orders); score responses with "
+                         f"candidate through a differentiable twin of the forward, and {why}; score responses with "
                          "--responses or a sweep instead")
     split = prompt_split(loaded, config.mode, config.prompt, config.system, opts, len(loaded.tokenizer))
     vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))

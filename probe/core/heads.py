@@ -428,12 +428,16 @@ class RatingHead(JudgeHead):
 class OwnForwardHead(ScoreHead):
     """For models with no cached reader: only the model's own forward, ``getattr(out, output)[:, label_index]``.
     ``pair_sep_id``: an encoder that reads a text pair ([CLS] prompt [SEP] response [SEP]) with segment ids, which
-    are given as the tokenizer gives them: 0 up to the first [SEP], 1 after it."""
+    are given as the tokenizer gives them: 0 up to the first [SEP], 1 after it. ``attention_mask``: pass the (all
+    ones: rows are never padded) mask the family's card passes, where its remote forward reads the score position
+    from it (POLAR's ``InternLM2ForRewardModel``: the last id the mask covers)."""
 
     name = "reward"
 
-    def __init__(self, output: str = "logits", label_index: int = 0, pair_sep_id: int | None = None):
+    def __init__(self, output: str = "logits", label_index: int = 0, pair_sep_id: int | None = None,
+                 attention_mask: bool = False):
         self.output, self.label_index, self.pair_sep_id = output, label_index, pair_sep_id
+        self.attention_mask = attention_mask
 
     def score(self, hidden, cont, lengths, onehot=None):
         raise NotImplementedError("this model has no cached reader; use FullSequenceScorer")
@@ -443,9 +447,12 @@ class OwnForwardHead(ScoreHead):
         if self.pair_sep_id is not None:
             sep = (input_ids == self.pair_sep_id).long()
             kwargs["token_type_ids"] = ((torch.cumsum(sep, 1) - sep) >= 1).long()
+        if self.attention_mask:
+            kwargs["attention_mask"] = torch.ones_like(input_ids)
         out = getattr(model(input_ids=input_ids, **kwargs), self.output)
         return out.reshape(out.shape[0], -1)[:, self.label_index].float()
 
     def describe(self):
         out = {"head": "reward (model's own forward)", "output": self.output, "label_index": self.label_index}
+        out |= {"attention_mask": "all ones"} if self.attention_mask else {}
         return out | ({"text_pair_sep_id": self.pair_sep_id} if self.pair_sep_id is not None else {})

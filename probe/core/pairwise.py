@@ -7,11 +7,13 @@ combined as the family's own pipeline combines them (RewardBench 0.1.4, ``reward
 | ``pairrm`` | PairRM (its card's ``tokenize_pair``; ``PairRMPipeline`` under ``--input-method rewardbench``) | ``<|source|>`` prompt, ``<|candidate1|>`` and ``<|candidate2|>`` responses, each encoded with [CLS]/[SEP] (RewardBench: the prompt in PairRM's instruction and turn format) | the model's logit of "1 beats 2" | logit(cand, ref) - logit(ref, cand), RewardBench's delta; > 0: preferred to the reference |
 | ``judge`` | an instruction-tuned LM as a pairwise judge (``--score judge-pair``, probe/core/judges.py) | the judge prompt with both responses in one user turn of the model's chat template, the assistant's turn opened (and its answer prefix) | P(A) = softmax of the LM's logits for the two label tokens at the last position | the mean of P(candidate chosen) over both orders, in [0, 1] |
 | ``slicpairpm`` | RLHFlow pair-preference models (``SlicPairPMPipeline``) | one user turn ``[CONTEXT] ... [RESPONSE A] a [RESPONSE B] b \\n`` in the tokenizer's chat template, BOS removed | P(A) = softmax of the LM's logits for "A" and "B" at the last position | the mean of P(candidate chosen) over both orders, in [0, 1]; > 0.5: preferred |
+| ``polar`` | POLAR (``internlm/POLAR-*``; its card's ``RewardModelClient.encode``, no RewardBench pipeline) | plain text ``prompt\\nreference<|reward|>prompt\\ncandidate[UNUSED_TOKEN_130]`` through ``tokenizer(text)`` | the model's own output (its ``v_head`` at the last id) | that output, one order only (the reference first, as the card writes it): how close the candidate's policy is to the reference's |
 
 The candidate's slot is the first order's response slot (the template split, `probe/core/template.py`); the
 second order is its own split, registered with the first (`Pairwise.register`). `OrderedPair` scores a row in
 the first order, moves its response ids into the second order's slot, scores that, and combines the two; the
-reference path (the self-check) does the same through each order's full forward.
+reference path (the self-check) does the same through each order's full forward. POLAR has one order only: its
+rows go through the model's own forward as any reward model's do.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from probe.core.engine import pad_rows
 from probe.core.template import DEFAULT_DATE, Messages, _check_prompt, response_conversation
 from probe.errors import ProbeError, TemplateError
 
-PairwiseFormat = Literal["pairrm", "slicpairpm", "judge"]
+PairwiseFormat = Literal["pairrm", "slicpairpm", "judge", "polar"]
 
 # the default reference response when none is given: a reply to any question that commits to nothing
 DEFAULT_REFERENCE = "I don't know."
@@ -44,6 +46,11 @@ SLIC_CONTEXT_TEMPLATE = (
 )
 SLIC_PROMPT = "[CONTEXT] {context} [RESPONSE A] {response_A} [RESPONSE B] {response_B} \n"
 
+# POLAR (internlm/POLAR-*): its card's RewardModelClient (github InternLM/POLAR src/polar/reward_func.py, the same as
+# xtuner.utils.RewardModelClient): the separator and the closing reward token as text, and its truncation limits
+POLAR_SEPARATOR, POLAR_REWARD_TOKEN = "<|reward|>", "[UNUSED_TOKEN_130]"
+POLAR_MAX_LENGTH, POLAR_MAX_RESPONSE = 16384 - 4, 4096
+
 
 @dataclass
 class Pairwise:
@@ -59,7 +66,17 @@ class Pairwise:
     # whose ids merge with the text after its slot ("it.\n" -> ".\n") is moved by its own rendering, not by ids
     rendered: dict[tuple[int, ...], list[int]] = field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def two_orders(self) -> bool:
+        """Whether a candidate is scored in both orders (every format but POLAR's, which puts the reference first)."""
+        return self.format != "polar"
+
     def describe(self) -> dict:
+        if self.format == "polar":
+            return {"pairwise": "polar", "reference_response": self.reference,
+                    "score": "the model's own output (v_head at the closing [UNUSED_TOKEN_130]) on the card's text "
+                             "'prompt\\nreference<|reward|>prompt\\ncandidate[UNUSED_TOKEN_130]': one order, the "
+                             "reference first; higher: the candidate is closer to the reference's policy"}
         if self.format == "judge":
             labels = "/".join(repr(x) for x in self.judge.labels)
             return {"pairwise": "judge", "reference_response": self.reference,
@@ -109,6 +126,17 @@ class PairwiseConversation:
     def template_kwargs(self) -> dict[str, str]:
         return {"date_string": self.date_string}
 
+    @property
+    def two_orders(self) -> bool:
+        return self.pairwise.two_orders
+
+    @property
+    def drops_leading_space(self) -> bool:
+        """POLAR's card encodes each text with BOS and decodes it without: where the tokenizer adds SentencePiece's
+        dummy prefix, that takes a response's leading space with it (" Love" reaches the model as "Love"), so the
+        split is verified on pieces without a space marker only (probe/core/template.py)."""
+        return self.pairwise.format == "polar"
+
     def swapped(self) -> PairwiseConversation:
         return replace(self, order=1 - self.order)
 
@@ -119,6 +147,8 @@ class PairwiseConversation:
     def render_ids(self, tokenizer, response: str) -> list[int]:
         if self.pairwise.format == "pairrm":
             return self._pairrm(tokenizer, *self.pair(response))
+        if self.pairwise.format == "polar":
+            return self._polar(tokenizer, response)
         if self.pairwise.format == "judge":
             from probe.core.judges import pair_ids
 
@@ -142,6 +172,25 @@ class PairwiseConversation:
         said = "<Response 1>: " if conv else ""
         return src + [i for prefix, cand in ((c1, first), (c2, second))
                       for i in tok.encode(f"{prefix}{said}{cand}", max_length=room, truncation=True)]
+
+    def _polar(self, tok, response: str) -> list[int]:
+        """POLAR's input, as its card's ``RewardModelClient.encode`` builds it and the card's ``tokenizer(texts)``
+        encodes it: the prompt (a system text first, joined with a newline, as the client joins the prompt's
+        messages), the reference and the candidate each encoded with the tokenizer's special tokens, cut as the
+        client cuts them (each response to 4,096 ids from the right, the prompt to its last ids that fit), decoded
+        without special tokens; then ``prompt\\nreference<|reward|>prompt\\ncandidate[UNUSED_TOKEN_130]`` (the
+        client's "sft" wrapper: its test for an empty response compares a length with "", so the newline is always
+        written) through ``tokenizer(text)``, BOS as that call adds it."""
+        prompt = self.prompt if not self.system else f"{self.system}\n{self.prompt}"
+        p_ids, r1_ids, r2_ids = (tok.encode(t, add_special_tokens=True)
+                                 for t in (prompt, self.pairwise.reference, response))
+        r1_ids, r2_ids = r1_ids[:POLAR_MAX_RESPONSE], r2_ids[:POLAR_MAX_RESPONSE]
+        room = (POLAR_MAX_LENGTH - len(r1_ids) - len(r2_ids)) // 2
+        if len(p_ids) > room:  # as the client cuts it (also where room <= 0)
+            p_ids = p_ids[-room:]
+        p, r1, r2 = (tok.decode(i, skip_special_tokens=True) for i in (p_ids, r1_ids, r2_ids))
+        text = f"{p}\n{r1}{POLAR_SEPARATOR}{p}\n{r2}{POLAR_REWARD_TOKEN}"
+        return tok(text)["input_ids"]
 
     def _slic(self, tok, first: str, second: str) -> list[int]:
         """SlicPairPM's input: the context by its template, both responses in its prompt, one user turn of the

@@ -121,10 +121,12 @@ def label_head(loaded: LoadedModel, first: str, second: str, who: str, fix: str 
 
 
 def pairwise_head(loaded: LoadedModel) -> ScoreHead:
-    """One order's output of a pairwise model (probe/core/pairwise.py): PairRM's own forward (its logit), or the
-    LM's logit of "A" minus that of "B" at the last position (SlicPairPM)."""
+    """One order's output of a pairwise model (probe/core/pairwise.py): PairRM's (and POLAR's) own forward (its
+    logit), or the LM's logit of "A" minus that of "B" at the last position (SlicPairPM)."""
     if loaded.pairwise.format == "pairrm":
         return OwnForwardHead("logits", 0)
+    if loaded.pairwise.format == "polar":  # its card passes the mask its forward reads the score position from
+        return OwnForwardHead("logits", 0, attention_mask=True)
     if loaded.pairwise.format == "judge":
         return label_head(loaded, *loaded.pairwise.judge.labels, f"the pairwise judge ({loaded.pairwise.judge.name})",
                           "use a --judge-prompt whose labels are single tokens")
@@ -166,7 +168,7 @@ class AppendedToken(WrappedConversation):
 def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True) -> Scorer:
     """The fast path for ``head`` on ``prefix_ids``; with a reference model (``--ref``), the pair of them; for a
     pairwise model, both orders of candidate and reference response."""
-    if loaded.pairwise is not None:
+    if loaded.pairwise is not None and loaded.pairwise.two_orders:
         return _ordered_pair(loaded, head, prefix_ids, lambda *a: build_scorer(*a, use_cache))
     if loaded.ref is not None:
         ref = replace(loaded.ref, ref=None)
@@ -179,7 +181,7 @@ def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int]
 
 def full_sequence_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int]) -> Scorer:
     """The reference path of `build_scorer`: each model's own forward, one sequence at a time."""
-    if loaded.pairwise is not None:
+    if loaded.pairwise is not None and loaded.pairwise.two_orders:
         return _ordered_pair(loaded, head, prefix_ids, full_sequence_scorer)
     own = FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=1)
     if loaded.ref is None:
@@ -346,7 +348,8 @@ def scoring_path(loaded: LoadedModel, head: ScoreHead | None = None) -> str:
     """Which path `build_scorer` takes for this model, as the memory plan names it (probe/models/memory.py)."""
     from probe.kernels.prefix_attention import supported
 
-    if isinstance(head, OwnForwardHead) or (loaded.pairwise is not None and loaded.pairwise.format == "pairrm"):
+    if isinstance(head, OwnForwardHead) or (loaded.pairwise is not None
+                                             and loaded.pairwise.format in ("pairrm", "polar")):
         return "full"
     if loaded.kind == "reward" and loaded.spec.reader == "forward":
         return "full"
@@ -377,7 +380,7 @@ def batch_parts(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
     fused = not isinstance(head, LogprobHead) or head.fused
     parts: dict = {}
     models = [loaded] + ([loaded.ref] if loaded.ref is not None else [])
-    models += [loaded] if loaded.pairwise is not None else []
+    models += [loaded] if loaded.pairwise is not None and loaded.pairwise.two_orders else []
     for m in models:
         path = scoring_path(m, head if m is loaded else None)
         cost = row_cost(m.model.config, n_prefix, n_new, m.dtype, mode, path, fused)

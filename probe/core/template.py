@@ -457,10 +457,11 @@ def split_template(
         raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
     if input_call(tokenizer) == REWARDBENCH_DPO:
         split = replace(split, scored_in_prefix=_scored_in_prefix(tokenizer, build, probes, n_pre))
-    sample = _verification_sample(tokenizer, n_verify, seed, candidates, spaced=joined, pieces=bool(glued))
+    sample = _verification_sample(tokenizer, n_verify, seed, candidates, spaced=joined, pieces=bool(glued),
+                                  marked=not getattr(build, "drops_leading_space", False))
     _verify(tokenizer, build, split, sample, joined=joined, pieces=bool(glued))
     split = replace(split, verified_tokens=len(sample) + len(probes))
-    if getattr(build, "order", None) == 0 and hasattr(build, "swapped"):  # a pairwise model: both orders
+    if getattr(build, "order", None) == 0 and getattr(build, "two_orders", False):  # a pairwise model: both orders
         other = split_template(tokenizer, build.swapped(), n_verify=n_verify, seed=seed, candidates=candidates,
                                own_tokens=own_tokens)
         build.pairwise.register(split, other)
@@ -536,10 +537,11 @@ def _space_treatment(tokenizer, build, *, split_ids, word: str, side: str) -> st
 
 
 def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int] | None,
-                         spaced: bool = False, pieces: bool = False) -> list[int]:
+                         spaced: bool = False, pieces: bool = False, marked: bool = True) -> list[int]:
     """Ordinary tokens: alphabetic text with no surrounding space (``spaced``: one leading space), not special,
     surviving decode -> encode; ``pieces`` (a glued slot): alphabetic pieces, with or without one leading space
-    marker, each then rendered as its own text (`piece_text`)."""
+    marker (without: ``marked`` false, a builder whose text route drops a response's leading space, POLAR's card
+    round trip), each then rendered as its own text (`piece_text`)."""
     special = control_token_ids(tokenizer)
     pool = list(candidates) if candidates is not None else list(range(len(tokenizer)))
     rng = random.Random(seed)
@@ -552,6 +554,8 @@ def _verification_sample(tokenizer, n: int, seed: int, candidates: Sequence[int]
             continue
         if pieces:
             word = piece_text(tokenizer, tid)
+            if word.startswith(" ") and not marked:
+                continue
             word = word[1:] if word.startswith(" ") else word
             if word.isalpha() and word.isascii():
                 chosen.append(tid)

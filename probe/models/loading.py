@@ -360,12 +360,15 @@ def load_model(
     if label_index is not None:
         spec = replace(spec, label_index=label_index)
     pairwise = _pairwise(model_id, spec, kind, reference_response)
+    if input_method == "rewardbench" and pairwise is not None and pairwise.format == "polar":
+        raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline for {model_id} (POLAR); "
+                             "its card's own input is the default route")
     if input_method == "rewardbench" and kind == "reward" and spec.chat_template == "text-pair":
         # an encoder: run_rm.py's raw concatenation (a language model takes run_dpo.py's inputs: _set_input_call)
         spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
-    own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
+    own_format = pairwise is not None and pairwise.format in ("pairrm", "polar")  # PairRM's, POLAR's: not a chat
     family, replaces = family_template(spec, input_method) if kind == "reward" else (None, False)
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template, family,
                                need_template and not own_format, family_replaces=replaces)
@@ -378,6 +381,8 @@ def load_model(
     model = _from_pretrained(path, kind, spec, revision, trust_remote_code, torch_dtype,
                              dev if device_map is None else device_map, allow_random_head, config)
     _trained_attention(model, spec)
+    if pairwise is not None and pairwise.format == "polar":
+        check_polar_reward_token(model_id, tokenizer, model.config)
     if kind == "reward" and (found := structural_spec(model, spec)) is not None:
         log.warning("%s: no linear score head, but an ArmoRM/QRM-style regression layer and gating network: using "
                     "the gated reader (%s); every sweep re-checks it against the model's own forward",
@@ -395,6 +400,19 @@ def load_model(
     model.requires_grad_(False)
     source = pkg.source() if (pkg := packaged(ref)) is not None else None
     return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise)
+
+
+def check_polar_reward_token(model_id: str, tokenizer, config) -> None:
+    """POLAR's card writes its reward token as the text ``[UNUSED_TOKEN_130]`` and reads the score there; its training
+    appended the config's ``reward_token_id``. A tokenizer that does not encode that text as that one id would have
+    the score read elsewhere: refused in one line (nothing to check where the config names no reward token)."""
+    from probe.core.pairwise import POLAR_REWARD_TOKEN
+
+    want = getattr(config, "reward_token_id", None)
+    got = tokenizer.encode(POLAR_REWARD_TOKEN, add_special_tokens=False)
+    if want is not None and got != [want]:
+        raise ModelLoadError(f"{model_id}: its tokenizer encodes {POLAR_REWARD_TOKEN!r}, where POLAR's card reads the "
+                             f"score, as ids {got}, not as the config's reward_token_id {want}")
 
 
 def _trained_attention(model, spec: RewardModelSpec) -> None:
@@ -472,9 +490,14 @@ def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_r
             raise ModelLoadError(f"--reference-response: {model_id} is not a pairwise preference model (spec "
                                  f"{spec.name!r}); it scores each response on its own")
         return None
+    if spec.pairwise == "polar" and reference_response is None:
+        raise ModelLoadError(f"{model_id} (POLAR) scores a response by how close it is to a reference response (its "
+                             "card's 'reference', a demonstration of the answer wanted), and its card suggests no "
+                             "default: pass --reference-response TEXT")
     found = Pairwise(spec.pairwise, DEFAULT_REFERENCE if reference_response is None else reference_response)
-    log.warning("%s is a pairwise preference model: every response is scored against the reference response %r in "
-                "both orders (%s)%s", model_id, found.reference, found.describe()["score"],
+    log.warning("%s is a pairwise preference model: every response is scored against the reference response %r%s "
+                "(%s)%s", model_id, found.reference, " in both orders" if found.two_orders else "",
+                found.describe()["score"],
                 "" if reference_response is not None else "; the default reference: pass --reference-response TEXT")
     return found
 

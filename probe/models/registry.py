@@ -12,7 +12,8 @@ A `RewardModelSpec` says how to load a model and how to read one score from it:
                 (exact, slower).
   ``"pairwise"`` a pairwise preference model (``pairwise`` names its input format, probe/core/pairwise.py): each
                 candidate is scored against a reference response in both orders; PairRM (an encoder, ``layout``
-                ``pairrm``) through its own forward, RLHFlow's pair-preference LMs on the shared-prefix cache.
+                ``pairrm``) through its own forward, RLHFlow's pair-preference LMs on the shared-prefix cache;
+                POLAR in one order (the reference first), through its own forward.
 * ``output`` / ``label_index`` say where the model's *own* forward puts the score (``outputs.logits[:, 0]``
   or ``outputs.score``). That forward is the reference path: every sweep re-scores a few tokens through it
   and stops if the cached reader disagrees, so a wrong entry here cannot silently produce wrong numbers.
@@ -177,8 +178,8 @@ class RewardModelSpec:
                 self.layout is not None and self.reader not in ("module", "pairwise")):
             raise ValueError(f"spec {self.name!r}: a layout goes with the module reader (or a pairwise model's class), "
                              "and the module reader needs one")
-        if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "slicpairpm")):
-            raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm or slicpairpm")
+        if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "slicpairpm", "polar")):
+            raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm, slicpairpm or polar")
         if self.label_index < 0:
             raise ValueError(f"spec {self.name!r}: label_index must be >= 0")
 
@@ -385,6 +386,31 @@ REGISTRY: dict[str, RewardModelSpec] = {
             input_source=URM_INPUT,
             notes="URM's class (as SGLang loads it): score pairs (mean, variance) weighted by an MLP; own forward",
         ),
+        # POLAR (policy-discriminative reward models on InternLM2.5): a candidate scored against a reference response
+        # in the card's own text format, through the remote class's own forward. The Hub cards are not readable
+        # offline past their introduction; the input, class and score come from the same card as the GitHub README
+        # of InternLM/POLAR (its "Inference with transformers" block and src/polar/reward_func.py), xtuner's
+        # RewardModelClient (xtuner/utils/rm_utils.py, identical encode), its training input (xtuner/dataset/
+        # preference_dataset.py tokenize_ref, reward_token_id 92527 = [UNUSED_TOKEN_130] in the POLAR configs) and its
+        # InternLM2ForRewardModel (xtuner/tools/model_converters/modeling_internlm2_reward: v_head at the last id the
+        # attention mask covers). Checkpoints found by class (InternLM2ForRewardModel) read as InternLM2 reward.
+        *[RewardModelSpec(f"internlm/POLAR-{size}", reader="pairwise", pairwise="polar", output="logits",
+                          trust_remote_code=True, auto_class="AutoModel", family="InternLM2.5",
+                          input_call="tokenizer(text)", input_source=(
+                              "model card (internlm/POLAR-*, the GitHub README's 'Inference with transformers'): "
+                              "RewardModelClient.encode -> tokenizer(texts, padding=True), model(**batch)[0]: prompt, "
+                              "--reference-response and candidate each encoded with special tokens, cut (4,096 ids a "
+                              "response), decoded without them; 'prompt\\nreference<|reward|>prompt\\ncandidate"
+                              "[UNUSED_TOKEN_130]' as plain text (no chat template; a --system text joined before "
+                              "the prompt with a newline, as the client joins the prompt's messages) through "
+                              "tokenizer(text): BOS as the tokenizer adds it, no EOS; the score outputs[0] at the last "
+                              "id"),
+                          notes="InternLM2ForRewardModel (remote, AutoModel): v_head at the closing "
+                                "[UNUSED_TOKEN_130]; one order, the reference first; own forward (its backbone is "
+                                "remote code)"
+                                + ("; the pre-trained-only checkpoint, read as the card reads the fine-tuned one"
+                                   if size.endswith("-Base") else ""))
+          for size in ("7B", "1_8B", "7B-Base", "1_8B-Base")],
     ]
 }
 

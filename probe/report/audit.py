@@ -81,8 +81,10 @@ def judge_rows(meta: dict) -> list[tuple[str, str]]:
     score, model = meta.get("score") or {}, meta.get("model") or {}
     rows = []
     if model.get("reference_response") is not None:
+        orders = ("in one order, the reference first (POLAR's input)" if model.get("pairwise") == "polar"
+                  else "in both orders")
         rows.append(("reference response", f"{model['reference_response']!r}: every response is compared with it, "
-                                           "in both orders"))
+                                           + orders))
     prompt = score.get("judge_prompt") or model.get("judge_prompt")
     if prompt and prompt.get("kind") == "rating":
         lo, hi = prompt["ratings"]
