@@ -405,6 +405,29 @@ class JudgeHead(ScoreHead):
         return {"head": self.name, "yes_id": self.yes_id, "no_id": self.no_id}
 
 
+class LogitRewardHead(JudgeHead):
+    """A reward model shipped as a causal LM (registry reader ``"logit"``): the LM head's logit of vocabulary id
+    ``index`` at the last input position, i.e. row ``index`` of ``lm_head`` on the final-normed hidden state; its own
+    forward reads ``logits[:, -1, index]``, what ``generate(max_new_tokens=1, output_scores=True)`` returns as
+    ``scores[0][:, index]`` (NVIDIA's Nemotron reward cards)."""
+
+    name = "reward"
+
+    def __init__(self, model: torch.nn.Module, index: int = 0):
+        if model.get_output_embeddings() is None:
+            raise ProbeError(f"{type(model).__name__} has no language-model head: the logit reader needs a causal LM")
+        vocab = model.get_output_embeddings().weight.shape[0]
+        if not 0 <= index < vocab:
+            raise ProbeError(f"--label-index {index}: the LM head has {vocab} rows")
+        self.model, self.ids = model, (index,)
+
+    def _from_logits(self, logits: Tensor) -> Tensor:
+        return logits[:, 0]
+
+    def describe(self):
+        return {"head": "reward (next-token logit)", "vocab_id": self.ids[0], "position": "last input id"}
+
+
 class RatingHead(JudgeHead):
     """A judge's expected rating: the next-token distribution at the last position restricted to the rating tokens
     (``ids``, one per rating in ``values``), ``sum_r value_r * softmax(logits[ids])_r`` (probe/core/judges.py)."""

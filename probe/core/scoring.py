@@ -17,8 +17,8 @@ from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.core.pairwise import OrderedPair, PairwiseConversation, second_prefix
 from probe.errors import ProbeError
 from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
-from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, ModuleRewardHead,
-                              OwnForwardHead, RatingHead, ScoreHead)
+from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogitRewardHead, LogprobHead,
+                              ModuleRewardHead, OwnForwardHead, RatingHead, ScoreHead)
 from probe.models.loading import LoadedModel
 from probe.core.template import (
     REWARDBENCH_DPO,
@@ -82,6 +82,8 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
             return GatedRewardHead(model, pattern, spec.output)
         if spec.reader == "module":
             return ModuleRewardHead(model, spec.sign)
+        if spec.reader == "logit":
+            return LogitRewardHead(model, spec.label_index)
         # a text pair's segment ids (the model card's call); RewardBench's route reads encoders through the "raw"
         # format (probe/models/loading.py), one segment, as its pipeline passes return_token_type_ids=False
         segments = getattr(model.config, "type_vocab_size", 0) > 1 and spec.chat_template == "text-pair"

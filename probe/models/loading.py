@@ -515,7 +515,8 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
 
     if kind == "reward" and spec.layout is not None:
         return _load_family(path, spec, revision, dtype, device_map, allow_random_head, config)
-    seq_cls = kind == "reward" and spec.pairwise != "slicpairpm"  # a pair-preference LM reads its LM head
+    # a pair-preference LM and a reward read from the next-token logit (the "logit" reader) read the LM head
+    seq_cls = kind == "reward" and spec.pairwise != "slicpairpm" and spec.reader != "logit"
     auto = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
     if kind == "reward" and spec.auto_class is not None:  # remote code registered under another Auto class
         import transformers
@@ -523,9 +524,9 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
         auto = getattr(transformers, spec.auto_class)
     kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype,
                         **_placement(config, spec, device_map))
-    if kind == "reward" and allow_random_head:
+    if seq_cls and allow_random_head:
         kwargs["num_labels"] = 1
-    what = "sequence-classification (reward)" if kind == "reward" else "causal language"
+    what = "sequence-classification (reward)" if seq_cls else "causal language"
     try:
         cls = model_class(auto, config, path, revision, trust_remote_code)
     except (KeyError, OSError, ValueError, ImportError) as err:

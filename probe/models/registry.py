@@ -10,6 +10,9 @@ A `RewardModelSpec` says how to load a model and how to read one score from it:
                 ``layout`` names it, probe/models/families.py), read at the family's pooling position;
   ``"forward"`` no cached reader is known: every candidate goes through the model's own full forward
                 (exact, slower).
+  ``"logit"``   a reward model shipped as a causal LM (NVIDIA's Nemotron rewards): the LM head's logit of vocabulary
+                id ``label_index`` at the last input position (the row of ``lm_head`` on the final-normed hidden
+                state), as the card's ``generate(max_new_tokens=1, output_scores=True).scores[0][0][label_index]``;
   ``"pairwise"`` a pairwise preference model (``pairwise`` names its input format, probe/core/pairwise.py): each
                 candidate is scored against a reference response in both orders; PairRM (an encoder, ``layout``
                 ``pairrm``) through its own forward, RLHFlow's pair-preference LMs on the shared-prefix cache.
@@ -30,7 +33,7 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-Reader = Literal["linear", "gated", "module", "forward", "pairwise"]
+Reader = Literal["linear", "gated", "module", "forward", "pairwise", "logit"]
 
 # The input conventions of the families (RewardModelSpec.input_source): what each model card (or training code) calls
 CHAT_TEMPLATE_INPUT = ("model card: tokenizer.apply_chat_template(conversation, tokenize=True); BOS as the template "
@@ -106,6 +109,12 @@ PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline",)
 # where the checkpoint's tokenizer carries a chat template of its own, which the card does not call; -> the format
 # RewardBench's run script renders instead (None: the tokenizer's own template)
 CARD_DIALOGUES = {"ultrarm-card": "openbmb", "beaver-card": "pku-align", "ziya-card": "ziya", "eurus-card": None}
+NEMOTRON_INPUT = ("{}: tokenizer.apply_chat_template([user, assistant], tokenize=True, add_generation_prompt=False, "
+                  "return_tensors='pt', return_dict=True): the template's ids, BOS as the template writes it (once), "
+                  "no EOS; the score model.generate(..., max_new_tokens=1, return_dict_in_generate=True, "
+                  "output_scores=True)['scores'][0][0][0]: the logit of vocabulary id 0 at the position after the last "
+                  "input id (the template's end of turn), unscaled (generate's scores are the raw logits where the "
+                  "generation config sets no sampling or penalty)")
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
@@ -243,6 +252,24 @@ REGISTRY: dict[str, RewardModelSpec] = {
             notes="uncertainty-aware gated head; its modelling code was not available to check a cached reader "
                   "against, so candidates go through the model's own forward (outputs.logits[:, 0])",
         ),
+        # NVIDIA's Nemotron rewards: causal LMs whose card reads the reward from the next-token logit of id 0
+        *[RewardModelSpec(name, reader="logit", label_index=0, family=fam, notes=note,
+                          input_source=NEMOTRON_INPUT.format(source))
+          for name, fam, source, note in (
+              ("nvidia/Llama-3.1-Nemotron-70B-Reward-HF", "Llama 3.1",
+               "model card of nvidia/Llama-3.1-Nemotron-70B-Reward-HF, usage block as its users copy it (the stored "
+               "card pages stop before it)", "LlamaForCausalLM converted from the NeMo reward model"),
+              ("nvidia/Llama-3.3-Nemotron-70B-Reward", "Llama 3.3",
+               "model card of nvidia/Llama-3.3-Nemotron-70B-Reward as its users copy it (stored card pages stop "
+               "before the usage block)", "LlamaForCausalLM, scaled Bradley-Terry on HelpSteer3"),
+              ("nvidia/Llama-3.3-Nemotron-70B-Reward-Multilingual", "Llama 3.3",
+               "model card of nvidia/Llama-3.3-Nemotron-70B-Reward-Multilingual, a text-generation (causal LM) "
+               "checkpoint of the same release; its usage block not readable offline, taken as its sibling "
+               "Llama-3.3-Nemotron-70B-Reward's", "LlamaForCausalLM, scaled Bradley-Terry on HelpSteer3 (multilingual)"))],
+        *[RewardModelSpec(name, reader="forward", family="Llama 3.3", unsupported=(
+            "its card scores a response against a user-specified principle, and where the card puts the principle "
+            "(and its suggested default) could not be read offline; rm-probe does not read it yet rather than guess"))
+          for name in ("nvidia/Llama-3.3-Nemotron-70B-Reward-Principle",)],
         # RewardBench 2's leaders (2025): plain sequence classifiers on Llama 3.x and Qwen3
         *[RewardModelSpec(f"Skywork/Skywork-Reward-V2-{name}", family=fam, notes=f"{arch}ForSequenceClassification",
                           input_source=SKYWORK_V2_INPUT)
