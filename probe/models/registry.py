@@ -12,7 +12,8 @@ A `RewardModelSpec` says how to load a model and how to read one score from it:
                 (exact, slower).
   ``"logit"``   a reward model shipped as a causal LM (NVIDIA's Nemotron rewards): the LM head's logit of vocabulary
                 id ``label_index`` at the last input position (the row of ``lm_head`` on the final-normed hidden
-                state), as the card's ``generate(max_new_tokens=1, output_scores=True).scores[0][0][label_index]``;
+                state), as the card's ``generate(max_new_tokens=1, output_scores=True).scores[0][0][label_index]``,
+                minus the logit of ``logit_minus`` where set (the principle model's 'Yes' minus 'No');
   ``"pairwise"`` a pairwise preference model (``pairwise`` names its input format, probe/core/pairwise.py): each
                 candidate is scored against a reference response in both orders; PairRM (an encoder, ``layout``
                 ``pairrm``) through its own forward, RLHFlow's pair-preference LMs on the shared-prefix cache.
@@ -115,6 +116,17 @@ NEMOTRON_INPUT = ("{}: tokenizer.apply_chat_template([user, assistant], tokenize
                   "output_scores=True)['scores'][0][0][0]: the logit of vocabulary id 0 at the position after the last "
                   "input id (the template's end of turn), unscaled (generate's scores are the raw logits where the "
                   "generation config sets no sampling or penalty)")
+NEMOTRON_PRINCIPLE_QUESTION = ("Evaluate the response to the previous prompt in terms of whether it satisfies this "
+                               "principle: {principle}. Only answer Yes or No.")
+NEMOTRON_PRINCIPLE_INPUT = (
+    "model card of nvidia/Llama-3.3-Nemotron-70B-Reward-Principle (its README.md as a public repository's verbatim "
+    "copy holds it; the stored card pages stop before the usage block): tokenizer.apply_chat_template([user: prompt, "
+    "assistant: response, user: principle_question], tokenize=True, add_generation_prompt=True, return_tensors='pt', "
+    "return_dict=True), principle_question = f\"" + NEMOTRON_PRINCIPLE_QUESTION + "\" (the card's example principle: "
+    "'correctness'; --principle TEXT, recorded in the run): the template's ids, BOS as the template writes it, the "
+    "assistant's header last; the score model.generate(..., max_new_tokens=1, return_dict_in_generate=True, "
+    "output_scores=True): scores[0][0][9642] - scores[0][0][2822], the logits of 'Yes' minus 'No' at the position "
+    "after the input (ids as the card writes them, Llama 3's vocabulary)")
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
@@ -145,6 +157,14 @@ class RewardModelSpec:
         "help": "config attribute holding an id the family appends after the chat template (InternLM2's "
                 "reward_token_id): rendered inputs end with it"})
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
+    logit_minus: int | None = field(default=None, metadata={
+        "help": "logit reader: the reward is the logit of id label_index minus the logit of this id (Llama-3.3-"
+                "Nemotron-70B-Reward-Principle's card: 'Yes' 9642 minus 'No' 2822); None: the one logit"})
+    principle_question: str | None = field(default=None, metadata={
+        "help": "a user turn the model card asks after the response, its '{principle}' filled with --principle, then "
+                "the assistant's turn opens (Nemotron's principle model); None: the model takes no principle"})
+    principle: str | None = field(default=None, metadata={
+        "help": "the principle the model card's example passes: the default of --principle"})
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
                 "format as its model card writes it (a CARD_DIALOGUES format replaces even a template the tokenizer "
@@ -190,6 +210,12 @@ class RewardModelSpec:
             raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm or slicpairpm")
         if self.label_index < 0:
             raise ValueError(f"spec {self.name!r}: label_index must be >= 0")
+        if self.logit_minus is not None and self.reader != "logit":
+            raise ValueError(f"spec {self.name!r}: logit_minus goes with the logit reader")
+        if (self.principle_question is None) != (self.principle is None) or (
+                self.principle_question is not None and "{principle}" not in self.principle_question):
+            raise ValueError(f"spec {self.name!r}: a principle question holds '{{principle}}' and comes with the "
+                             "card's default principle")
 
 
 DEFAULT = RewardModelSpec(
@@ -266,10 +292,11 @@ REGISTRY: dict[str, RewardModelSpec] = {
                "model card of nvidia/Llama-3.3-Nemotron-70B-Reward-Multilingual, a text-generation (causal LM) "
                "checkpoint of the same release; its usage block not readable offline, taken as its sibling "
                "Llama-3.3-Nemotron-70B-Reward's", "LlamaForCausalLM, scaled Bradley-Terry on HelpSteer3 (multilingual)"))],
-        *[RewardModelSpec(name, reader="forward", family="Llama 3.3", unsupported=(
-            "its card scores a response against a user-specified principle, and where the card puts the principle "
-            "(and its suggested default) could not be read offline; rm-probe does not read it yet rather than guess"))
-          for name in ("nvidia/Llama-3.3-Nemotron-70B-Reward-Principle",)],
+        RewardModelSpec("nvidia/Llama-3.3-Nemotron-70B-Reward-Principle", reader="logit", label_index=9642,
+                        logit_minus=2822, principle_question=NEMOTRON_PRINCIPLE_QUESTION, principle="correctness",
+                        family="Llama 3.3", input_source=NEMOTRON_PRINCIPLE_INPUT,
+                        notes="LlamaForCausalLM (RLBFF, HelpSteer3): a principle asked after the response; the reward "
+                              "is the 'Yes' logit minus the 'No' logit of the assistant's first token"),
         # RewardBench 2's leaders (2025): plain sequence classifiers on Llama 3.x and Qwen3
         *[RewardModelSpec(f"Skywork/Skywork-Reward-V2-{name}", family=fam, notes=f"{arch}ForSequenceClassification",
                           input_source=SKYWORK_V2_INPUT)

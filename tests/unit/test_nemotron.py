@@ -8,6 +8,15 @@ and nvidia/Llama-3.3-Nemotron-70B-Reward, as their users copy it):
         'attention_mask'], max_new_tokens=1, return_dict_in_generate=True, output_scores=True)
     reward = response_token_ids['scores'][0][0][0].item()
 
+and, for nvidia/Llama-3.3-Nemotron-70B-Reward-Principle (its card's README as a public repository copies it), a
+principle asked after the response and the 'Yes' logit minus the 'No' logit:
+
+    principle_question = f"Evaluate the response to the previous prompt in terms of whether it satisfies this principle:
+                           {principle}. Only answer Yes or No."
+    messages = [user: prompt, assistant: response, user: principle_question]
+    tokenized_message = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, ...)
+    ... generate as above; reward = scores[0][0][9642] - scores[0][0][2822]
+
 run here on tiny models of the published config (shrunk) and the real Llama 3.1 tokenizer, against `probe.load` +
 `probe.score_responses`, `probe.sweep` and `probe social`."""
 
@@ -34,6 +43,7 @@ XSTEST = "xstest/xstest_v2_completions_gpt4.csv"
 # either way, so both must give the card's ids
 CASES = {"nvidia/Llama-3.1-Nemotron-70B-Reward-HF": "llama3.1",
          "nvidia/Llama-3.3-Nemotron-70B-Reward": "llama3.1-nobos"}
+PRINCIPLE = "nvidia/Llama-3.3-Nemotron-70B-Reward-Principle"  # on Llama 3.1's template as Meta ships it
 
 
 def _nemotron_config(tok):
@@ -59,7 +69,7 @@ def folders(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("nemotron")
     out = {}
-    for name, fam in CASES.items():
+    for name, fam in {**CASES, PRINCIPLE: "llama3.1"}.items():
         folder = real_tokenizers.build("llama3.1", root / "tok" / fam)
         if fam.endswith("-nobos"):
             cfg = folder / "tokenizer_config.json"
@@ -90,6 +100,22 @@ def card_reward(model, tok, prompt: str, response: str) -> float:
     return response_token_ids["scores"][0][0][0].item()
 
 
+def card_principle_reward(model, tok, prompt: str, response: str, principle: str) -> float:
+    """The principle model's card code, as written there."""
+    principle_question = (f"Evaluate the response to the previous prompt in terms of whether it satisfies this "
+                          f"principle: {principle}. Only answer Yes or No.")
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response},
+                {"role": "user", "content": principle_question}]
+    tokenized_message = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                return_tensors="pt", return_dict=True)
+    response_token_ids = model.generate(tokenized_message["input_ids"],
+                                        attention_mask=tokenized_message["attention_mask"], max_new_tokens=1,
+                                        return_dict_in_generate=True, output_scores=True, pad_token_id=128009)
+    score_no = response_token_ids["scores"][0][0][2822].item()
+    score_yes = response_token_ids["scores"][0][0][9642].item()
+    return score_yes - score_no
+
+
 def _card_model(folder):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -105,13 +131,51 @@ def test_every_nemotron_id_resolves_to_the_logit_reader(name):
         assert "apply_chat_template" in spec.input_source and "['scores'][0][0][0]" in spec.input_source
 
 
-def test_the_principle_model_is_refused_in_one_line(tmp_path):
-    """Its card's principle input could not be read offline: refused before anything loads, never a default head."""
+def test_the_principle_model_resolves_to_its_yes_minus_no_reader():
+    spec, how = lookup(f"/models/{PRINCIPLE}")
+    assert how != "default" and spec.reader == "logit" and (spec.label_index, spec.logit_minus) == (9642, 2822)
+    assert spec.principle == "correctness" and "{principle}" in spec.principle_question
+
+
+@pytest.mark.parametrize("principle", [None, "conciseness"])
+def test_principle_scores_and_sweep_equal_the_cards_generate(folders, principle):
+    """Whole responses and a sweep's rows equal the card's Yes-minus-No score, with the card's principle
+    ('correctness') by default and with another one given; the two principles give other scores."""
+    tok_ids = _card_model(folders[PRINCIPLE])[1].convert_ids_to_tokens([9642, 2822])
+    assert tok_ids == ["Yes", "No"]  # the card's hard-coded ids, in Llama 3's vocabulary
+    lm = probe.load(str(folders[PRINCIPLE]), device="cpu", principle=principle)
+    used = principle or "correctness"
+    assert lm.principle == used
+    model, tok = _card_model(folders[PRINCIPLE])
+    want = [card_principle_reward(model, tok, PROMPT, r, used) for r in RESPONSES]
+    got = dict(probe.score_responses(lm, None, PROMPT, RESPONSES).select("response", "score").iter_rows())
+    assert [got[r] for r in RESPONSES] == pytest.approx(want, **tiny.F32_FORWARD)
+    other = [card_principle_reward(model, tok, PROMPT, r, "correctness" if principle else "conciseness")
+             for r in RESPONSES]
+    assert max(abs(a - b) for a, b in zip(want, other)) > 1e-3  # the principle is part of the score
+    sweep = probe.sweep(lm, None, PROMPT, limit=48, batch_size=16)  # self-checked against the model's forward
+    rows = sweep.filter(pl.col("roundtrips") & ~pl.col("is_special")
+                        & (pl.col("decoded").str.strip_chars() == pl.col("decoded"))).head(8)
+    assert rows.height >= 6
+    want = [card_principle_reward(model, tok, PROMPT, text, used) for text in rows["decoded"].to_list()]
+    assert rows["score"].to_list() == pytest.approx(want, **tiny.F32_FORWARD)
+
+
+def test_a_principle_for_a_model_that_takes_none_is_one_line(folders, tmp_path, capsys):
+    from probe.commands.score import main
     from probe.errors import ModelLoadError
 
-    assert REGISTRY["nvidia/Llama-3.3-Nemotron-70B-Reward-Principle"].unsupported
-    with pytest.raises(ModelLoadError, match="not supported: its card scores a response against a user-specified"):
-        probe.load("nvidia/Llama-3.3-Nemotron-70B-Reward-Principle", device="cpu")
+    with pytest.raises(ModelLoadError, match="--principle: .* takes no principle"):
+        probe.load(str(folders["nvidia/Llama-3.1-Nemotron-70B-Reward-HF"]), device="cpu", principle="honesty")
+    with pytest.raises(ValueError, match="--principle is empty"):
+        probe.load(str(folders[PRINCIPLE]), device="cpu", principle=" ")
+    responses = tmp_path / "r.txt"
+    responses.write_text("Love\n")
+    code = main(["--rm", str(folders["nvidia/Llama-3.1-Nemotron-70B-Reward-HF"]), "--prompt", PROMPT, "--responses",
+                 str(responses), "--principle", "honesty", "--device", "cpu", "--output", str(tmp_path / "out")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "takes no principle" in err[0]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -171,3 +235,54 @@ def test_social_scores_equal_the_cards_generate(folders, social_data, tmp_path):
     for item_id, option, score in scores.select("item_id", "option", "score").iter_rows():
         it = items[item_id]
         assert score == pytest.approx(card_reward(model, tok, it.prompt, it.options[option]), **tiny.F32_FORWARD)
+
+
+def test_the_principle_is_recorded_in_meta_fingerprint_and_report(folders, tmp_path, capsys):
+    """``probe score --responses --principle``: meta.json's model section names the principle and the question asked,
+    the run's settings (its fingerprint) hold it, so that two principles are two runs, and the report shows it."""
+    from probe.commands.score import main
+    from probe.report.audit import judge_rows
+
+    responses = tmp_path / "r.txt"
+    responses.write_text("Love\nThere are 3 r's in strawberry.\n")
+    metas = {}
+    for principle in ("honesty", "brevity"):
+        out = tmp_path / principle
+        assert main(["--rm", str(folders[PRINCIPLE]), "--prompt", PROMPT, "--responses", str(responses),
+                     "--principle", principle, "--device", "cpu", "--output", str(out), "--no-progress"]) == 0
+        (meta_file,) = out.glob("*/responses_*/meta.json")
+        metas[principle] = json.loads(meta_file.read_text())
+    meta = metas["honesty"]
+    assert meta["model"]["principle"] == "honesty"
+    assert "satisfies this principle: honesty. Only answer Yes or No." in meta["model"]["principle_question"]
+    assert meta["settings"]["principle"] == "honesty"
+    assert metas["honesty"]["fingerprint"] != metas["brevity"]["fingerprint"]
+    printed = capsys.readouterr()
+    assert "[reward against the principle 'brevity'" in printed.out + printed.err  # the run's first line
+    rows = dict(judge_rows(meta))
+    assert rows["principle"].startswith("'honesty': every response is scored against it")
+
+
+def test_social_with_a_principle_and_its_trace_keep_the_principle(folders, social_data, tmp_path):
+    """``probe social --principle``: each option's score is the card's reward under that principle; ``probe trace
+    --social`` of the run scores it under the run's principle unasked (not the card's default) and agrees."""
+    from probe.commands.social import main
+    from probe.commands.trace import main as trace_main
+    from probe.social.loaders import load
+
+    data = social_data / XSTEST
+    assert main(["--rm", str(folders[PRINCIPLE]), "--principle", "harmlessness", "--device", "cpu", "--output",
+                 str(tmp_path / "out"), "--dataset", "xstest", "--data", str(data), "--limit", "2",
+                 "--no-progress"]) == 0
+    (run,) = list((tmp_path / "out").glob("*/social_*"))
+    assert json.loads((run / "meta.json").read_text())["model"]["principle"] == "harmlessness"
+    items = {it.item_id: it for it in load("xstest", data)}
+    model, tok = _card_model(folders[PRINCIPLE])
+    scores = pl.read_parquet(run / "scores.parquet")
+    for item_id, option, score in scores.select("item_id", "option", "score").head(2).iter_rows():
+        it = items[item_id]
+        want = card_principle_reward(model, tok, it.prompt, it.options[option], "harmlessness")
+        assert score == pytest.approx(want, **tiny.F32_FORWARD)
+    assert trace_main(["--social", str(run), "--limit", "1", "--device", "cpu", "--out", str(tmp_path / "t")]) == 0
+    traced = json.loads((tmp_path / "t" / "trace.json").read_text())["run_scores"]
+    assert traced["n"] >= 1 and traced["equal_within_float32_tolerance"] is True, traced
