@@ -364,6 +364,10 @@ def load_model(
         spec = replace(spec, label_index=label_index)
     pairwise = _pairwise(model_id, spec, kind, reference_response)
     principle = _principle(model_id, spec, kind, principle)
+    if input_method == "rewardbench" and kind == "reward" and spec.reader == "logit":
+        raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline that reads {model_id}'s "
+                             "reward from its language-model logits (its default would load a sequence classifier's "
+                             "random head); the model card's input is the default (--input-method ids)")
     if input_method == "rewardbench" and kind == "reward" and spec.chat_template == "text-pair":
         # an encoder: run_rm.py's raw concatenation (a language model takes run_dpo.py's inputs: _set_input_call)
         spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")

@@ -169,6 +169,8 @@ def test_a_principle_for_a_model_that_takes_none_is_one_line(folders, tmp_path, 
         probe.load(str(folders["nvidia/Llama-3.1-Nemotron-70B-Reward-HF"]), device="cpu", principle="honesty")
     with pytest.raises(ValueError, match="--principle is empty"):
         probe.load(str(folders[PRINCIPLE]), device="cpu", principle=" ")
+    with pytest.raises(ModelLoadError, match="--input-method rewardbench: RewardBench 0.1.4 has no pipeline"):
+        probe.load(str(folders[PRINCIPLE]), device="cpu", input_method="rewardbench")
     responses = tmp_path / "r.txt"
     responses.write_text("Love\n")
     code = main(["--rm", str(folders["nvidia/Llama-3.1-Nemotron-70B-Reward-HF"]), "--prompt", PROMPT, "--responses",
