@@ -152,7 +152,7 @@ def key_rows(options: list[dict]) -> list[dict]:
     from probe.config import JOB_FIELDS
 
     by_name = {r["name"]: r for r in options if r["command"] == "probe score"}
-    extra = ("responses", "response_column", "ref", "beta", "reference_response")
+    extra = ("responses", "response_column", "ref", "beta", "reference_response", "principle")
     return [{"list": "batch job key", "command": "probe batch", "name": n, "flag": by_name[n]["flag"],
              "default": by_name[n]["default"], "tests": by_name[n]["tests"]} for n in (*JOB_FIELDS, *extra)]
 

@@ -31,12 +31,15 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
          revision: str | None = None, trust_remote_code: bool = False, chat_template: str | None = None,
          spec: str | None = None, label_index: int | None = None, device_map: str | None = None,
          allow_random_head: bool = False, ref: str | None = None, beta: float = 1.0,
-         reference_response: str | None = None, input_method: str = "ids", judge_prompt: str | None = None):
+         reference_response: str | None = None, input_method: str = "ids", judge_prompt: str | None = None,
+         principle: str | None = None):
     """Load a model as the commands do (Hugging Face id, local folder, cache snapshot, or a packaged model:
     ``None``/``"smollm2"``, ``"gemma3-270m"``), with its registry spec. Returns a ``LoadedModel``
     (``.model``, ``.tokenizer``, ``.spec``, ...), which every other function here also accepts as ``model``.
     ``ref``: a reference model; every score is then ``beta * (log p_rm - log p_ref)`` of the same response ids.
     ``reference_response``: a pairwise model's (PairRM, ...) fixed response each candidate is compared with.
+    ``principle``: what a principle reward model (Nemotron-70B-Reward-Principle) scores each response against
+    (default: its model card's).
     ``input_method="rewardbench"``: the ids RewardBench 0.1.4's run script gives this family (see the README), for
     every function that scores with the returned model; ``"ids"``: the family's own (its model card's).
     ``score="judge-pair"``: a language model as a pairwise judge against ``reference_response`` under
@@ -55,7 +58,7 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
     options = ModelOptions(rm=rm, device=device, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
                            chat_template=chat_template, spec=spec, label_index=label_index, device_map=device_map,
                            allow_random_head=allow_random_head, ref=ref, beta=beta,
-                           reference_response=None if judge_pair else reference_response)
+                           reference_response=None if judge_pair else reference_response, principle=principle)
     options.check_reference()
     if input_method not in ("ids", "rewardbench"):
         raise ProbeError(f"input_method={input_method!r}: 'ids' (the model card's inputs) or 'rewardbench'")

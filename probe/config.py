@@ -114,6 +114,9 @@ class ModelOptions:
                 "response every candidate is compared with, in both orders (default: \"I don't know.\"; recorded in "
                 "the run); POLAR: the reference its card puts first, required (its card suggests no default)",
         "metavar": "TEXT"})
+    principle: str | None = field(default=None, metadata={
+        "help": "principle reward models (nvidia/Llama-3.3-Nemotron-70B-Reward-Principle): the principle each response "
+                "is scored against (default: the model card's, 'correctness'; recorded in the run)", "metavar": "TEXT"})
 
     def check_reference(self) -> None:
         """--beta 0 and --beta without --ref are errors (one line, before anything loads)."""
@@ -127,6 +130,8 @@ class ModelOptions:
             resolve_score_mode(getattr(self, "score", "auto"), None, self.ref)  # --score reward/judge: one line
         if self.reference_response is not None and not self.reference_response.strip():
             raise ValueError("--reference-response is empty: a pairwise model compares each candidate with it")
+        if self.principle is not None and not self.principle.strip():
+            raise ValueError("--principle is empty: a principle model scores each response against it")
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,8 @@ class ScoreVocabConfig(ModelOptions):
             key |= {"systems": self.systems, "control": self.control}
         if self.judge_prompt is not None:
             key |= {"judge_prompt": self.judge_prompt}
+        if self.principle is not None:  # likewise: a principle model's principle is part of every score
+            key |= {"principle": self.principle}
         return key
 
 

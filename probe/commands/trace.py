@@ -158,7 +158,7 @@ def read_run(flag: str, folder: str) -> TracedRun:
                 "label_index": s.get("label_index"), "chat_template": s.get("chat_template"),
                 "ref": ref and _model_ref(ref), "beta": float(s.get("beta", 1.0)), "score": mode,
                 "input_method": s.get("input_method", "ids"), "system": s.get("system"),
-                "date": s.get("date", DEFAULT_DATE)}
+                "date": s.get("date", DEFAULT_DATE), "principle": s.get("principle")}
     if mode == "logprob":
         settings["logprob_reduce"] = s.get("logprob_reduce", "sum")  # GCG and beam sum (probe/core/gcg.py)
     if s.get("prompt") is not None:
@@ -169,7 +169,8 @@ def read_run(flag: str, folder: str) -> TracedRun:
 
 
 NAMES = {"rm": "models", "ref": "reference models", "score": "score modes", "logprob_reduce": "log-probability "
-         "reductions", "input_method": "input methods", "system": "system prompts", "date": "dates"}
+         "reductions", "input_method": "input methods", "system": "system prompts", "date": "dates",
+         "principle": "principles"}
 
 
 def with_runs(cfg: TraceConfig, runs: list[TracedRun]) -> TraceConfig:

@@ -405,6 +405,33 @@ class JudgeHead(ScoreHead):
         return {"head": self.name, "yes_id": self.yes_id, "no_id": self.no_id}
 
 
+class LogitRewardHead(JudgeHead):
+    """A reward model shipped as a causal LM (registry reader ``"logit"``): the LM head's logit of vocabulary id
+    ``index`` at the last input position, i.e. row ``index`` of ``lm_head`` on the final-normed hidden state, minus
+    that of id ``minus`` where given; its own forward reads ``logits[:, -1, index]`` (``- logits[:, -1, minus]``),
+    what ``generate(max_new_tokens=1, output_scores=True)`` returns as ``scores[0][:, index]`` where the generation
+    config sets no sampling or penalty (NVIDIA's Nemotron reward cards)."""
+
+    name = "reward"
+
+    def __init__(self, model: torch.nn.Module, index: int = 0, minus: int | None = None):
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if head is None:
+            raise ProbeError(f"{type(model).__name__} has no language-model head: the logit reader needs a causal LM")
+        vocab = head.weight.shape[0]
+        for i in (index, minus):
+            if i is not None and not 0 <= i < vocab:
+                raise ProbeError(f"--label-index {i}: the LM head has {vocab} rows (ids 0 to {vocab - 1})")
+        self.model, self.ids = model, (index,) if minus is None else (index, minus)
+
+    def _from_logits(self, logits: Tensor) -> Tensor:
+        return logits[:, 0] if logits.shape[1] == 1 else logits[:, 0] - logits[:, 1]
+
+    def describe(self):
+        out = {"head": "reward (next-token logit)", "vocab_id": self.ids[0], "position": "last input id"}
+        return out | ({"minus_vocab_id": self.ids[1]} if len(self.ids) > 1 else {})
+
+
 class RatingHead(JudgeHead):
     """A judge's expected rating: the next-token distribution at the last position restricted to the rating tokens
     (``ids``, one per rating in ``values``), ``sum_r value_r * softmax(logits[ids])_r`` (probe/core/judges.py)."""

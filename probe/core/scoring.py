@@ -17,14 +17,15 @@ from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.core.pairwise import OrderedPair, PairwiseConversation, second_prefix
 from probe.errors import ProbeError
 from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
-from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, ModuleRewardHead,
-                              OwnForwardHead, RatingHead, ScoreHead)
+from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogitRewardHead, LogprobHead,
+                              ModuleRewardHead, OwnForwardHead, RatingHead, ScoreHead)
 from probe.models.loading import LoadedModel
 from probe.core.template import (
     REWARDBENCH_DPO,
     ConversationBuilder,
     TemplateSplit,
     WrappedConversation,
+    fill,
     input_call,
     judge_conversation,
     render,
@@ -82,6 +83,8 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
             return GatedRewardHead(model, pattern, spec.output)
         if spec.reader == "module":
             return ModuleRewardHead(model, spec.sign)
+        if spec.reader == "logit":
+            return LogitRewardHead(model, spec.label_index, spec.logit_minus)
         # a text pair's segment ids (the model card's call); RewardBench's route reads encoders through the "raw"
         # format (probe/models/loading.py), one segment, as its pipeline passes return_token_type_ids=False
         segments = getattr(model.config, "type_vocab_size", 0) > 1 and spec.chat_template == "text-pair"
@@ -138,6 +141,9 @@ def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: Scoring
     """The conversation around the response slot; a pairwise model's (``loaded.pairwise``) holds its reference."""
     if mode in ("reward", "judge-pair") and loaded is not None and loaded.pairwise is not None:
         return PairwiseConversation(prompt, loaded.pairwise, system, 0, opts.date_string)
+    if mode == "reward" and loaded is not None and loaded.principle is not None:
+        question = fill(loaded.spec.principle_question, principle=loaded.principle)
+        return FollowUpQuestion(response_conversation(prompt, system, opts.date_string), question)
     if mode == "rating":
         from probe.core.judges import rating_conversation, rating_prompt
 
@@ -163,6 +169,18 @@ class AppendedToken(WrappedConversation):
     def render_ids(self, tokenizer, response: str) -> list[int]:
         ids = render(tokenizer, self.build, response)
         return ids if ids and ids[-1] == self.token_id else ids + [self.token_id]
+
+
+@dataclass(frozen=True)
+class FollowUpQuestion(WrappedConversation):
+    """A question asked after the response (Nemotron's principle model, registry ``principle_question``): the
+    response conversation, then a user turn holding ``question``, then the assistant's turn opens."""
+
+    question: str = ""
+
+    def __call__(self, response: str):
+        messages, _ = self.build(response)
+        return messages + [{"role": "user", "content": self.question}], True
 
 
 def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True) -> Scorer:

@@ -44,6 +44,7 @@ class LoadedModel:
     ref: LoadedModel | None = None  # reference model of an implicit reward (--ref)
     beta: float = 1.0  # the implicit reward's scale
     pairwise: Pairwise | None = None  # a pairwise preference model: its format and reference response
+    principle: str | None = None  # the principle a principle model's score asks about (--principle, or its card's)
 
     @property
     def device(self) -> torch.device:
@@ -331,10 +332,12 @@ def load_model(
     need_template: bool = True,
     reference_response: str | None = None,
     input_method: str = "ids",
+    principle: str | None = None,
 ) -> LoadedModel:
     """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head.
     ``reference_response``: what a pairwise model compares each response with (default `pairwise.DEFAULT_REFERENCE`);
-    an error for any other model."""
+    an error for any other model. ``principle``: what a principle model's score asks about (default: its card's,
+    registry ``principle``); an error for any other model."""
     from probe.versions import check_versions
 
     check_versions()
@@ -363,6 +366,11 @@ def load_model(
     if input_method == "rewardbench" and pairwise is not None and pairwise.format == "polar":
         raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline for {model_id} (POLAR); "
                              "its card's own input is the default route")
+    principle = _principle(model_id, spec, kind, principle)
+    if input_method == "rewardbench" and kind == "reward" and spec.reader == "logit":
+        raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline that reads {model_id}'s "
+                             "reward from its language-model logits (its default would load a sequence classifier's "
+                             "random head); the model card's input is the default (--input-method ids)")
     if input_method == "rewardbench" and kind == "reward" and spec.chat_template == "text-pair":
         # an encoder: run_rm.py's raw concatenation (a language model takes run_dpo.py's inputs: _set_input_call)
         spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
@@ -399,7 +407,8 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     source = pkg.source() if (pkg := packaged(ref)) is not None else None
-    return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise)
+    return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise,
+                       principle=principle)
 
 
 def check_polar_reward_token(model_id: str, tokenizer, config) -> None:
@@ -502,6 +511,21 @@ def _pairwise(model_id: str, spec: RewardModelSpec, kind: ModelKind, reference_r
     return found
 
 
+def _principle(model_id: str, spec: RewardModelSpec, kind: ModelKind, principle: str | None) -> str | None:
+    """The principle a principle model's reward asks about (registry ``principle_question``): ``--principle``, else
+    its card's example; before any weights load, one line for a model that takes none."""
+    if kind != "reward" or spec.principle_question is None:
+        if principle is not None:
+            raise ModelLoadError(f"--principle: {model_id} takes no principle (spec {spec.name!r}"
+                                 f"{'' if kind == 'reward' else ', read as a language model'}); only a principle "
+                                 "reward model's score asks about one")
+        return None
+    if principle is None:
+        log.warning("%s scores how far a response fulfils a principle: the model card's %r (pass --principle TEXT)",
+                    model_id, spec.principle)
+    return spec.principle if principle is None else principle
+
+
 def model_class(auto, config, path: str, revision: str | None, trust_remote_code: bool):
     """The class ``auto.from_pretrained`` would instantiate: the checkpoint's own (auto_map) or the library's."""
     auto_map = getattr(config, "auto_map", None) or {}
@@ -538,7 +562,8 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
 
     if kind == "reward" and spec.layout is not None:
         return _load_family(path, spec, revision, dtype, device_map, allow_random_head, config)
-    seq_cls = kind == "reward" and spec.pairwise != "slicpairpm"  # a pair-preference LM reads its LM head
+    # a pair-preference LM and a reward read from the next-token logit (the "logit" reader) read the LM head
+    seq_cls = kind == "reward" and spec.pairwise != "slicpairpm" and spec.reader != "logit"
     auto = AutoModelForSequenceClassification if seq_cls else AutoModelForCausalLM
     if kind == "reward" and spec.auto_class is not None:  # remote code registered under another Auto class
         import transformers
@@ -546,9 +571,9 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
         auto = getattr(transformers, spec.auto_class)
     kwargs: dict = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=dtype,
                         **_placement(config, spec, device_map))
-    if kind == "reward" and allow_random_head:
+    if seq_cls and allow_random_head:
         kwargs["num_labels"] = 1
-    what = "sequence-classification (reward)" if kind == "reward" else "causal language"
+    what = "sequence-classification (reward)" if seq_cls else "causal language"
     try:
         cls = model_class(auto, config, path, revision, trust_remote_code)
     except (KeyError, OSError, ValueError, ImportError) as err:
@@ -581,7 +606,10 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
         arch = ", ".join(getattr(config, "architectures", None) or ["a model without an LM head"])
         raise ModelLoadError(
             f"{path} has no trained language-model head (randomly initialised: {', '.join(untrained)}; the checkpoint "
-            f"is {arch}): the logprob, judge, judge-pair and rating scores read that head. Score it with --score reward"
+            f"is {arch}): " + (f"spec {spec.name!r} reads its reward from that head; it is not this checkpoint's "
+                               "family (--spec NAME)" if kind == "reward" else
+                               "the logprob, judge, judge-pair and rating scores read that head. Score it with --score "
+                               "reward")
         )
     return model
 
@@ -645,6 +673,7 @@ def _load_model_for(get, kind: ModelKind, rm: object, input_method: str | None, 
         label_index=get("label_index"), device_map=get("device_map"), allow_random_head=get("allow_random_head", False),
         reference_response=None if judge_pair else get("reference_response"),
         input_method="rewardbench" if (input_method or get("input_method")) == "rewardbench" else "ids",
+        principle=get("principle"),
     )
     return with_judge_pair(loaded, get("reference_response"), get("judge_prompt")) if judge_pair else loaded
 

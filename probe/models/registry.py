@@ -10,6 +10,10 @@ A `RewardModelSpec` says how to load a model and how to read one score from it:
                 ``layout`` names it, probe/models/families.py), read at the family's pooling position;
   ``"forward"`` no cached reader is known: every candidate goes through the model's own full forward
                 (exact, slower).
+  ``"logit"``   a reward model shipped as a causal LM (NVIDIA's Nemotron rewards): the LM head's logit of vocabulary
+                id ``label_index`` at the last input position (the row of ``lm_head`` on the final-normed hidden
+                state), as the card's ``generate(max_new_tokens=1, output_scores=True).scores[0][0][label_index]``,
+                minus the logit of ``logit_minus`` where set (the principle model's 'Yes' minus 'No');
   ``"pairwise"`` a pairwise preference model (``pairwise`` names its input format, probe/core/pairwise.py): each
                 candidate is scored against a reference response in both orders; PairRM (an encoder, ``layout``
                 ``pairrm``) through its own forward, RLHFlow's pair-preference LMs on the shared-prefix cache;
@@ -31,7 +35,7 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-Reader = Literal["linear", "gated", "module", "forward", "pairwise"]
+Reader = Literal["linear", "gated", "module", "forward", "pairwise", "logit"]
 
 # The input conventions of the families (RewardModelSpec.input_source): what each model card (or training code) calls
 CHAT_TEMPLATE_INPUT = ("model card: tokenizer.apply_chat_template(conversation, tokenize=True); BOS as the template "
@@ -107,6 +111,23 @@ PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline",)
 # where the checkpoint's tokenizer carries a chat template of its own, which the card does not call; -> the format
 # RewardBench's run script renders instead (None: the tokenizer's own template)
 CARD_DIALOGUES = {"ultrarm-card": "openbmb", "beaver-card": "pku-align", "ziya-card": "ziya", "eurus-card": None}
+NEMOTRON_INPUT = ("{}: tokenizer.apply_chat_template([user, assistant], tokenize=True, add_generation_prompt=False, "
+                  "return_tensors='pt', return_dict=True): the template's ids, BOS as the template writes it (once), "
+                  "no EOS; the score model.generate(..., max_new_tokens=1, return_dict_in_generate=True, "
+                  "output_scores=True)['scores'][0][0][0]: the logit of vocabulary id 0 at the position after the last "
+                  "input id (the template's end of turn), unscaled (generate's scores are the raw logits where the "
+                  "generation config sets no sampling or penalty)")
+NEMOTRON_PRINCIPLE_QUESTION = ("Evaluate the response to the previous prompt in terms of whether it satisfies this "
+                               "principle: {principle}. Only answer Yes or No.")
+NEMOTRON_PRINCIPLE_INPUT = (
+    "model card of nvidia/Llama-3.3-Nemotron-70B-Reward-Principle (its README.md as a public repository's verbatim "
+    "copy holds it; the stored card pages stop before the usage block): tokenizer.apply_chat_template([user: prompt, "
+    "assistant: response, user: principle_question], tokenize=True, add_generation_prompt=True, return_tensors='pt', "
+    "return_dict=True), principle_question = f\"" + NEMOTRON_PRINCIPLE_QUESTION + "\" (the card's example principle: "
+    "'correctness'; --principle TEXT, recorded in the run): the template's ids, BOS as the template writes it, the "
+    "assistant's header last; the score model.generate(..., max_new_tokens=1, return_dict_in_generate=True, "
+    "output_scores=True): scores[0][0][9642] - scores[0][0][2822], the logits of 'Yes' minus 'No' at the position "
+    "after the input (ids as the card writes them, Llama 3's vocabulary)")
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
@@ -137,6 +158,14 @@ class RewardModelSpec:
         "help": "config attribute holding an id the family appends after the chat template (InternLM2's "
                 "reward_token_id): rendered inputs end with it"})
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
+    logit_minus: int | None = field(default=None, metadata={
+        "help": "logit reader: the reward is the logit of id label_index minus the logit of this id (Llama-3.3-"
+                "Nemotron-70B-Reward-Principle's card: 'Yes' 9642 minus 'No' 2822); None: the one logit"})
+    principle_question: str | None = field(default=None, metadata={
+        "help": "a user turn the model card asks after the response, its '{principle}' filled with --principle, then "
+                "the assistant's turn opens (Nemotron's principle model); None: the model takes no principle"})
+    principle: str | None = field(default=None, metadata={
+        "help": "the principle the model card's example passes: the default of --principle"})
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
                 "format as its model card writes it (a CARD_DIALOGUES format replaces even a template the tokenizer "
@@ -182,6 +211,12 @@ class RewardModelSpec:
             raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm, slicpairpm or polar")
         if self.label_index < 0:
             raise ValueError(f"spec {self.name!r}: label_index must be >= 0")
+        if self.logit_minus is not None and self.reader != "logit":
+            raise ValueError(f"spec {self.name!r}: logit_minus goes with the logit reader")
+        if (self.principle_question is None) != (self.principle is None) or (
+                self.principle_question is not None and "{principle}" not in self.principle_question):
+            raise ValueError(f"spec {self.name!r}: a principle question holds '{{principle}}' and comes with the "
+                             "card's default principle")
 
 
 DEFAULT = RewardModelSpec(
@@ -244,6 +279,25 @@ REGISTRY: dict[str, RewardModelSpec] = {
             notes="uncertainty-aware gated head; its modelling code was not available to check a cached reader "
                   "against, so candidates go through the model's own forward (outputs.logits[:, 0])",
         ),
+        # NVIDIA's Nemotron rewards: causal LMs whose card reads the reward from the next-token logit of id 0
+        *[RewardModelSpec(name, reader="logit", label_index=0, family=fam, notes=note,
+                          input_source=NEMOTRON_INPUT.format(source))
+          for name, fam, source, note in (
+              ("nvidia/Llama-3.1-Nemotron-70B-Reward-HF", "Llama 3.1",
+               "model card of nvidia/Llama-3.1-Nemotron-70B-Reward-HF, usage block as its users copy it (the stored "
+               "card pages stop before it)", "LlamaForCausalLM converted from the NeMo reward model"),
+              ("nvidia/Llama-3.3-Nemotron-70B-Reward", "Llama 3.3",
+               "model card of nvidia/Llama-3.3-Nemotron-70B-Reward as its users copy it (stored card pages stop "
+               "before the usage block)", "LlamaForCausalLM, scaled Bradley-Terry on HelpSteer3"),
+              ("nvidia/Llama-3.3-Nemotron-70B-Reward-Multilingual", "Llama 3.3",
+               "model card of nvidia/Llama-3.3-Nemotron-70B-Reward-Multilingual, a text-generation (causal LM) "
+               "checkpoint of the same release; its usage block not readable offline, taken as its sibling "
+               "Llama-3.3-Nemotron-70B-Reward's", "LlamaForCausalLM, scaled Bradley-Terry on HelpSteer3 (multilingual)"))],
+        RewardModelSpec("nvidia/Llama-3.3-Nemotron-70B-Reward-Principle", reader="logit", label_index=9642,
+                        logit_minus=2822, principle_question=NEMOTRON_PRINCIPLE_QUESTION, principle="correctness",
+                        family="Llama 3.3", input_source=NEMOTRON_PRINCIPLE_INPUT,
+                        notes="LlamaForCausalLM (RLBFF, HelpSteer3): a principle asked after the response; the reward "
+                              "is the 'Yes' logit minus the 'No' logit of the assistant's first token"),
         # RewardBench 2's leaders (2025): plain sequence classifiers on Llama 3.x and Qwen3
         *[RewardModelSpec(f"Skywork/Skywork-Reward-V2-{name}", family=fam, notes=f"{arch}ForSequenceClassification",
                           input_source=SKYWORK_V2_INPUT)

@@ -85,6 +85,9 @@ def judge_rows(meta: dict) -> list[tuple[str, str]]:
                   else "in both orders")
         rows.append(("reference response", f"{model['reference_response']!r}: every response is compared with it, "
                                            + orders))
+    if model.get("principle") is not None:
+        rows.append(("principle", f"{model['principle']!r}: every response is scored against it, asked after the "
+                                  f"response as {model.get('principle_question')!r}"))
     prompt = score.get("judge_prompt") or model.get("judge_prompt")
     if prompt and prompt.get("kind") == "rating":
         lo, hi = prompt["ratings"]

@@ -47,6 +47,7 @@ def model_record(loaded, revision: str | None = None) -> dict:
         "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
         "input": {"call": input_call(tok), "convention": input_convention(loaded)},
         **(loaded.pairwise.describe() if getattr(loaded, "pairwise", None) is not None else {}),
+        **principle_record(loaded),
         **({"ref": model_record(loaded.ref), "beta": loaded.beta,
             "score": "implicit reward: beta x (log p under the model - log p under ref) of the same response ids"}
            if getattr(loaded, "ref", None) is not None else {}),
@@ -92,9 +93,21 @@ def reference_settings(loaded) -> dict:
 
     if getattr(loaded, "pairwise", None) is not None:
         return loaded.pairwise.describe()
+    if getattr(loaded, "principle", None) is not None:
+        return principle_record(loaded)
     if getattr(loaded, "ref", None) is None:
         return {}
     return {"ref": {"model": loaded.ref.model_id, "weights": weights_identity(loaded.ref)}, "beta": loaded.beta}
+
+
+def principle_record(loaded) -> dict:
+    """A principle model's principle and the question its card asks with it (empty for every other model)."""
+    from probe.core.template import fill
+
+    if getattr(loaded, "principle", None) is None:
+        return {}
+    return {"principle": loaded.principle,
+            "principle_question": fill(loaded.spec.principle_question, principle=loaded.principle)}
 
 
 def score_label(loaded, mode: str) -> str:
@@ -108,6 +121,8 @@ def score_label(loaded, mode: str) -> str:
         return f"pairwise judge ({loaded.pairwise.judge.name}) vs the reference response {loaded.pairwise.reference!r}"
     if getattr(loaded, "pairwise", None) is not None and mode == "reward":
         return f"pairwise vs the reference response {loaded.pairwise.reference!r}"  # its own inputs: no route
+    if getattr(loaded, "principle", None) is not None and mode == "reward":
+        return f"reward against the principle {loaded.principle!r}{route}"
     if getattr(loaded, "ref", None) is None:
         return mode + route
     return f"implicit reward vs {loaded.ref.model_id}, beta {loaded.beta:g}{route}"
