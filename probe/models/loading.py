@@ -365,7 +365,9 @@ def load_model(
         spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
-    own_format = pairwise is not None and pairwise.format == "pairrm"  # PairRM's input is not a chat
+    from probe.core.pairwise import PAIRRM_CLASS
+
+    own_format = pairwise is not None and pairwise.format in PAIRRM_CLASS  # PairRM's input is not a chat
     family, replaces = family_template(spec, input_method) if kind == "reward" else (None, False)
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template, family,
                                need_template and not own_format, family_replaces=replaces)

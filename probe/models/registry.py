@@ -128,7 +128,7 @@ class RewardModelSpec:
     layout: str | None = field(default=None, metadata={
         "help": "module reader: the family's backbone and head layout (probe/models/families.py)"})
     pairwise: str | None = field(default=None, metadata={
-        "help": "pairwise reader: the input format, 'pairrm' or 'slicpairpm' (probe/core/pairwise.py)"})
+        "help": "pairwise reader: the input format, 'pairrm', 'betterpairrm' or 'slicpairpm' (probe/core/pairwise.py)"})
     auto_class: str | None = field(default=None, metadata={
         "help": "the Auto class the family's remote code registers its model under, when not the sequence classifier "
                 "(InternLM2 reward: AutoModel)"})
@@ -177,8 +177,9 @@ class RewardModelSpec:
                 self.layout is not None and self.reader not in ("module", "pairwise")):
             raise ValueError(f"spec {self.name!r}: a layout goes with the module reader (or a pairwise model's class), "
                              "and the module reader needs one")
-        if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "slicpairpm")):
-            raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm or slicpairpm")
+        if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "betterpairrm", "slicpairpm")):
+            raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm, betterpairrm or "
+                             "slicpairpm")
         if self.label_index < 0:
             raise ValueError(f"spec {self.name!r}: label_index must be >= 0")
 
@@ -349,10 +350,18 @@ REGISTRY: dict[str, RewardModelSpec] = {
             "SteamSHP is a T5 that generates 'A' or 'B' for a pair of responses (RewardBench's SHPPipeline); rm-probe "
             "reads decoder-only and encoder classifiers, not encoder-decoder generation"))
           for name in ("stanfordnlp/SteamSHP-flan-t5-xl", "stanfordnlp/SteamSHP-flan-t5-large")],
-        *[RewardModelSpec(name, reader="forward", family="DeBERTa-v3", unsupported=(
-            "Better-PairRM is PairRM's class with another input format (RewardBench's BetterPairRMPipeline), whose "
-            "template string rm-probe does not render yet; PairRM itself (llm-blender/PairRM-hf) is supported"))
-          for name in ("mightbe/Better-PairRM",)],
+        *[RewardModelSpec(name, reader="pairwise", pairwise="betterpairrm", layout="pairrm", dtype="float32",
+                          rewardbench_pipeline="BetterPairRMPipeline", family="DeBERTa-v3",
+                          input_source="RewardBench 0.1.4's BetterPairRMPipeline (tokenize_conv_pair; the card's "
+                                       "'format based on Vicuna 1.1', its stored copy cut before its own usage): "
+                                       "'USER: {prompt}' and an open 'ASSISTANT: ' joined as its template joins turns, "
+                                       "each text cut (source 2,030 ids from the left, responses 670 from the right) "
+                                       "and decoded back; '<|source|>' encoded on its own, then the source, "
+                                       "'<|candidate1|>' .., '<|candidate2|>' .., each with [CLS]/[SEP]",
+                          notes="DebertaV2PairRM (PairRM's class): logit(candidate over reference) - logit(reference "
+                                "over candidate), RewardBench's BetterPairRMPipeline; an encoder: full sequences, "
+                                "batched")
+          for name in ("mightbe/Better-PairRM", "maywell/Better-PairRM")],
         # Architectures of remote-code models, as their modelling code names the class: for checkpoints not
         # listed by id (fine-tunes, local copies under another name).
         RewardModelSpec(
