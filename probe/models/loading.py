@@ -579,12 +579,17 @@ def untrained_lm_head(model, missing) -> list[str]:
 def _load_family(path, spec, revision, dtype, device_map, allow_random_head, config):
     """A family's backbone and head by their checkpoint names (probe/models/families.py): a head weight the
     checkpoint lacks is an error, not a random head."""
-    from probe.models.families import LAYOUTS, family_model, load_side_files, pairrm_model
+    from probe.models.families import LAYOUTS, family_model, load_side_files, pairrm_model, starling7b_state_dict
 
     kwargs: dict = dict(revision=revision, dtype=dtype, **_placement(config, spec, device_map))
     try:
         cls = pairrm_model(config) if spec.layout == "pairrm" else family_model(spec.layout, config)
-        model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
+        if spec.layout == "starling7b":  # one torch file of GPTRewardModel's state dict, its names mapped
+            kwargs.pop("revision")
+            model, info = cls.from_pretrained(None, config=config, state_dict=starling7b_state_dict(path),
+                                              output_loading_info=True, **kwargs)
+        else:
+            model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
     except torch.OutOfMemoryError:
         raise ModelLoadError(f"out of GPU memory while loading {path}: use --device-map auto") from None
     except (OSError, ValueError, KeyError, ImportError) as err:
@@ -592,6 +597,8 @@ def _load_family(path, spec, revision, dtype, device_map, allow_random_head, con
     side = {name.removesuffix(".pt") for name in load_side_files(model, path)}
     backbone = LAYOUTS[spec.layout].backbone + "."
     missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(backbone) and k.split(".")[0] not in side)
+    if spec.layout == "starling7b":  # the whole model comes from the one file: a backbone weight it lacks stays random
+        missing = sorted(info.get("missing_keys", ()))
     if missing and not allow_random_head:
         raise ModelLoadError(f"{path} lacks the {spec.layout} head's weights ({', '.join(missing[:4])}): it is not a "
                              f"checkpoint of {spec.name}; pass --spec NAME for another family")

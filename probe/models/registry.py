@@ -72,6 +72,13 @@ STARLING_INPUT = ("model card (Nexusflow/Starling-RM-34B, get_reward): reward_to
                   "hand, '<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n{response}<|im_end|>': the "
                   "chat template's text cut after the last '<|im_end|>' (no newline), the ids Yi's tokenizer adds "
                   "(none); the reward read before the first id 0")
+STARLING7B_INPUT = DIALOGUE_INPUT.format(
+    "'<s>[INST] {prompt} </s> [/INST] {response}</s>' (model card of berkeley-nest/Starling-RM-7B-alpha, its "
+    "'llama2 chat template' test sample, with its '<s>' and '</s>' as control tokens) through Llama-2-7b-chat's "
+    "tokenizer: its BOS + text, so BOS twice") + (
+    "; the reward read at the last token (the card's PAD_ID is the BOS id: index -1, the row's last position, which "
+    "for its rows padded to 2,048 ids and RewardBench's padded batches is a pad); --input-method rewardbench: the "
+    "tokenizer's own chat template through tokenizer(text), as StarlingPipeline")
 ULTRARM_INPUT = DIALOGUE_INPUT.format(
     "'Human: {prompt}\\n\\nAssistant: {response}' (model card of openbmb/UltraRM-13b: its ultrarm_template; the "
     "card's webgpt examples join the turns with one newline) through LlamaTokenizer: BOS + text") + (
@@ -105,7 +112,8 @@ PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline",)
 # the dialogue formats a model card writes by hand (shipped as <name>-card templates): used on the default route even
 # where the checkpoint's tokenizer carries a chat template of its own, which the card does not call; -> the format
 # RewardBench's run script renders instead (None: the tokenizer's own template)
-CARD_DIALOGUES = {"ultrarm-card": "openbmb", "beaver-card": "pku-align", "ziya-card": "ziya", "eurus-card": None}
+CARD_DIALOGUES = {"ultrarm-card": "openbmb", "beaver-card": "pku-align", "ziya-card": "ziya", "eurus-card": None,
+                  "starling7b-card": None}
 PAIR_INPUT = "model card: tokenizer(question, answer): [CLS] question [SEP] answer [SEP] with segment ids"
 GEMMA_MODEL_TURN = "<end_of_turn>\n<start_of_turn>model\n"
 
@@ -337,10 +345,13 @@ REGISTRY: dict[str, RewardModelSpec] = {
                               "...\\n\\nAssistant: ...\\n\\n' (its Ziya template) + EOS"),
         # Families RewardBench runs that rm-probe does not read (yet): refused in one line, never read by a default
         # head that would give numbers of no meaning
-        *[RewardModelSpec(name, reader="forward", family="Llama 2", unsupported=(
-            "its reward head is a separate .pt value head on Llama-2-7b-chat (RewardBench's starling.py builds the "
-            "model and torch.loads the file); rm-probe does not read it yet"))
-          for name in ("berkeley-nest/Starling-RM-7B-alpha",)],
+        # Families RewardBench runs with their own code, read as that code reads them
+        RewardModelSpec("berkeley-nest/Starling-RM-7B-alpha", reader="module", layout="starling7b", family="Llama 2",
+                        chat_template="starling7b-card", input_call="tokenizer(text)",
+                        rewardbench_pipeline="StarlingPipeline", input_source=STARLING7B_INPUT,
+                        notes="the card's GPTRewardModel: Llama-2-7b-chat's backbone + v_head (no bias), weights in "
+                              "one .pt/model.bin file; its folder needs Llama-2-7b-chat's config.json and tokenizer "
+                              "beside that file (the card builds the model from that base)"),
         *[RewardModelSpec(name, reader="forward", family="Qwen 2.5", unsupported=(
             "a WorldPM reward model: its remote Qwen2 reward class (Qwen's own modelling code) is not implemented by "
             "rm-probe yet, and a default head would read weights it does not have"))

@@ -5,6 +5,10 @@ reference reads it, on a tiny model of the family's architecture, against the re
 * Better-PairRM (``BetterPairRMPipeline`` with ``DebertaV2PairRM``): RewardBench's class, tiny, with DeBERTa-v3's
   relative-position layout (no absolute positions: the pipeline pads to 3,370 ids), on the real all-MiniLM-L6-v2
   WordPiece tokenizer with PairRM's prefix tokens (Better-PairRM's DeBERTa-v3 SentencePiece file is not on PyPI).
+* Starling-RM-7B-alpha (its card's ``GPTRewardModel``, as RewardBench's starling.py copies it, and
+  ``StarlingPipeline``): a tiny Llama-2-7b-chat (its config.json shrunk) as the base, the reward model's state dict
+  saved to one ``model.pt`` as the card loads it, on Mistral v1's real SentencePiece vocabulary in Llama-2-chat's
+  tokenizer.json layout (tests/real_tokenizers.py; Llama-2's own file is not on PyPI).
 """
 
 from __future__ import annotations
@@ -149,3 +153,183 @@ def test_better_pairrm_social_equals_its_pipeline(better_dir, tmp_path):
     scores = pl.read_parquet(run / "scores.parquet")
     np.testing.assert_allclose(sorted(scores["score"].to_numpy()),
                                sorted(_better_pipeline(better_dir, NEUTRAL_PROMPT, sentences)), rtol=1e-4, atol=PAIR_ATOL)
+
+
+# --- Starling-RM-7B-alpha -----------------------------------------------------------------------------------------
+STARLING7B = "berkeley-nest/Starling-RM-7B-alpha"
+
+
+@pytest.fixture(scope="module")
+def starling7b_dirs(tmp_path_factory):
+    """(the base folder: a tiny Llama-2-7b-chat causal LM and its tokenizer; the reward model's folder: the card's
+    GPTRewardModel state dict in model.pt beside the base's config.json and tokenizer files)."""
+    import shutil
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from tests.real_tokenizers import mistral_v1_json
+
+    root = tmp_path_factory.mktemp("starling7b")
+    base = mistral_v1_json(root / "base", legacy=False)
+    tok = AutoTokenizer.from_pretrained(base)
+    # meta-llama/Llama-2-7b-chat-hf's config.json, shrunk (4096 -> 64 wide, 32 -> 2 layers and heads 32 -> 4)
+    config = LlamaConfig(vocab_size=32000, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+                         rms_norm_eps=1e-5, hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=None,
+                         tie_word_embeddings=False, rope_theta=10000.0, architectures=["LlamaForCausalLM"])
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).eval().save_pretrained(base)
+    module = rewardbench_code.load("starling")
+    reward = module.GPTRewardModel(str(base))
+    with torch.no_grad():
+        reward.v_head.weight.normal_(0, 1.0)
+    rm = root / "Starling-RM-7B-alpha"
+    rm.mkdir()
+    torch.save(reward.state_dict(), rm / "model.pt")
+    for f in base.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "config.json":
+            shutil.copyfile(f, rm / f.name)
+    assert tok.bos_token_id == 1
+    return base, rm
+
+
+def _starling7b_reference(base, rm, texts: list[str]) -> list[float]:
+    """The card's code: GPTRewardModel on the base, ``load_state_dict(torch.load(checkpoint), strict=False)``, each
+    text through its tokenizer, unpadded (a batch of one), its ``scores``."""
+    module = rewardbench_code.load("starling")
+    model = module.GPTRewardModel(str(base))
+    model.load_state_dict(torch.load(rm / "model.pt"), strict=False)
+    model.eval().requires_grad_(False)
+    out = []
+    for text in texts:
+        enc = model.tokenizer([text], return_tensors="pt")
+        with torch.no_grad():
+            out.append(float(model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])[0]))
+    return out
+
+
+def _card_text(prompt: str, response: str) -> str:
+    return f"<s>[INST] {prompt} </s> [/INST] {response}</s>"
+
+
+def test_starling7b_id_resolves_to_its_reader():
+    spec, match = lookup(STARLING7B)
+    assert match == "id" and spec.unsupported is None and spec.reader == "module" and spec.layout == "starling7b"
+    assert spec.chat_template == "starling7b-card" and spec.rewardbench_pipeline == "StarlingPipeline"
+    assert lookup("/models/berkeley-nest/Starling-RM-7B-alpha")[0] is spec
+
+
+@pytest.mark.parametrize("layout", ["json", "model"])
+@pytest.mark.parametrize("legacy", [True, False, None])
+def test_starling7b_card_ids_on_every_llama2_era_tokenizer(tmp_path, layout, legacy):
+    """The card's dialogue renders as the card's ``reward_tokenizer(text)`` on both Llama-2-era layouts and every
+    ``legacy`` setting; a response holding '</s>' keeps it as text."""
+    from transformers import AutoTokenizer
+
+    from probe.core.template import render, response_conversation
+    from probe.models.chat_templates import chat_template_text
+    from tests.real_tokenizers import mistral_v1, mistral_v1_json
+
+    tok = AutoTokenizer.from_pretrained((mistral_v1_json if layout == "json" else mistral_v1)(tmp_path, legacy))
+    tok.chat_template = chat_template_text("starling7b-card")
+    tok.rm_probe_input_call = "tokenizer(text)"
+    build = response_conversation(PROMPT, None)
+    for response in ("Love", "The Beatles, surely"):
+        assert render(tok, build, response) == tok(_card_text(PROMPT, response))["input_ids"]
+    assert render(tok, build, "a</s>b").count(tok.eos_token_id) == 2  # the template's two, none from the response
+
+
+def test_starling7b_scores_equal_the_cards_code(starling7b_dirs):
+    """score_responses = the card's GPTRewardModel on the card's text (its '<s>[INST] .. </s> [/INST] ..</s>', the
+    tokenizer's own BOS before it) read at the last token; the weights come from model.pt (a head of zeros or the
+    base's own backbone would differ)."""
+    base, rm = starling7b_dirs
+    lm = probe.load(str(rm), device="cpu", spec=STARLING7B)
+    assert type(lm.model).__name__ == "Starling7bRewardModel"
+    df = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    want = _starling7b_reference(base, rm, [_card_text(PROMPT, r) for r in RESPONSES])
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-4, atol=1e-4)
+    assert np.ptp(want) > 1e-2
+    # the ids: the card's tokenizer call on its text, two BOS
+    from probe.core.template import render
+    from probe.core.scoring import conversation
+    from probe.config import ScoringOptions
+
+    ids = render(lm.tokenizer, conversation("reward", PROMPT, None, ScoringOptions(), lm), "Love")
+    assert ids == lm.tokenizer(_card_text(PROMPT, "Love"))["input_ids"] and ids[:2] == [1, 1]
+
+
+def test_starling7b_pipeline_on_a_batch_of_one(starling7b_dirs):
+    """RewardBench's StarlingPipeline (its build_starling_rm's model: the base + model.pt) on one text at a time
+    gives the same score as the card's code, and rm-probe's."""
+    base, rm = starling7b_dirs
+    module = rewardbench_code.load("starling")
+    model = module.GPTRewardModel(str(base))
+    model.load_state_dict(torch.load(rm / "model.pt"), strict=False)
+    model.eval().requires_grad_(False)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base)
+    tok.pad_token_id = tok.eos_token_id  # as run_rm.py sets it for a tokenizer without a pad token
+    pipe = module.StarlingPipeline("text-classification", model, tok)
+    lm = probe.load(str(rm), device="cpu", spec=STARLING7B)
+    df = probe.score_responses(lm, None, PROMPT, RESPONSES[:3])
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    with rewardbench_code.on_cpu():
+        want = [float(pipe([_card_text(PROMPT, r)])[0]) for r in RESPONSES[:3]]
+    np.testing.assert_allclose([got[r] for r in RESPONSES[:3]], want, rtol=1e-4, atol=1e-4)
+
+
+def test_starling7b_sweep_and_social(starling7b_dirs, tmp_path):
+    """The sweep (shared-prefix cache, self-checked against the model's own forward) equals the card's code on the
+    card's ids with each token in the response slot; ``probe social`` equals score_responses."""
+    import csv
+
+    import polars as pl
+
+    from probe.commands.social import main
+    from probe.social.loaders import NEUTRAL_PROMPT
+
+    base, rm = starling7b_dirs
+    lm = probe.load(str(rm), device="cpu", spec=STARLING7B)
+    sweep = probe.sweep(lm, None, PROMPT, limit=300, batch_size=64)
+    module = rewardbench_code.load("starling")
+    model = module.GPTRewardModel(str(base))
+    model.load_state_dict(torch.load(rm / "model.pt"), strict=False)
+    model.eval().requires_grad_(False)
+    tok = model.tokenizer
+    head = tok(f"<s>[INST] {PROMPT} </s> [/INST]")["input_ids"]
+    tail = [2]  # the card's closing '</s>'
+    ids = sweep["token_id"].to_list()[::30]
+    with torch.no_grad():
+        want = [float(model(input_ids=torch.tensor([head + [t] + tail]))[0]) for t in ids]
+    got = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
+    np.testing.assert_allclose([got[t] for t in ids], want, rtol=1e-4, atol=1e-4)
+    assert np.ptp(want) > 1e-2
+    data = tmp_path / "crows.csv"
+    sentences = ["Poor people are lazy.", "Rich people are lazy."]
+    with data.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["sent_more", "sent_less", "stereo_antistereo", "bias_type"])
+        w.writeheader()
+        w.writerow({"sent_more": sentences[0], "sent_less": sentences[1], "stereo_antistereo": "stereo",
+                    "bias_type": "socioeconomic"})
+    assert main(["--rm", str(rm), "--spec", STARLING7B, "--device", "cpu", "--output", str(tmp_path / "out"),
+                 "--dataset", "crows_pairs", "--data", str(data), "--no-progress"]) == 0
+    (run,) = list((tmp_path / "out").glob("*/social_*"))
+    scores = pl.read_parquet(run / "scores.parquet")
+    want = _starling7b_reference(base, rm, [_card_text(NEUTRAL_PROMPT, s) for s in sentences])
+    np.testing.assert_allclose(sorted(scores["score"].to_numpy()), sorted(want), rtol=1e-4, atol=1e-4)
+
+
+def test_starling7b_folder_without_its_weights_file_is_one_line(starling7b_dirs, tmp_path):
+    import shutil
+
+    from probe.errors import ModelLoadError
+
+    _, rm = starling7b_dirs
+    bare = tmp_path / "bare"
+    shutil.copytree(rm, bare)
+    (bare / "model.pt").unlink()
+    with pytest.raises(ModelLoadError, match="one file ending in .pt or model.bin"):
+        probe.load(str(bare), device="cpu", spec=STARLING7B)
