@@ -449,3 +449,23 @@ class OwnForwardHead(ScoreHead):
     def describe(self):
         out = {"head": "reward (model's own forward)", "output": self.output, "label_index": self.label_index}
         return out | ({"text_pair_sep_id": self.pair_sep_id} if self.pair_sep_id is not None else {})
+
+
+class DecoderLabelHead(OwnForwardHead):
+    """An encoder-decoder that answers with a label (SteamSHP: "A" or "B"): the input through the encoder, the decoder
+    given its start token alone (``generate``'s first step), the logit of ``first_id`` minus that of ``second_id``."""
+
+    def __init__(self, first_id: int, second_id: int):
+        super().__init__("logits", 0)
+        self.first_id, self.second_id = first_id, second_id
+
+    def own_forward(self, model, input_ids, n_prefix):
+        start = model.generation_config.decoder_start_token_id
+        if start is None:
+            start = model.config.decoder_start_token_id
+        decoder = torch.full((input_ids.shape[0], 1), int(start), dtype=input_ids.dtype, device=input_ids.device)
+        logits = model(input_ids=input_ids, decoder_input_ids=decoder).logits[:, 0].float()
+        return logits[:, self.first_id] - logits[:, self.second_id]
+
+    def describe(self):
+        return {"head": "decoder's first-step label logits", "first_id": self.first_id, "second_id": self.second_id}

@@ -14,7 +14,7 @@ import torch
 from probe.config import (ScoreMode, ScoringOptions, check_rewardbench_dpo, model_kind,  # noqa: F401 (re-exported)
                           resolve_score_mode)
 from probe.core.engine import FullSequenceScorer, PrefixScorer
-from probe.core.pairwise import PAIRRM_CLASS, OrderedPair, PairwiseConversation, second_prefix
+from probe.core.pairwise import OWN_FORWARD, PAIRRM_CLASS, OrderedPair, PairwiseConversation, second_prefix
 from probe.errors import ProbeError
 from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
 from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogprobHead, ModuleRewardHead,
@@ -125,6 +125,11 @@ def pairwise_head(loaded: LoadedModel) -> ScoreHead:
     LM's logit of "A" minus that of "B" at the last position (SlicPairPM)."""
     if loaded.pairwise.format in PAIRRM_CLASS:
         return OwnForwardHead("logits", 0)
+    if loaded.pairwise.format == "shp":
+        from probe.core.heads import DecoderLabelHead
+        from probe.core.judges import single_ids
+
+        return DecoderLabelHead(*single_ids(loaded.tokenizer, ["A", "B"], "SteamSHP's labels"))
     if loaded.pairwise.format == "judge":
         return label_head(loaded, *loaded.pairwise.judge.labels, f"the pairwise judge ({loaded.pairwise.judge.name})",
                           "use a --judge-prompt whose labels are single tokens")
@@ -346,7 +351,7 @@ def scoring_path(loaded: LoadedModel, head: ScoreHead | None = None) -> str:
     """Which path `build_scorer` takes for this model, as the memory plan names it (probe/models/memory.py)."""
     from probe.kernels.prefix_attention import supported
 
-    if isinstance(head, OwnForwardHead) or (loaded.pairwise is not None and loaded.pairwise.format in PAIRRM_CLASS):
+    if isinstance(head, OwnForwardHead) or (loaded.pairwise is not None and loaded.pairwise.format in OWN_FORWARD):
         return "full"
     if loaded.kind == "reward" and loaded.spec.reader == "forward":
         return "full"

@@ -350,7 +350,7 @@ def load_model(
         spec, match = lookup(model_id, getattr(config, "architectures", None))
     if kind == "reward" and match == "default" and getattr(config, "model_type", None) in ENCODER_TYPES:
         spec, match = encoder_spec(config.model_type), "encoder config"
-    if kind == "reward" and (spec.reader == "forward" or spec.layout == "pairrm"):
+    if kind == "reward" and (spec.reader == "forward" or spec.layout == "pairrm" or spec.pairwise == "shp"):
         log.warning("%s: %s; no shared-prefix cache: every candidate runs through the model's own full forward "
                     "(batched), which is exact and slower", model_id, spec.notes or spec.name)
     if kind == "reward" and match in ("default", "architecture"):
@@ -365,9 +365,9 @@ def load_model(
         spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
-    from probe.core.pairwise import PAIRRM_CLASS
+    from probe.core.pairwise import OWN_FORWARD
 
-    own_format = pairwise is not None and pairwise.format in PAIRRM_CLASS  # PairRM's input is not a chat
+    own_format = pairwise is not None and pairwise.format in OWN_FORWARD  # PairRM's (SteamSHP's) input is not a chat
     family, replaces = family_template(spec, input_method) if kind == "reward" else (None, False)
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template, family,
                                need_template and not own_format, family_replaces=replaces)

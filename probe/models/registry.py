@@ -136,7 +136,7 @@ class RewardModelSpec:
     layout: str | None = field(default=None, metadata={
         "help": "module reader: the family's backbone and head layout (probe/models/families.py)"})
     pairwise: str | None = field(default=None, metadata={
-        "help": "pairwise reader: the input format, 'pairrm', 'betterpairrm' or 'slicpairpm' (probe/core/pairwise.py)"})
+        "help": "pairwise reader: the input format, 'pairrm', 'betterpairrm', 'slicpairpm' or 'shp' (probe/core/pairwise.py)"})
     auto_class: str | None = field(default=None, metadata={
         "help": "the Auto class the family's remote code registers its model under, when not the sequence classifier "
                 "(InternLM2 reward: AutoModel)"})
@@ -185,9 +185,9 @@ class RewardModelSpec:
                 self.layout is not None and self.reader not in ("module", "pairwise")):
             raise ValueError(f"spec {self.name!r}: a layout goes with the module reader (or a pairwise model's class), "
                              "and the module reader needs one")
-        if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "betterpairrm", "slicpairpm")):
-            raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm, betterpairrm or "
-                             "slicpairpm")
+        if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "betterpairrm", "slicpairpm", "shp")):
+            raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm, betterpairrm, "
+                             "slicpairpm or shp")
         if self.label_index < 0:
             raise ValueError(f"spec {self.name!r}: label_index must be >= 0")
 
@@ -357,9 +357,15 @@ REGISTRY: dict[str, RewardModelSpec] = {
             "rm-probe yet, and a default head would read weights it does not have"))
           for name in ("Qwen/WorldPM-72B", "Qwen/WorldPM-72B-HelpSteer2", "Qwen/WorldPM-72B-RLHFLow",
                        "Qwen/WorldPM-72B-UltraFeedback")],
-        *[RewardModelSpec(name, reader="forward", family="T5", unsupported=(
-            "SteamSHP is a T5 that generates 'A' or 'B' for a pair of responses (RewardBench's SHPPipeline); rm-probe "
-            "reads decoder-only and encoder classifiers, not encoder-decoder generation"))
+        *[RewardModelSpec(name, reader="pairwise", pairwise="shp", auto_class="AutoModelForSeq2SeqLM", family="T5",
+                          dtype="float32", rewardbench_pipeline="SHPPipeline",
+                          input_source="model card and RewardBench 0.1.4's SHPPipeline: tokenizer('POST: {post}\\n\\n "
+                                       "RESPONSE A: {a}\\n\\n RESPONSE B: {b}\\n\\n Which response is better? "
+                                       "RESPONSE') (the texts before the response joined by spaces as the post; T5's "
+                                       "</s> closing it; cut at 2,048 ids as the pipeline cuts it), both orders",
+                          notes="T5ForConditionalGeneration answering 'A' or 'B': logit('A') - logit('B') of the "
+                                "decoder's first step (the card's generate(max_new_tokens=1)), P(candidate) averaged "
+                                "over both orders; an encoder-decoder: full sequences, batched")
           for name in ("stanfordnlp/SteamSHP-flan-t5-xl", "stanfordnlp/SteamSHP-flan-t5-large")],
         *[RewardModelSpec(name, reader="pairwise", pairwise="betterpairrm", layout="pairrm", dtype="float32",
                           rewardbench_pipeline="BetterPairRMPipeline", family="DeBERTa-v3",

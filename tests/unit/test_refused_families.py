@@ -9,6 +9,10 @@ reference reads it, on a tiny model of the family's architecture, against the re
   ``StarlingPipeline``): a tiny Llama-2-7b-chat (its config.json shrunk) as the base, the reward model's state dict
   saved to one ``model.pt`` as the card loads it, on Mistral v1's real SentencePiece vocabulary in Llama-2-chat's
   tokenizer.json layout (tests/real_tokenizers.py; Llama-2's own file is not on PyPI).
+* SteamSHP (``SHPPipeline``'s input text, the card's ``generate(max_new_tokens=1)``): a tiny
+  T5ForConditionalGeneration (flan-t5-large's config.json shrunk) on a T5-layout tokenizer (Unigram, ``</s>``
+  appended, T5's normalizer) whose pieces are Mistral v1's real SentencePiece pieces: no T5 ``spiece.model`` is in
+  any PyPI package at hand.
 """
 
 from __future__ import annotations
@@ -333,3 +337,128 @@ def test_starling7b_folder_without_its_weights_file_is_one_line(starling7b_dirs,
     (bare / "model.pt").unlink()
     with pytest.raises(ModelLoadError, match="one file ending in .pt or model.bin"):
         probe.load(str(bare), device="cpu", spec=STARLING7B)
+
+
+# --- SteamSHP -----------------------------------------------------------------------------------------------------
+SHP = "stanfordnlp/SteamSHP-flan-t5-large"
+
+
+@pytest.fixture(scope="module")
+def shp_dir(tmp_path_factory) -> Path:
+    from sentencepiece import sentencepiece_model_pb2
+    from transformers import T5Config, T5ForConditionalGeneration, T5Tokenizer
+
+    from tests.real_tokenizers import package_dir
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString((package_dir("mistral_common") / "data" / "tokenizer.model.v1").read_bytes())
+    pieces = [(p.piece, p.score) for p in proto.pieces if p.type == 1]  # the normal pieces, with their scores
+    tok = T5Tokenizer(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + pieces, extra_ids=0)
+    # stanfordnlp/SteamSHP-flan-t5-large's config.json (flan-t5-large), shrunk: 1024 -> 64 wide, 24 -> 2 layers
+    config = T5Config(vocab_size=len(tok), d_model=64, d_ff=128, d_kv=16, num_heads=4, num_layers=2,
+                      num_decoder_layers=2, feed_forward_proj="gated-gelu", relative_attention_num_buckets=32,
+                      relative_attention_max_distance=128, layer_norm_epsilon=1e-6, tie_word_embeddings=False,
+                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, architectures=["T5ForConditionalGeneration"])
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(config).eval()
+    folder = tmp_path_factory.mktemp("steamshp")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _shp_reference(shp_dir, prompt: str, responses: list[str]) -> np.ndarray:
+    """Per response: SHPPipeline's text for (response, reference) in each order (its _format_input, its random order
+    drawn until both came), each through the card's ``generate(x, max_new_tokens=1)``, whose first-step scores give
+    P(A) = softmax over the 'A'/'B' logits; the mean of P(response chosen) over the two orders."""
+    import random
+
+    from transformers import AutoTokenizer, T5ForConditionalGeneration
+
+    pipe_cls = rewardbench_code.load("shp").SHPPipeline
+    tok = AutoTokenizer.from_pretrained(shp_dir)
+    model = T5ForConditionalGeneration.from_pretrained(shp_dir).eval()
+    pipe = pipe_cls("text2text-generation", model, tok)
+    a, b = (tok.encode(x, add_special_tokens=False)[0] for x in ("A", "B"))
+    random.seed(0)
+    out = []
+    for response in responses:
+        conv_a, conv_b = _conv(prompt, response), _conv(prompt, REFERENCE)
+        post = pipe._extract_conversation(conv_a, conv_b)
+        texts = {}
+        while len(texts) < 2:
+            text, order = pipe._format_input(post, response, REFERENCE)
+            texts[order] = text
+        p = []
+        for order in ("AB", "BA"):
+            x = tok([texts[order]], return_tensors="pt").input_ids
+            with torch.no_grad():
+                gen = model.generate(x, max_new_tokens=1, output_scores=True, return_dict_in_generate=True,
+                                     do_sample=False)
+            logits = gen.scores[0][0].double()
+            p_a = torch.softmax(logits[[a, b]], 0)[0].item()
+            p.append(p_a if order == "AB" else 1 - p_a)
+        out.append(sum(p) / 2)
+    return np.asarray(out)
+
+
+def test_steamshp_id_resolves_to_its_reader():
+    for name in (SHP, "stanfordnlp/SteamSHP-flan-t5-xl"):
+        spec, _ = lookup(name)
+        assert spec.unsupported is None and spec.reader == "pairwise" and spec.pairwise == "shp"
+        assert spec.auto_class == "AutoModelForSeq2SeqLM" and spec.rewardbench_pipeline == "SHPPipeline"
+
+
+def test_steamshp_scores_sweep_and_social_equal_the_cards_generate(shp_dir, tmp_path):
+    import csv
+
+    import polars as pl
+
+    from probe.commands.social import main
+    from probe.social.loaders import NEUTRAL_PROMPT
+
+    lm = probe.load(str(shp_dir), device="cpu", spec=SHP, reference_response=REFERENCE)
+    assert lm.pairwise.format == "shp"
+    df = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    want = _shp_reference(shp_dir, PROMPT, RESPONSES)
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-5, atol=1e-6)
+    assert np.ptp(want) > 1e-4
+    # the sweep: each token in the candidate's slot (the first order's A, the second order's B), full sequences
+    sweep = probe.sweep(lm, None, PROMPT, limit=120, batch_size=32)
+    tok = lm.tokenizer
+    from transformers import T5ForConditionalGeneration
+
+    model = T5ForConditionalGeneration.from_pretrained(shp_dir).eval()
+    a, b = (tok.encode(x, add_special_tokens=False)[0] for x in ("A", "B"))
+    head = tok.encode(f"POST: {PROMPT}\n\n RESPONSE A:", add_special_tokens=False)
+    mid = tok.encode("\n\n RESPONSE B:", add_special_tokens=False)
+    tail = tok.encode("\n\n Which response is better? RESPONSE")
+    ref = tok.encode(REFERENCE, add_special_tokens=False)
+
+    def p_a(ids: list[int]) -> float:
+        with torch.no_grad():
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=1, output_scores=True,
+                                 return_dict_in_generate=True, do_sample=False)
+        return torch.softmax(gen.scores[0][0].double()[[a, b]], 0)[0].item()
+
+    ids = sweep["token_id"].to_list()[::15]
+    want = [0.5 * (p_a(head + [t] + mid + ref + tail) + 1 - p_a(head + ref + mid + [t] + tail)) for t in ids]
+    got = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
+    np.testing.assert_allclose([got[t] for t in ids], want, rtol=1e-5, atol=1e-6)
+    assert np.ptp(want) > 1e-4
+    # probe social
+    data = tmp_path / "crows.csv"
+    sentences = ["Poor people are lazy.", "Rich people are lazy."]
+    with data.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["sent_more", "sent_less", "stereo_antistereo", "bias_type"])
+        w.writeheader()
+        w.writerow({"sent_more": sentences[0], "sent_less": sentences[1], "stereo_antistereo": "stereo",
+                    "bias_type": "socioeconomic"})
+    assert main(["--rm", str(shp_dir), "--spec", SHP, "--reference-response", REFERENCE, "--device", "cpu",
+                 "--output", str(tmp_path / "out"), "--dataset", "crows_pairs", "--data", str(data),
+                 "--no-progress"]) == 0
+    (run,) = list((tmp_path / "out").glob("*/social_*"))
+    scores = pl.read_parquet(run / "scores.parquet")
+    np.testing.assert_allclose(sorted(scores["score"].to_numpy()),
+                               sorted(_shp_reference(shp_dir, NEUTRAL_PROMPT, sentences)), rtol=1e-5, atol=1e-6)

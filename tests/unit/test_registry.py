@@ -38,8 +38,7 @@ def test_unknown_reward_model_says_which_spec(tiny_dirs, caplog):
     assert "not in the registry" in caplog.text and "'default'" in caplog.text
 
 
-@pytest.mark.parametrize("ref", ["Qwen/WorldPM-72B", "stanfordnlp/SteamSHP-flan-t5-xl",
-                                 "/nowhere/models/WorldPM-72B-UltraFeedback"])
+@pytest.mark.parametrize("ref", ["Qwen/WorldPM-72B", "/nowhere/models/WorldPM-72B-UltraFeedback"])
 def test_families_rm_probe_does_not_read_are_refused_in_one_line_before_anything_loads(ref, monkeypatch):
     """RewardBench runs them; rm-probe has no reader for them, and a default head would give numbers of no meaning.
     The refusal comes before the path is resolved or a config read (nothing of these exists offline)."""
