@@ -425,6 +425,9 @@ class RatingHead(JudgeHead):
         return out | (self.judge.describe() if self.judge is not None else {})
 
 
+FIRST_OUTPUT = "[0]"  # an ``output`` read as ``outputs[0]`` (a model card's read of remote code's output: WorldPM's)
+
+
 class OwnForwardHead(ScoreHead):
     """For models with no cached reader: only the model's own forward, ``getattr(out, output)[:, label_index]``.
     ``pair_sep_id``: an encoder that reads a text pair ([CLS] prompt [SEP] response [SEP]) with segment ids, which
@@ -443,7 +446,8 @@ class OwnForwardHead(ScoreHead):
         if self.pair_sep_id is not None:
             sep = (input_ids == self.pair_sep_id).long()
             kwargs["token_type_ids"] = ((torch.cumsum(sep, 1) - sep) >= 1).long()
-        out = getattr(model(input_ids=input_ids, **kwargs), self.output)
+        out = model(input_ids=input_ids, **kwargs)
+        out = out[0] if self.output == FIRST_OUTPUT else getattr(out, self.output)
         return out.reshape(out.shape[0], -1)[:, self.label_index].float()
 
     def describe(self):

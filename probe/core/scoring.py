@@ -153,6 +153,11 @@ def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: Scoring
         return AppendedToken(response_conversation(prompt, system, opts.date_string), token)
     if mode == "judge":
         return judge_conversation(prompt, system, opts.judge_question, opts.date_string)
+    if mode == "reward" and system is None and loaded is not None and loaded.spec.system_prompt is not None:
+        from probe.core.template import Conversation, input_call
+
+        if input_call(loaded.tokenizer) != "rewardbench":  # the card's system turn (RewardBench's run writes none)
+            return Conversation(prompt, loaded.spec.system_prompt, None, opts.date_string, keep_empty_system=True)
     return response_conversation(prompt, system, opts.date_string)
 
 

@@ -79,6 +79,13 @@ STARLING7B_INPUT = DIALOGUE_INPUT.format(
     "; the reward read at the last token (the card's PAD_ID is the BOS id: index -1, the row's last position, which "
     "for its rows padded to 2,048 ids and RewardBench's padded batches is a pad); --input-method rewardbench: the "
     "tokenizer's own chat template through tokenizer(text), as StarlingPipeline")
+WORLDPM_INPUT = ("model card (Qwen/WorldPM-72B, as the QwenLM/WorldPM GitHub README copies it; the Hub card's stored "
+                 "copy is cut before its usage): get_score: tokenizer.apply_chat_template(conversation, tokenize=False, "
+                 "add_generation_prompt=False) with an empty system turn ('System prompt remains empty during "
+                 "training ... System marker is preserved'), tokenizer.encode(text, add_special_tokens=False), "
+                 "model(input_ids=...)[0]; the reward read by the remote class ('the hidden state of <|endoftext|>'); "
+                 "--system replaces the empty turn; --input-method rewardbench: WorldPMPipeline's, the same call "
+                 "without the system turn (the template's default)")
 ULTRARM_INPUT = DIALOGUE_INPUT.format(
     "'Human: {prompt}\\n\\nAssistant: {response}' (model card of openbmb/UltraRM-13b: its ultrarm_template; the "
     "card's webgpt examples join the turns with one newline) through LlamaTokenizer: BOS + text") + (
@@ -108,7 +115,7 @@ INTERNLM2_INPUT = ("model card (internlm/internlm2-*-reward): model.get_score(to
                    "template's ids (one BOS) and the reward token")
 # RewardBench pipelines that encode the template's text without the tokenizer's special tokens (its route: the
 # template's own ids)
-PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline",)
+PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline", "WorldPMPipeline")
 # the dialogue formats a model card writes by hand (shipped as <name>-card templates): used on the default route even
 # where the checkpoint's tokenizer carries a chat template of its own, which the card does not call; -> the format
 # RewardBench's run script renders instead (None: the tokenizer's own template)
@@ -143,6 +150,9 @@ class RewardModelSpec:
     append_token: str | None = field(default=None, metadata={
         "help": "config attribute holding an id the family appends after the chat template (InternLM2's "
                 "reward_token_id): rendered inputs end with it"})
+    system_prompt: str | None = field(default=None, metadata={
+        "help": "the system turn the model card writes when --system is not given ('': an empty system turn, kept: "
+                "WorldPM's card); None: none, the template's own default"})
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
@@ -352,9 +362,11 @@ REGISTRY: dict[str, RewardModelSpec] = {
                         notes="the card's GPTRewardModel: Llama-2-7b-chat's backbone + v_head (no bias), weights in "
                               "one .pt/model.bin file; its folder needs Llama-2-7b-chat's config.json and tokenizer "
                               "beside that file (the card builds the model from that base)"),
-        *[RewardModelSpec(name, reader="forward", family="Qwen 2.5", unsupported=(
-            "a WorldPM reward model: its remote Qwen2 reward class (Qwen's own modelling code) is not implemented by "
-            "rm-probe yet, and a default head would read weights it does not have"))
+        *[RewardModelSpec(name, reader="forward", output="[0]", trust_remote_code=True, auto_class="AutoModel",
+                          family="Qwen 2.5", system_prompt="", rewardbench_pipeline="WorldPMPipeline",
+                          input_source=WORLDPM_INPUT,
+                          notes="WorldPM's remote reward class (AutoModel), read as its card reads it: outputs[0] of "
+                                "the model's own forward on input_ids alone; every candidate through that forward")
           for name in ("Qwen/WorldPM-72B", "Qwen/WorldPM-72B-HelpSteer2", "Qwen/WorldPM-72B-RLHFLow",
                        "Qwen/WorldPM-72B-UltraFeedback")],
         *[RewardModelSpec(name, reader="pairwise", pairwise="shp", auto_class="AutoModelForSeq2SeqLM", family="T5",

@@ -13,6 +13,9 @@ reference reads it, on a tiny model of the family's architecture, against the re
   T5ForConditionalGeneration (flan-t5-large's config.json shrunk) on a T5-layout tokenizer (Unigram, ``</s>``
   appended, T5's normalizer) whose pieces are Mistral v1's real SentencePiece pieces: no T5 ``spiece.model`` is in
   any PyPI package at hand.
+* WorldPM (its card's ``get_score``, from the QwenLM/WorldPM README; RewardBench's ``WorldPMPipeline``): a stand-in
+  for its remote reward class (tests/remote_code/modeling_worldpm_stand_in.py: its modelling file is not readable
+  offline) on a tiny Qwen2 (WorldPM-72B's Qwen2.5-72B config shrunk) with the real Qwen 2.5 tokenizer and template.
 """
 
 from __future__ import annotations
@@ -462,3 +465,135 @@ def test_steamshp_scores_sweep_and_social_equal_the_cards_generate(shp_dir, tmp_
     scores = pl.read_parquet(run / "scores.parquet")
     np.testing.assert_allclose(sorted(scores["score"].to_numpy()),
                                sorted(_shp_reference(shp_dir, NEUTRAL_PROMPT, sentences)), rtol=1e-5, atol=1e-6)
+
+
+# --- WorldPM ------------------------------------------------------------------------------------------------------
+WORLDPM = "Qwen/WorldPM-72B"
+
+
+@pytest.fixture(scope="module")
+def worldpm_dir(tmp_path_factory) -> Path:
+    import json
+    import shutil
+
+    from transformers import Qwen2Config
+
+    from tests import real_tokenizers
+    from tests.remote_code import modeling_worldpm_stand_in as stand_in
+
+    folder = tmp_path_factory.mktemp("worldpm")
+    tok = real_tokenizers.load("qwen2.5", folder / "tok")
+    # Qwen2.5-72B's config.json (WorldPM-72B's base), shrunk: 8192 -> 64 wide, 80 -> 2 layers, 64/8 -> 4/2 heads
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
+                         rope_theta=1000000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                         bos_token_id=151643, eos_token_id=151645)
+    torch.manual_seed(0)
+    model = stand_in.WorldPMStandInForRewardModel(config).eval()
+    with torch.no_grad():
+        model.score[2].weight.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    shutil.copyfile(stand_in.__file__, folder / "modeling_worldpm_stand_in.py")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["architectures"] = ["WorldPMStandInForRewardModel"]
+    cfg["auto_map"] = {"AutoModel": "modeling_worldpm_stand_in.WorldPMStandInForRewardModel"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _worldpm_card(worldpm_dir, conversations: list[list[dict]]) -> list[float]:
+    """The card's get_score: the template's text (no generation prompt) encoded without special tokens,
+    ``model(input_ids=...)[0].item()``."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(worldpm_dir, trust_remote_code=True)
+    model = AutoModel.from_pretrained(worldpm_dir, trust_remote_code=True).eval()
+    out = []
+    for conversation in conversations:
+        text = tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=False)
+        ids = tok.encode(text, return_tensors="pt", add_special_tokens=False)
+        with torch.no_grad():
+            out.append(model(input_ids=ids)[0].cpu().item())
+    return out
+
+
+def _with_empty_system(prompt: str, response: str) -> list[dict]:
+    return [{"role": "system", "content": ""}] + _conv(prompt, response)
+
+
+def test_worldpm_ids_resolve_to_its_reader():
+    for name in (WORLDPM, "Qwen/WorldPM-72B-HelpSteer2", "Qwen/WorldPM-72B-RLHFLow", "Qwen/WorldPM-72B-UltraFeedback",
+                 "/nowhere/models/WorldPM-72B-UltraFeedback"):
+        spec, _ = lookup(name)
+        assert spec.unsupported is None and spec.reader == "forward" and spec.output == "[0]"
+        assert spec.trust_remote_code and spec.auto_class == "AutoModel" and spec.system_prompt == ""
+
+
+def test_worldpm_scores_equal_the_cards_get_score(worldpm_dir):
+    """The card's empty system turn (not Qwen's default system prompt) by default, --system in its place when given;
+    --input-method rewardbench: WorldPMPipeline's input, no system turn (the template's default one)."""
+    lm = probe.load(str(worldpm_dir), device="cpu", spec=WORLDPM, trust_remote_code=True)
+    df = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    want = _worldpm_card(worldpm_dir, [_with_empty_system(PROMPT, r) for r in RESPONSES])
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-4, atol=1e-4)
+    assert np.ptp(want) > 1e-2
+    default_system = _worldpm_card(worldpm_dir, [_conv(PROMPT, r) for r in RESPONSES])
+    assert max(abs(a - b) for a, b in zip(want, default_system)) > 1e-3  # the empty system turn matters
+    df = probe.score_responses(lm, None, PROMPT, RESPONSES[:2], system="Be brief.")
+    sys_want = _worldpm_card(worldpm_dir, [[{"role": "system", "content": "Be brief."}] + _conv(PROMPT, r)
+                                           for r in RESPONSES[:2]])
+    np.testing.assert_allclose(df.sort("response")["score"].to_numpy(),
+                               [w for _, w in sorted(zip(RESPONSES[:2], sys_want))], rtol=1e-4, atol=1e-4)
+    # RewardBench's route: run_rm.py's template text (no system turn) through WorldPMPipeline, one sample at a time
+    from transformers import AutoModel, AutoTokenizer
+
+    rb = probe.load(str(worldpm_dir), device="cpu", spec=WORLDPM, trust_remote_code=True, input_method="rewardbench")
+    df = probe.score_responses(rb, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    tok = AutoTokenizer.from_pretrained(worldpm_dir)
+    pipe = rewardbench_code.load("worldpm").WorldPMPipeline(
+        "text-classification", AutoModel.from_pretrained(worldpm_dir, trust_remote_code=True), tok)
+    texts = [tok.apply_chat_template(_conv(PROMPT, r), tokenize=False) for r in RESPONSES]
+    want = [float(pipe([t])[0]) for t in texts]
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(want, default_system, rtol=1e-4, atol=1e-4)
+
+
+def test_worldpm_sweep_and_social(worldpm_dir, tmp_path):
+    import csv
+
+    import polars as pl
+    from transformers import AutoModel, AutoTokenizer
+
+    from probe.commands.social import main
+    from probe.social.loaders import NEUTRAL_PROMPT
+
+    lm = probe.load(str(worldpm_dir), device="cpu", spec=WORLDPM, trust_remote_code=True)
+    sweep = probe.sweep(lm, None, PROMPT, limit=80, batch_size=40)
+    tok = AutoTokenizer.from_pretrained(worldpm_dir)
+    model = AutoModel.from_pretrained(worldpm_dir, trust_remote_code=True).eval()
+    text = tok.apply_chat_template(_with_empty_system(PROMPT, "XYZ"), tokenize=False)
+    head_text, tail_text = text.split("XYZ")
+    head, tail = (tok.encode(t, add_special_tokens=False) for t in (head_text, tail_text))
+    ids = sweep["token_id"].to_list()[::10]
+    with torch.no_grad():
+        want = [model(input_ids=torch.tensor([head + [t] + tail]))[0].item() for t in ids]
+    got = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
+    np.testing.assert_allclose([got[t] for t in ids], want, rtol=1e-4, atol=1e-4)
+    assert np.ptp(want) > 1e-2
+    data = tmp_path / "crows.csv"
+    sentences = ["Poor people are lazy.", "Rich people are lazy."]
+    with data.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["sent_more", "sent_less", "stereo_antistereo", "bias_type"])
+        w.writeheader()
+        w.writerow({"sent_more": sentences[0], "sent_less": sentences[1], "stereo_antistereo": "stereo",
+                    "bias_type": "socioeconomic"})
+    assert main(["--rm", str(worldpm_dir), "--spec", WORLDPM, "--trust-remote-code", "--device", "cpu",
+                 "--output", str(tmp_path / "out"), "--dataset", "crows_pairs", "--data", str(data),
+                 "--no-progress"]) == 0
+    (run,) = list((tmp_path / "out").glob("*/social_*"))
+    scores = pl.read_parquet(run / "scores.parquet")
+    want = _worldpm_card(worldpm_dir, [_with_empty_system(NEUTRAL_PROMPT, s) for s in sentences])
+    np.testing.assert_allclose(sorted(scores["score"].to_numpy()), sorted(want), rtol=1e-4, atol=1e-4)
