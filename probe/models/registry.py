@@ -353,9 +353,8 @@ REGISTRY: dict[str, RewardModelSpec] = {
                         notes="LlamaForSequenceClassification in float16 (as its card and RewardBench run it); the "
                               "card's 'Human:...\\n\\nAssistant:...' + EOS; RewardBench renders '\\n\\nHuman: "
                               "...\\n\\nAssistant: ...\\n\\n' (its Ziya template) + EOS"),
-        # Families RewardBench runs that rm-probe does not read (yet): refused in one line, never read by a default
-        # head that would give numbers of no meaning
-        # Families RewardBench runs with their own code, read as that code reads them
+        # Families RewardBench runs with their own code (refused before: a default head would give numbers of no
+        # meaning), read as that code or their cards read them (tests/unit/test_refused_families.py)
         RewardModelSpec("berkeley-nest/Starling-RM-7B-alpha", reader="module", layout="starling7b", family="Llama 2",
                         chat_template="starling7b-card", input_call="tokenizer(text)",
                         rewardbench_pipeline="StarlingPipeline", input_source=STARLING7B_INPUT,
