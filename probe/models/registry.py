@@ -24,7 +24,7 @@ Entries are keyed by Hugging Face id; an unknown model falls back to an entry fo
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -209,6 +209,16 @@ DEFAULT = RewardModelSpec(
 
 _REMOTE_LLAMA_SHIMS = ("llama_inputs_docstring",)
 
+ALLENAI_RM_INPUT = TEMPLATE_IDS_CARD.format(
+    "allenai/*-RM-RB2: 'a standard classifier, AutoModelForSequenceClassification', loaded with its tokenizer; the "
+    "card shows no input call, and RewardBench 2 runs them through RewardBenchPipeline, the template's text with a "
+    "doubled BOS masked: the same ids", "the score logits[0][0]")
+
+
+def _allenai_rm(name: str, family: str = "Llama 3.1") -> RewardModelSpec:
+    return RewardModelSpec(name, family=family, input_source=ALLENAI_RM_INPUT,
+                           notes="a sequence classifier (allenai's open-instruct reward model; RewardBench 2)")
+
 REGISTRY: dict[str, RewardModelSpec] = {
     spec.name: spec
     for spec in [
@@ -269,6 +279,13 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                   ("Llama-3.2-3B", "Llama 3.2", "Llama"), ("Llama-3.2-1B", "Llama 3.2", "Llama"),
                                   ("Qwen3-8B", "Qwen3", "Qwen3"), ("Qwen3-4B", "Qwen3", "Qwen3"),
                                   ("Qwen3-1.7B", "Qwen3", "Qwen3"), ("Qwen3-0.6B", "Qwen3", "Qwen3"))],
+        # allenai's RewardBench 2 reward models (the RB2 collection's repositories and the Tulu 3 RM): plain sequence
+        # classifiers; the training runs RewardBench 2's leaderboard lists as allenai/open_instruct_dev-rm_* are found
+        # by that prefix (PREFIX_SPECS)
+        *[_allenai_rm(f"allenai/{name}") for name in (
+            "Llama-3.1-8B-Instruct-RM-RB2", "Llama-3.1-70B-Instruct-RM-RB2", "Llama-3.1-8B-Base-RM-RB2",
+            "Llama-3.1-Tulu-3-8B-SFT-RM-RB2", "Llama-3.1-Tulu-3-70B-SFT-RM-RB2", "Llama-3.1-Tulu-3-8B-RL-RM-RB2",
+            "Llama-3.1-Tulu-3-8B-RM")],
         # RewardBench's custom families (rewardbench/models/*.py), read by their own head layouts
         *[RewardModelSpec(f"Ray2333/{name}", reader="module", layout="grm", family=fam, input_source=GRM_INPUT,
                           input_call="tokenizer(text)", rewardbench_pipeline="GRMPipeline",
@@ -426,6 +443,10 @@ REGISTRY: dict[str, RewardModelSpec] = {
 }
 
 
+# ids that name a family by a prefix (training runs published one repository each)
+PREFIX_SPECS = {"allenai/open_instruct_dev-rm_": _allenai_rm("allenai/open_instruct_dev-rm_", family="open-instruct RM")}
+
+
 def repo_id_of(model_ref: str) -> str | None:
     """The Hugging Face repo id a path stands for: a cache snapshot (``.../models--Org--Name/snapshots/<hash>``)
     or the last two components of a local path (``.../Org/Name``) when they are a registered id."""
@@ -442,7 +463,8 @@ def repo_id_of(model_ref: str) -> str | None:
 def lookup(model_ref: str, architectures: list[str] | None = None) -> tuple[RewardModelSpec, str]:
     """The spec for a model id or local path, and how it was found (for the log and meta.json).
 
-    Order: exact id; the repo id of a cache snapshot path or of a path ending in ``Org/Name``; the last path
+    Order: exact id; the repo id of a cache snapshot path or of a path ending in ``Org/Name``; an id (or snapshot's
+    repo id) starting with a `PREFIX_SPECS` prefix; the last path
     component matched against the registered names; the first architecture of the config that is registered
     (the class names remote code defines); ``"default"``.
     """
@@ -451,6 +473,10 @@ def lookup(model_ref: str, architectures: list[str] | None = None) -> tuple[Rewa
     repo = repo_id_of(model_ref)
     if repo in REGISTRY:
         return REGISTRY[repo], "snapshot path" if "models--" in model_ref else "path"
+    named = repo or ("/".join(Path(model_ref).parts[-2:]) if len(Path(model_ref).parts) >= 2 else model_ref)
+    for prefix, spec in PREFIX_SPECS.items():  # a family of training runs named by one prefix
+        if named.startswith(prefix):
+            return replace(spec, name=named), "id prefix"
     parts = Path(model_ref).parts
     by_name = {key.split("/")[-1]: spec for key, spec in REGISTRY.items() if "/" in key}
     if parts and parts[-1] in by_name:

@@ -16,6 +16,8 @@ reference reads it, on a tiny model of the family's architecture, against the re
 * WorldPM (its card's ``get_score``, from the QwenLM/WorldPM README; RewardBench's ``WorldPMPipeline``): a stand-in
   for its remote reward class (tests/remote_code/modeling_worldpm_stand_in.py: its modelling file is not readable
   offline) on a tiny Qwen2 (WorldPM-72B's Qwen2.5-72B config shrunk) with the real Qwen 2.5 tokenizer and template.
+* allenai's RewardBench 2 reward models: a tiny LlamaForSequenceClassification (Llama-3.1-8B's config shrunk) on the
+  real Llama 3.1 tokenizer and template, against the card's AutoModelForSequenceClassification on the template's ids.
 """
 
 from __future__ import annotations
@@ -597,3 +599,72 @@ def test_worldpm_sweep_and_social(worldpm_dir, tmp_path):
     scores = pl.read_parquet(run / "scores.parquet")
     want = _worldpm_card(worldpm_dir, [_with_empty_system(NEUTRAL_PROMPT, s) for s in sentences])
     np.testing.assert_allclose(sorted(scores["score"].to_numpy()), sorted(want), rtol=1e-4, atol=1e-4)
+
+
+# --- allenai's RewardBench 2 reward models ------------------------------------------------------------------------
+RB2 = "allenai/Llama-3.1-8B-Instruct-RM-RB2"
+
+
+def test_allenai_rb2_ids_and_open_instruct_runs_resolve_to_the_classifier_spec():
+    for name in (RB2, "allenai/Llama-3.1-70B-Instruct-RM-RB2", "allenai/Llama-3.1-Tulu-3-8B-SFT-RM-RB2",
+                 "allenai/open_instruct_dev-rm_llama_3e-6_1__1743929424",
+                 "/data/allenai/open_instruct_dev-rm_qwen_2e-5_1"):
+        spec, match = lookup(name)
+        assert match in ("id", "id prefix") and spec.name != "default" and spec.reader == "linear"
+        assert spec.input_source.startswith("model card (allenai/*-RM-RB2") and spec.unsupported is None
+    assert lookup("allenai/some-other-model")[1] == "default"
+
+
+def test_allenai_rb2_scores_sweep_and_social_equal_the_cards_classifier(tmp_path):
+    import csv
+
+    import polars as pl
+    from transformers import AutoModelForSequenceClassification, LlamaForSequenceClassification
+
+    from probe.commands.social import main
+    from probe.social.loaders import NEUTRAL_PROMPT
+    from tests import real_tokenizers, tiny
+
+    folder = tmp_path / "rb2"
+    tok = real_tokenizers.load("llama3.1", tmp_path / "tok")
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(tiny.llama_config(tok, pad_token_id=128004)).eval()
+    with torch.no_grad():
+        model.score.weight.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    lm = probe.load(str(folder), device="cpu", spec=RB2)
+    card = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+
+    def card_score(prompt: str, response: str) -> float:
+        ids = tok.apply_chat_template(_conv(prompt, response), tokenize=True, return_tensors="pt", return_dict=False)
+        ids = ids if isinstance(ids, torch.Tensor) else torch.tensor([ids])
+        with torch.no_grad():
+            return card(input_ids=ids).logits[0][0].item()
+
+    df = probe.score_responses(lm, None, PROMPT, RESPONSES)
+    got = dict(zip(df["response"], df["score"].to_numpy()))
+    want = [card_score(PROMPT, r) for r in RESPONSES]
+    np.testing.assert_allclose([got[r] for r in RESPONSES], want, rtol=1e-4, atol=1e-4)
+    assert np.ptp(want) > 1e-2
+    sweep = probe.sweep(lm, None, PROMPT, limit=200, batch_size=100)  # cached reader, self-checked
+    head = tok.apply_chat_template(_conv(PROMPT, "XYZ"), tokenize=False).split("XYZ")
+    pre, post = (tok.encode(t, add_special_tokens=False) for t in head)
+    ids = sweep["token_id"].to_list()[::20]
+    with torch.no_grad():
+        want = [card(input_ids=torch.tensor([pre + [t] + post])).logits[0][0].item() for t in ids]
+    got = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
+    np.testing.assert_allclose([got[t] for t in ids], want, rtol=1e-4, atol=1e-4)
+    data = tmp_path / "crows.csv"
+    sentences = ["Poor people are lazy.", "Rich people are lazy."]
+    with data.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["sent_more", "sent_less", "stereo_antistereo", "bias_type"])
+        w.writeheader()
+        w.writerow({"sent_more": sentences[0], "sent_less": sentences[1], "stereo_antistereo": "stereo",
+                    "bias_type": "socioeconomic"})
+    assert main(["--rm", str(folder), "--spec", RB2, "--device", "cpu", "--output", str(tmp_path / "out"),
+                 "--dataset", "crows_pairs", "--data", str(data), "--no-progress"]) == 0
+    (run,) = list((tmp_path / "out").glob("*/social_*"))
+    scores = pl.read_parquet(run / "scores.parquet")
+    np.testing.assert_allclose(sorted(scores["score"].to_numpy()),
+                               sorted(card_score(NEUTRAL_PROMPT, s) for s in sentences), rtol=1e-4, atol=1e-4)
