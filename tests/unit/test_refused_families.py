@@ -92,6 +92,19 @@ def test_better_pairrm_scores_equal_its_pipeline(better, better_dir):
     assert type(better.model).__name__ == "PairRMModel" and better.pairwise.format == "betterpairrm"
     long = " ".join(["the", "greatest", "thing"] * 300)
     responses = RESPONSES + [long]
+    # the ids: the pipeline's own tokenize_conv_pair (its padding dropped), both orders
+    from transformers import AutoTokenizer
+
+    from probe.core.pairwise import PairwiseConversation
+
+    tok = AutoTokenizer.from_pretrained(better_dir)
+    module = rewardbench_code.load("betterpairrm")
+    for response in ("Love", long):
+        for order, (a, b) in enumerate(((response, REFERENCE), (REFERENCE, response))):
+            enc = module.tokenize_conv_pair(tok, [_conv(PROMPT, a)], [_conv(PROMPT, b)])
+            want_ids = enc["input_ids"][0][enc["attention_mask"][0].bool()].tolist()
+            assert PairwiseConversation(PROMPT, better.pairwise, None, order).render_ids(
+                better.tokenizer, response) == want_ids
     df = probe.score_responses(better, None, PROMPT, responses)
     got = dict(zip(df["response"], df["score"].to_numpy()))
     want = _better_pipeline(better_dir, PROMPT, responses)
@@ -424,6 +437,14 @@ def test_steamshp_scores_sweep_and_social_equal_the_cards_generate(shp_dir, tmp_
 
     lm = probe.load(str(shp_dir), device="cpu", spec=SHP, reference_response=REFERENCE)
     assert lm.pairwise.format == "shp"
+    # the ids: SHPPipeline's text (its _format_input, written out) through the tokenizer, both orders
+    from probe.core.pairwise import PairwiseConversation
+
+    for order, (a, b) in enumerate((("Love", REFERENCE), (REFERENCE, "Love"))):
+        text = (f"POST: {PROMPT}\n\n RESPONSE A: {a}\n\n RESPONSE B: {b}\n\n Which response is better? "
+                "RESPONSE")
+        assert PairwiseConversation(PROMPT, lm.pairwise, None, order).render_ids(lm.tokenizer, "Love") == \
+            lm.tokenizer(text)["input_ids"]
     df = probe.score_responses(lm, None, PROMPT, RESPONSES)
     got = dict(zip(df["response"], df["score"].to_numpy()))
     want = _shp_reference(shp_dir, PROMPT, RESPONSES)
