@@ -341,6 +341,11 @@ def load_model(
     if spec_name is None and ref is not None and (known := lookup(ref)[0]).unsupported:
         raise ModelLoadError(f"{ref}: not supported: {known.unsupported}")
     model_id, path = _source(ref)
+    named = REGISTRY.get(spec_name) if spec_name is not None else lookup(model_id)[0]
+    if named is not None and named.layout == "starling7b" and not Path(path).is_dir():
+        raise ModelLoadError(f"{ref}: Starling-RM-7B-alpha's repository holds its reward model's weights file only; make "
+                             "a folder with that file and meta-llama/Llama-2-7b-chat-hf's config.json and tokenizer "
+                             "files (its card builds the model on that base) and pass the folder")
     config = _read_config(path, revision, trust_remote_code)
     if spec_name is not None:
         if spec_name not in REGISTRY:

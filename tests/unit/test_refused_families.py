@@ -355,6 +355,9 @@ def test_starling7b_folder_without_its_weights_file_is_one_line(starling7b_dirs,
     (bare / "model.pt").unlink()
     with pytest.raises(ModelLoadError, match="one file ending in .pt or model.bin"):
         probe.load(str(bare), device="cpu", spec=STARLING7B)
+    with pytest.raises(ModelLoadError, match="Llama-2-7b-chat-hf's config.json and tokenizer") as err:
+        probe.load(STARLING7B, device="cpu")  # the Hub id: its repository has no config to build the model from
+    assert "\n" not in str(err.value)
 
 
 # --- SteamSHP -----------------------------------------------------------------------------------------------------
