@@ -343,9 +343,9 @@ def load_model(
     model_id, path = _source(ref)
     named = REGISTRY.get(spec_name) if spec_name is not None else lookup(model_id)[0]
     if named is not None and named.layout == "starling7b" and not Path(path).is_dir():
-        raise ModelLoadError(f"{ref}: Starling-RM-7B-alpha's repository holds its reward model's weights file only; make "
-                             "a folder with that file and meta-llama/Llama-2-7b-chat-hf's config.json and tokenizer "
-                             "files (its card builds the model on that base) and pass the folder")
+        raise ModelLoadError(f"{ref}: Starling-RM-7B-alpha is read from a local folder: its repository's .pt weights "
+                             "file with meta-llama/Llama-2-7b-chat-hf's config.json and tokenizer files beside it (its "
+                             "card builds the model on that base); pass that folder")
     config = _read_config(path, revision, trust_remote_code)
     if spec_name is not None:
         if spec_name not in REGISTRY:
