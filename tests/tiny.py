@@ -207,9 +207,10 @@ def deberta_classifier(tokenizer):
     return model
 
 
-def pairrm_folder(folder: Path) -> Path:
+def pairrm_folder(folder: Path, **config_overrides) -> Path:
     """A tiny DebertaV2PairRM (RewardBench's class) saved with the real MiniLM WordPiece tokenizer plus PairRM's
-    prefix tokens (PairRM's own DeBERTa-v3 SentencePiece file is not on PyPI), its head spread (seeded)."""
+    prefix tokens (PairRM's own DeBERTa-v3 SentencePiece file is not on PyPI), its head spread (seeded);
+    ``config_overrides``: DeBERTa config fields set otherwise (Better-PairRM's DeBERTa-v3 layout)."""
     import importlib.util
 
     from transformers import AutoTokenizer, DebertaV2Config
@@ -225,6 +226,8 @@ def pairrm_folder(folder: Path) -> Path:
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=2048, pad_token_id=tok.pad_token_id, type_vocab_size=0, relative_attention=True,
         pos_att_type=["p2c", "c2p"], position_buckets=32)
+    for key, value in config_overrides.items():
+        setattr(config, key, value)
     config.n_tasks, config.drop_out = 1, 0.05
     config.source_prefix_id, config.cand1_prefix_id, config.cand2_prefix_id, config.cand_prefix_id = \
         tok.convert_tokens_to_ids(prefixes)

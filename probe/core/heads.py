@@ -452,6 +452,9 @@ class RatingHead(JudgeHead):
         return out | (self.judge.describe() if self.judge is not None else {})
 
 
+FIRST_OUTPUT = "[0]"  # an ``output`` read as ``outputs[0]`` (a model card's read of remote code's output: WorldPM's)
+
+
 class OwnForwardHead(ScoreHead):
     """For models with no cached reader: only the model's own forward, ``getattr(out, output)[:, label_index]``.
     ``pair_sep_id``: an encoder that reads a text pair ([CLS] prompt [SEP] response [SEP]) with segment ids, which
@@ -476,10 +479,31 @@ class OwnForwardHead(ScoreHead):
             kwargs["token_type_ids"] = ((torch.cumsum(sep, 1) - sep) >= 1).long()
         if self.attention_mask:
             kwargs["attention_mask"] = torch.ones_like(input_ids)
-        out = getattr(model(input_ids=input_ids, **kwargs), self.output)
+        out = model(input_ids=input_ids, **kwargs)
+        out = out[0] if self.output == FIRST_OUTPUT else getattr(out, self.output)
         return out.reshape(out.shape[0], -1)[:, self.label_index].float()
 
     def describe(self):
         out = {"head": "reward (model's own forward)", "output": self.output, "label_index": self.label_index}
         out |= {"attention_mask": "all ones"} if self.attention_mask else {}
         return out | ({"text_pair_sep_id": self.pair_sep_id} if self.pair_sep_id is not None else {})
+
+
+class DecoderLabelHead(OwnForwardHead):
+    """An encoder-decoder that answers with a label (SteamSHP: "A" or "B"): the input through the encoder, the decoder
+    given its start token alone (``generate``'s first step), the logit of ``first_id`` minus that of ``second_id``."""
+
+    def __init__(self, first_id: int, second_id: int):
+        super().__init__("logits", 0)
+        self.first_id, self.second_id = first_id, second_id
+
+    def own_forward(self, model, input_ids, n_prefix):
+        start = model.generation_config.decoder_start_token_id
+        if start is None:
+            start = model.config.decoder_start_token_id
+        decoder = torch.full((input_ids.shape[0], 1), int(start), dtype=input_ids.dtype, device=input_ids.device)
+        logits = model(input_ids=input_ids, decoder_input_ids=decoder).logits[:, 0].float()
+        return logits[:, self.first_id] - logits[:, self.second_id]
+
+    def describe(self):
+        return {"head": "decoder's first-step label logits", "first_id": self.first_id, "second_id": self.second_id}

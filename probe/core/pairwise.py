@@ -5,6 +5,8 @@ combined as the family's own pipeline combines them (RewardBench 0.1.4, ``reward
 | format | family (RewardBench pipeline) | input | one order gives | score of a candidate |
 |---|---|---|---|---|
 | ``pairrm`` | PairRM (its card's ``tokenize_pair``; ``PairRMPipeline`` under ``--input-method rewardbench``) | ``<|source|>`` prompt, ``<|candidate1|>`` and ``<|candidate2|>`` responses, each encoded with [CLS]/[SEP] (RewardBench: the prompt in PairRM's instruction and turn format) | the model's logit of "1 beats 2" | logit(cand, ref) - logit(ref, cand), RewardBench's delta; > 0: preferred to the reference |
+| ``betterpairrm`` | Better-PairRM (PairRM's class; ``BetterPairRMPipeline`` on both routes) | as ``pairrm``, the prompt in its "USER: .. ASSISTANT: " format (``tokenize_conv_pair``), each text first cut and decoded from its own ids, the source after its own encoded ``<|source|>``; 2,030 + 2 x 670 ids | as ``pairrm`` | as ``pairrm`` |
+| ``shp`` | SteamSHP (``SHPPipeline``; a T5 that generates "A" or "B") | ``POST: {the conversation's texts joined by spaces}\n\n RESPONSE A: a\n\n RESPONSE B: b\n\n Which response is better? RESPONSE`` through the tokenizer (its closing ``</s>``), cut at 2,048 ids as the pipeline cuts it; the encoder's input | logit("A") - logit("B") of the decoder's first step (``generate``'s, from its start token) | the mean of P(candidate chosen) over both orders, in [0, 1] (the pipeline draws one order at random and keeps the generated label) |
 | ``judge`` | an instruction-tuned LM as a pairwise judge (``--score judge-pair``, probe/core/judges.py) | the judge prompt with both responses in one user turn of the model's chat template, the assistant's turn opened (and its answer prefix) | P(A) = softmax of the LM's logits for the two label tokens at the last position | the mean of P(candidate chosen) over both orders, in [0, 1] |
 | ``slicpairpm`` | RLHFlow pair-preference models (``SlicPairPMPipeline``) | one user turn ``[CONTEXT] ... [RESPONSE A] a [RESPONSE B] b \\n`` in the tokenizer's chat template, BOS removed | P(A) = softmax of the LM's logits for "A" and "B" at the last position | the mean of P(candidate chosen) over both orders, in [0, 1]; > 0.5: preferred |
 | ``polar`` | POLAR (``internlm/POLAR-*``; its card's ``RewardModelClient.encode``, no RewardBench pipeline) | plain text ``prompt\\nreference<|reward|>prompt\\ncandidate[UNUSED_TOKEN_130]`` through ``tokenizer(text)`` | the model's own output (its ``v_head`` at the last id) | that output, one order only (the reference first, as the card writes it): how close the candidate's policy is to the reference's |
@@ -27,7 +29,12 @@ from probe.core.engine import pad_rows
 from probe.core.template import DEFAULT_DATE, Messages, _check_prompt, response_conversation
 from probe.errors import ProbeError, TemplateError
 
-PairwiseFormat = Literal["pairrm", "slicpairpm", "judge", "polar"]
+PairwiseFormat = Literal["pairrm", "betterpairrm", "slicpairpm", "shp", "judge", "polar"]
+# the formats read by PairRM's class (an encoder's own forward, its logit per order; probe/models/families.py)
+PAIRRM_CLASS = ("pairrm", "betterpairrm")
+# the formats whose every order runs through the model's own forward, full sequences (an encoder, an encoder-decoder):
+# their input is the family's own text, not a chat (POLAR's too: its card's text, one order)
+OWN_FORWARD = (*PAIRRM_CLASS, "shp", "polar")
 
 # the default reference response when none is given: a reply to any question that commits to nothing
 DEFAULT_REFERENCE = "I don't know."
@@ -36,6 +43,14 @@ DEFAULT_REFERENCE = "I don't know."
 PAIRRM_INSTRUCTION = "Finish the following coversation in each i-th turn by filling in <Response i> with your response."
 PAIRRM_PREFIXES = ("<|source|>", "<|candidate1|>", "<|candidate2|>")
 PAIRRM_SOURCE_MAX, PAIRRM_CANDIDATE_MAX = 1224, 412
+# Better-PairRM (RewardBench's BetterPairRMPipeline): its turn labels, the text its template (whose indentation leaks
+# into the output) puts between turns, and its lengths
+BETTER_PAIRRM_ROLES = {"system": "SYSTEM MESSAGE: ", "user": "USER: ", "assistant": "ASSISTANT: "}
+BETTER_PAIRRM_TURN_SEP = "\n    \n    "
+BETTER_PAIRRM_SOURCE_MAX, BETTER_PAIRRM_CANDIDATE_MAX = 2030, 670
+# SteamSHP (RewardBench's SHPPipeline, the model card's input_text): the post, both responses, the question
+SHP_TEXT = "POST: {post}\n\n RESPONSE A: {response_A}\n\n RESPONSE B: {response_B}\n\n Which response is better? RESPONSE"
+SHP_MAX = 2048  # the pipeline's max_length (truncation on, the tokenizer's side: the right)
 
 # RLHFlow's pair-preference models: the context is rendered by this template (the pipeline's own), then shown in
 # one user turn of the model's chat template
@@ -83,7 +98,9 @@ class Pairwise:
                     "score": f"mean over both orders of P(candidate chosen) = softmax of the {labels} logits after the "
                              "judge prompt", **self.judge.describe()}
         rule = ("logit(candidate over reference) - logit(reference over candidate) (RewardBench's PairRM delta)"
-                if self.format == "pairrm" else
+                if self.format in PAIRRM_CLASS else
+                "mean over both orders of P(candidate chosen) = softmax of the 'A'/'B' logits of the decoder's first "
+                "step (SteamSHP's generated label, SHPPipeline)" if self.format == "shp" else
                 "mean over both orders of P(candidate chosen) = softmax of the 'A'/'B' logits (RewardBench's SlicPairPM)")
         return {"pairwise": self.format, "reference_response": self.reference, "score": rule}
 
@@ -149,6 +166,10 @@ class PairwiseConversation:
             return self._pairrm(tokenizer, *self.pair(response))
         if self.pairwise.format == "polar":
             return self._polar(tokenizer, response)
+        if self.pairwise.format == "betterpairrm":
+            return self._betterpairrm(tokenizer, *self.pair(response))
+        if self.pairwise.format == "shp":
+            return self._shp(tokenizer, *self.pair(response))
         if self.pairwise.format == "judge":
             from probe.core.judges import pair_ids
 
@@ -192,6 +213,34 @@ class PairwiseConversation:
         text = f"{p}\n{r1}{POLAR_SEPARATOR}{p}\n{r2}{POLAR_REWARD_TOKEN}"
         return tok(text)["input_ids"]
 
+    def _betterpairrm(self, tok, first: str, second: str) -> list[int]:
+        """Better-PairRM's input as RewardBench's BetterPairRMPipeline builds it (its ``tokenize_conv_pair``; the
+        card's format 'based on Vicuna 1.1', whose own code the stored card cuts off): the turns as ``ROLE: text``
+        (text stripped) joined by its template's separator, then an open ``ASSISTANT: ``; that source cut to its
+        last 2,030 ids and each response to its first 670 (no special tokens) and decoded back to text; then
+        ``tokenize_pair``: ``<|source|>`` encoded on its own ([CLS] .. [SEP]), the source encoded after it (cut from
+        the left to what 2,030 leaves), each candidate after its prefix, cut to half of what is left of 3,370."""
+        turns = [f"{BETTER_PAIRRM_ROLES[m['role']]}{m['content'].strip()}" for m in self(first)[0][:-1]]
+        text = BETTER_PAIRRM_TURN_SEP.join(turns + [BETTER_PAIRRM_ROLES["assistant"]])
+        source = tok.decode(_cut_ids(tok, text, BETTER_PAIRRM_SOURCE_MAX, "left", special=False),
+                            skip_special_tokens=True)
+        first, second = (tok.decode(_cut_ids(tok, t, BETTER_PAIRRM_CANDIDATE_MAX, "right", special=False),
+                                    skip_special_tokens=True) for t in (first, second))
+        src_prefix, c1, c2 = PAIRRM_PREFIXES
+        src = tok.encode(src_prefix)
+        src += _cut_ids(tok, source, BETTER_PAIRRM_SOURCE_MAX - len(src), "left")
+        room = (BETTER_PAIRRM_SOURCE_MAX + 2 * BETTER_PAIRRM_CANDIDATE_MAX - len(src)) // 2
+        return src + [i for prefix, cand in ((c1, first), (c2, second))
+                      for i in _cut_ids(tok, f"{prefix}{cand}", room, "right")]
+
+    def _shp(self, tok, first: str, second: str) -> list[int]:
+        """SteamSHP's input as RewardBench's SHPPipeline builds it (the card's ``input_text``): the texts of every turn
+        before the response (system, user, earlier ones) joined by spaces as the post, the two responses as A and B,
+        through the tokenizer (its ``</s>``), cut to 2,048 ids."""
+        post = " ".join(m["content"] for m in self(first)[0][:-1])
+        return tok.encode(SHP_TEXT.format(post=post, response_A=first, response_B=second), max_length=SHP_MAX,
+                          truncation=True)
+
     def _slic(self, tok, first: str, second: str) -> list[int]:
         """SlicPairPM's input: the context by its template, both responses in its prompt, one user turn of the
         model's chat template, its BOS text removed, encoded without special tokens."""
@@ -208,6 +257,17 @@ class PairwiseConversation:
         return tok.encode(text, add_special_tokens=False)
 
 
+def _cut_ids(tok, text: str, n: int, side: str, special: bool = True) -> list[int]:
+    """``tok.encode(text, max_length=n, truncation=True)`` with the tokenizer's ``truncation_side`` set to ``side``
+    (as RewardBench's pipelines set it before each call; restored after), the special tokens added or not."""
+    before = tok.truncation_side
+    tok.truncation_side = side
+    try:
+        return tok.encode(text, add_special_tokens=special, max_length=n, truncation=True)
+    finally:
+        tok.truncation_side = before
+
+
 def judge_pairwise(reference: str | None, judge_prompt: str | None) -> Pairwise:
     """``--score judge-pair``'s setting: the judge prompt (probe/core/judges.py) and the reference response."""
     from probe.core.judges import load_judge_prompt
@@ -220,7 +280,7 @@ def combine(fmt: PairwiseFormat, first: torch.Tensor, second: torch.Tensor) -> t
     """One score from the two orders' outputs (the candidate first, then second): PairRM's logit difference;
     SlicPairPM's (and a pairwise judge's) mean probability of the candidate, its outputs being logit("A") -
     logit("B")."""
-    if fmt == "pairrm":
+    if fmt in PAIRRM_CLASS:
         return first - second
     return 0.5 * (torch.sigmoid(first) + torch.sigmoid(-second))
 

@@ -14,7 +14,7 @@ import torch
 from probe.config import (ScoreMode, ScoringOptions, check_rewardbench_dpo, model_kind,  # noqa: F401 (re-exported)
                           resolve_score_mode)
 from probe.core.engine import FullSequenceScorer, PrefixScorer
-from probe.core.pairwise import OrderedPair, PairwiseConversation, second_prefix
+from probe.core.pairwise import OWN_FORWARD, PAIRRM_CLASS, OrderedPair, PairwiseConversation, second_prefix
 from probe.errors import ProbeError
 from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
 from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogitRewardHead, LogprobHead,
@@ -124,12 +124,17 @@ def label_head(loaded: LoadedModel, first: str, second: str, who: str, fix: str 
 
 
 def pairwise_head(loaded: LoadedModel) -> ScoreHead:
-    """One order's output of a pairwise model (probe/core/pairwise.py): PairRM's (and POLAR's) own forward (its
-    logit), or the LM's logit of "A" minus that of "B" at the last position (SlicPairPM)."""
-    if loaded.pairwise.format == "pairrm":
+    """One order's output of a pairwise model (probe/core/pairwise.py): PairRM's (and POLAR's) own forward (its logit), or the
+    LM's logit of "A" minus that of "B" at the last position (SlicPairPM)."""
+    if loaded.pairwise.format in PAIRRM_CLASS:
         return OwnForwardHead("logits", 0)
     if loaded.pairwise.format == "polar":  # its card passes the mask its forward reads the score position from
         return OwnForwardHead("logits", 0, attention_mask=True)
+    if loaded.pairwise.format == "shp":
+        from probe.core.heads import DecoderLabelHead
+        from probe.core.judges import single_ids
+
+        return DecoderLabelHead(*single_ids(loaded.tokenizer, ["A", "B"], "SteamSHP's labels"))
     if loaded.pairwise.format == "judge":
         return label_head(loaded, *loaded.pairwise.judge.labels, f"the pairwise judge ({loaded.pairwise.judge.name})",
                           "use a --judge-prompt whose labels are single tokens")
@@ -156,6 +161,11 @@ def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: Scoring
         return AppendedToken(response_conversation(prompt, system, opts.date_string), token)
     if mode == "judge":
         return judge_conversation(prompt, system, opts.judge_question, opts.date_string)
+    if mode == "reward" and system is None and loaded is not None and loaded.spec.system_prompt is not None:
+        from probe.core.template import Conversation, input_call
+
+        if input_call(loaded.tokenizer) != "rewardbench":  # the card's system turn (RewardBench's run writes none)
+            return Conversation(prompt, loaded.spec.system_prompt, None, opts.date_string, keep_empty_system=True)
     return response_conversation(prompt, system, opts.date_string)
 
 
@@ -366,8 +376,7 @@ def scoring_path(loaded: LoadedModel, head: ScoreHead | None = None) -> str:
     """Which path `build_scorer` takes for this model, as the memory plan names it (probe/models/memory.py)."""
     from probe.kernels.prefix_attention import supported
 
-    if isinstance(head, OwnForwardHead) or (loaded.pairwise is not None
-                                             and loaded.pairwise.format in ("pairrm", "polar")):
+    if isinstance(head, OwnForwardHead) or (loaded.pairwise is not None and loaded.pairwise.format in OWN_FORWARD):
         return "full"
     if loaded.kind == "reward" and loaded.spec.reader == "forward":
         return "full"

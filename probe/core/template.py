@@ -64,6 +64,7 @@ class Conversation:
     system: str | None = None
     judge_question: str | None = None
     date_string: str = DEFAULT_DATE
+    keep_empty_system: bool = False  # an empty ``system`` is still a system turn (WorldPM's card: registry system_prompt)
 
     def __post_init__(self) -> None:
         _check_prompt(self.prompt)
@@ -72,7 +73,8 @@ class Conversation:
             raise TemplateError("the judge question must contain {prompt} and {response}")
 
     def __call__(self, response: str) -> tuple[Messages, bool]:
-        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        keep = self.system or (self.keep_empty_system and self.system == "")
+        msgs = [{"role": "system", "content": self.system}] if keep else []
         if self.judge_question is None:
             return msgs + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}], False
         text = fill(self.judge_question, prompt=self.prompt, response=response)

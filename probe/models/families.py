@@ -10,6 +10,7 @@ models (tests/unit/test_rewardbench_families.py):
 | ``inform`` | INF-ORM (``INFORMForSequenceClassification``) | ``model`` | ``score``: Linear-ReLU-Linear | token before the first pad id, else last |
 | ``ultrarm`` | UltraRM, Eurus-RM (``LlamaRewardModel``) | ``model`` | ``regression_head``: linear, no bias | last real token |
 | ``starling`` | Starling-RM-34B (its ``LlamaForSequenceClassification``) | ``transformer`` | ``v_head``: linear, no bias | token before the first id 0, else last |
+| ``starling7b`` | Starling-RM-7B-alpha (the card's ``GPTRewardModel`` on Llama-2-7b-chat; weights in one ``.pt``/``model.bin``) | ``transformer`` | ``v_head``: linear, no bias | last token (see `starling7b_state_dict`) |
 | ``beaver`` | Beaver reward/cost (``LlamaForScore``) | ``model`` | ``score_head`` (+ the config's normaliser when ``do_normalize``) | last real token |
 | ``ldl`` | LDL-Reward (``LDLRewardModel27B``) | ``model`` | ``regression_layer`` (10-bin distributions) and ``gating_layer``, in their own ``.pt`` files | token before the first pad id, else last |
 | ``pairrm`` | PairRM (``DebertaV2PairRM``; pairwise) | ``pretrained_model`` | ``head_layer`` on (source, candidate) pairs | the source and candidate prefix ids |
@@ -42,6 +43,7 @@ LAYOUTS = {layout.name: layout for layout in [
     HeadLayout("inform", "model", "before_first_pad"),
     HeadLayout("ultrarm", "model", "last"),
     HeadLayout("starling", "transformer", "before_first_pad", pad_id=0),
+    HeadLayout("starling7b", "transformer", "last"),
     HeadLayout("beaver", "model", "last"),
     HeadLayout("ldl", "model", "before_first_pad"),
     HeadLayout("pairrm", "pretrained_model", "prefix_ids"),  # a pairwise model (pairrm_model below)
@@ -90,7 +92,7 @@ def _heads(layout: HeadLayout, config) -> dict[str, nn.Module]:
         return {"score": _mlp([d, d, 1], lambda: [nn.ReLU()])}
     if layout.name == "ultrarm":
         return {"regression_head": nn.Linear(d, 1, bias=False)}
-    if layout.name == "starling":
+    if layout.name in ("starling", "starling7b"):
         return {"v_head": nn.Linear(d, 1, bias=False)}
     if layout.name == "beaver":
         return {"score_head": nn.Linear(d, getattr(config, "score_dim", 1), bias=getattr(config, "bias", False))}
@@ -148,6 +150,7 @@ READ = {
     "inform": lambda m, h: _linear_in_dtype(m.score, h)[:, 0],
     "ultrarm": lambda m, h: _linear_in_dtype(m.regression_head, h)[:, 0],
     "starling": lambda m, h: _linear_in_dtype(m.v_head, h)[:, 0],
+    "starling7b": lambda m, h: _linear_in_dtype(m.v_head, h)[:, 0],
     "beaver": _beaver,
     "ldl": _ldl,
 }
@@ -256,6 +259,41 @@ def load_side_files(model, path: str | Path) -> list[str]:
         getattr(model, name).float()
         loaded.append(file.name)
     return loaded
+
+
+# --- Starling-RM-7B-alpha: GPTRewardModel's state dict in one torch file -----------------------------------------
+STARLING7B_BACKBONES = ("transformer.", "model.model.")  # GPTRewardModel's backbone, under both of its names
+
+
+def starling7b_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Starling-RM-7B-alpha's weights as the card loads them (``torch.load`` of the one file in the repository whose
+    name ends in ``.pt`` or ``model.bin``, into GPTRewardModel: Llama-2-7b-chat's causal LM as ``model``, its
+    ``model.model`` also as ``transformer``, and ``v_head``), renamed to this layout's modules: the backbone under
+    ``transformer.`` (from either name), ``v_head``; the LM head, which the reward does not read, dropped.
+
+    The card and RewardBench read ``rewards[i, c_ind - 1]`` where ``c_ind`` is the first position of
+    ``tokenizer(unk_token)["input_ids"][0]``, which for Llama-2's tokenizer (it adds BOS) is the BOS id: position 0,
+    so index -1, the row's last position. On a row without padding that is its last token, which this layout reads;
+    padded rows (the card pads to 2,048 ids, RewardBench's pipeline to the batch's longest, on the right) are read
+    at a pad there."""
+    from probe.errors import ModelLoadError
+
+    files = sorted(f for f in Path(path).iterdir() if f.is_file() and f.name.endswith((".pt", "model.bin")))
+    if len(files) != 1:
+        raise ModelLoadError(f"{path}: Starling-RM-7B-alpha keeps its weights in one file ending in .pt or model.bin "
+                             f"(found {len(files)}: {', '.join(f.name for f in files) or 'none'})")
+    try:  # plain tensors only: a pickle's own code is never run
+        state = torch.load(files[0], map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 (UnpicklingError, a corrupt zip, ...: all one answer)
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelLoadError(f"{files[0]}: not loadable as plain tensors with torch.load(weights_only=True) ({first})"
+                             ) from None
+    out = {}
+    for prefix in reversed(STARLING7B_BACKBONES):  # "transformer." wins where both names are saved
+        out.update({"transformer." + k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    if "v_head.weight" in state:
+        out["v_head.weight"] = state["v_head.weight"]
+    return out
 
 
 # --- PairRM (a pairwise model: probe/core/pairwise.py) ---------------------------------------------------------

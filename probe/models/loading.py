@@ -344,6 +344,11 @@ def load_model(
     if spec_name is None and ref is not None and (known := lookup(ref)[0]).unsupported:
         raise ModelLoadError(f"{ref}: not supported: {known.unsupported}")
     model_id, path = _source(ref)
+    named = REGISTRY.get(spec_name) if spec_name is not None else lookup(model_id)[0]
+    if named is not None and named.layout == "starling7b" and not Path(path).is_dir():
+        raise ModelLoadError(f"{ref}: Starling-RM-7B-alpha is read from a local folder: its repository's .pt weights "
+                             "file with meta-llama/Llama-2-7b-chat-hf's config.json and tokenizer files beside it (its "
+                             "card builds the model on that base); pass that folder")
     config = _read_config(path, revision, trust_remote_code)
     if spec_name is not None:
         if spec_name not in REGISTRY:
@@ -353,7 +358,7 @@ def load_model(
         spec, match = lookup(model_id, getattr(config, "architectures", None))
     if kind == "reward" and match == "default" and getattr(config, "model_type", None) in ENCODER_TYPES:
         spec, match = encoder_spec(config.model_type), "encoder config"
-    if kind == "reward" and (spec.reader == "forward" or spec.layout == "pairrm"):
+    if kind == "reward" and (spec.reader == "forward" or spec.layout == "pairrm" or spec.pairwise == "shp"):
         log.warning("%s: %s; no shared-prefix cache: every candidate runs through the model's own full forward "
                     "(batched), which is exact and slower", model_id, spec.notes or spec.name)
     if kind == "reward" and match in ("default", "architecture"):
@@ -376,7 +381,9 @@ def load_model(
         spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
     if spec.trust_remote_code and not trust_remote_code and kind == "reward":
         raise ModelLoadError(f"{model_id} ships its own modelling code: add --trust-remote-code to run it")
-    own_format = pairwise is not None and pairwise.format in ("pairrm", "polar")  # PairRM's, POLAR's: not a chat
+    from probe.core.pairwise import OWN_FORWARD
+
+    own_format = pairwise is not None and pairwise.format in OWN_FORWARD  # PairRM's, SteamSHP's, POLAR's: not a chat
     family, replaces = family_template(spec, input_method) if kind == "reward" else (None, False)
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template, family,
                                need_template and not own_format, family_replaces=replaces)
@@ -628,12 +635,17 @@ def untrained_lm_head(model, missing) -> list[str]:
 def _load_family(path, spec, revision, dtype, device_map, allow_random_head, config):
     """A family's backbone and head by their checkpoint names (probe/models/families.py): a head weight the
     checkpoint lacks is an error, not a random head."""
-    from probe.models.families import LAYOUTS, family_model, load_side_files, pairrm_model
+    from probe.models.families import LAYOUTS, family_model, load_side_files, pairrm_model, starling7b_state_dict
 
     kwargs: dict = dict(revision=revision, dtype=dtype, **_placement(config, spec, device_map))
     try:
         cls = pairrm_model(config) if spec.layout == "pairrm" else family_model(spec.layout, config)
-        model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
+        if spec.layout == "starling7b":  # one torch file of GPTRewardModel's state dict, its names mapped
+            kwargs.pop("revision")
+            model, info = cls.from_pretrained(None, config=config, state_dict=starling7b_state_dict(path),
+                                              output_loading_info=True, **kwargs)
+        else:
+            model, info = cls.from_pretrained(path, output_loading_info=True, **kwargs)
     except torch.OutOfMemoryError:
         raise ModelLoadError(f"out of GPU memory while loading {path}: use --device-map auto") from None
     except (OSError, ValueError, KeyError, ImportError) as err:
@@ -641,6 +653,8 @@ def _load_family(path, spec, revision, dtype, device_map, allow_random_head, con
     side = {name.removesuffix(".pt") for name in load_side_files(model, path)}
     backbone = LAYOUTS[spec.layout].backbone + "."
     missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(backbone) and k.split(".")[0] not in side)
+    if spec.layout == "starling7b":  # the whole model comes from the one file: a backbone weight it lacks stays random
+        missing = sorted(info.get("missing_keys", ()))
     if missing and not allow_random_head:
         raise ModelLoadError(f"{path} lacks the {spec.layout} head's weights ({', '.join(missing[:4])}): it is not a "
                              f"checkpoint of {spec.name}; pass --spec NAME for another family")

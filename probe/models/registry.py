@@ -29,7 +29,7 @@ Entries are keyed by Hugging Face id; an unknown model falls back to an entry fo
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -77,6 +77,20 @@ STARLING_INPUT = ("model card (Nexusflow/Starling-RM-34B, get_reward): reward_to
                   "hand, '<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n{response}<|im_end|>': the "
                   "chat template's text cut after the last '<|im_end|>' (no newline), the ids Yi's tokenizer adds "
                   "(none); the reward read before the first id 0")
+STARLING7B_INPUT = DIALOGUE_INPUT.format(
+    "'<s>[INST] {prompt} </s> [/INST] {response}</s>' (model card of berkeley-nest/Starling-RM-7B-alpha, its "
+    "'llama2 chat template' test sample, with its '<s>' and '</s>' as control tokens) through Llama-2-7b-chat's "
+    "tokenizer: its BOS + text, so BOS twice") + (
+    "; the reward read at the last token (the card's PAD_ID is the BOS id: index -1, the row's last position, which "
+    "for its rows padded to 2,048 ids and RewardBench's padded batches is a pad); --input-method rewardbench: the "
+    "tokenizer's own chat template through tokenizer(text), as StarlingPipeline")
+WORLDPM_INPUT = ("model card (Qwen/WorldPM-72B, as the QwenLM/WorldPM GitHub README copies it; the Hub card's stored "
+                 "copy is cut before its usage): get_score: tokenizer.apply_chat_template(conversation, tokenize=False, "
+                 "add_generation_prompt=False) with an empty system turn ('System prompt remains empty during "
+                 "training ... System marker is preserved'), tokenizer.encode(text, add_special_tokens=False), "
+                 "model(input_ids=...)[0]; the reward read by the remote class ('the hidden state of <|endoftext|>'); "
+                 "--system replaces the empty turn; --input-method rewardbench: WorldPMPipeline's, the same call "
+                 "without the system turn (the template's default)")
 ULTRARM_INPUT = DIALOGUE_INPUT.format(
     "'Human: {prompt}\\n\\nAssistant: {response}' (model card of openbmb/UltraRM-13b: its ultrarm_template; the "
     "card's webgpt examples join the turns with one newline) through LlamaTokenizer: BOS + text") + (
@@ -106,11 +120,12 @@ INTERNLM2_INPUT = ("model card (internlm/internlm2-*-reward): model.get_score(to
                    "template's ids (one BOS) and the reward token")
 # RewardBench pipelines that encode the template's text without the tokenizer's special tokens (its route: the
 # template's own ids)
-PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline",)
+PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline", "WorldPMPipeline")
 # the dialogue formats a model card writes by hand (shipped as <name>-card templates): used on the default route even
 # where the checkpoint's tokenizer carries a chat template of its own, which the card does not call; -> the format
 # RewardBench's run script renders instead (None: the tokenizer's own template)
-CARD_DIALOGUES = {"ultrarm-card": "openbmb", "beaver-card": "pku-align", "ziya-card": "ziya", "eurus-card": None}
+CARD_DIALOGUES = {"ultrarm-card": "openbmb", "beaver-card": "pku-align", "ziya-card": "ziya", "eurus-card": None,
+                  "starling7b-card": None}
 NEMOTRON_INPUT = ("{}: tokenizer.apply_chat_template([user, assistant], tokenize=True, add_generation_prompt=False, "
                   "return_tensors='pt', return_dict=True): the template's ids, BOS as the template writes it (once), "
                   "no EOS; the score model.generate(..., max_new_tokens=1, return_dict_in_generate=True, "
@@ -150,13 +165,16 @@ class RewardModelSpec:
     layout: str | None = field(default=None, metadata={
         "help": "module reader: the family's backbone and head layout (probe/models/families.py)"})
     pairwise: str | None = field(default=None, metadata={
-        "help": "pairwise reader: the input format, 'pairrm' or 'slicpairpm' (probe/core/pairwise.py)"})
+        "help": "pairwise reader: the input format, 'pairrm', 'betterpairrm', 'slicpairpm' or 'shp' (probe/core/pairwise.py)"})
     auto_class: str | None = field(default=None, metadata={
         "help": "the Auto class the family's remote code registers its model under, when not the sequence classifier "
                 "(InternLM2 reward: AutoModel)"})
     append_token: str | None = field(default=None, metadata={
         "help": "config attribute holding an id the family appends after the chat template (InternLM2's "
                 "reward_token_id): rendered inputs end with it"})
+    system_prompt: str | None = field(default=None, metadata={
+        "help": "the system turn the model card writes when --system is not given ('': an empty system turn, kept: "
+                "WorldPM's card); None: none, the template's own default"})
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
     logit_minus: int | None = field(default=None, metadata={
         "help": "logit reader: the reward is the logit of id label_index minus the logit of this id (Llama-3.3-"
@@ -207,8 +225,9 @@ class RewardModelSpec:
                 self.layout is not None and self.reader not in ("module", "pairwise")):
             raise ValueError(f"spec {self.name!r}: a layout goes with the module reader (or a pairwise model's class), "
                              "and the module reader needs one")
-        if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "slicpairpm", "polar")):
-            raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm, slicpairpm or polar")
+        if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "betterpairrm", "slicpairpm", "shp", "polar")):
+            raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm, betterpairrm, "
+                             "slicpairpm, shp or polar")
         if self.label_index < 0:
             raise ValueError(f"spec {self.name!r}: label_index must be >= 0")
         if self.logit_minus is not None and self.reader != "logit":
@@ -225,6 +244,16 @@ DEFAULT = RewardModelSpec(
 )
 
 _REMOTE_LLAMA_SHIMS = ("llama_inputs_docstring",)
+
+ALLENAI_RM_INPUT = TEMPLATE_IDS_CARD.format(
+    "allenai/*-RM-RB2: 'a standard classifier, AutoModelForSequenceClassification', loaded with its tokenizer; the "
+    "card shows no input call, and RewardBench 2 runs them through RewardBenchPipeline, the template's text with a "
+    "doubled BOS masked: the same ids", "the score logits[0][0]")
+
+
+def _allenai_rm(name: str, family: str = "Llama 3.1") -> RewardModelSpec:
+    return RewardModelSpec(name, family=family, input_source=ALLENAI_RM_INPUT,
+                           notes="a sequence classifier (allenai's open-instruct reward model; RewardBench 2)")
 
 REGISTRY: dict[str, RewardModelSpec] = {
     spec.name: spec
@@ -305,6 +334,13 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                   ("Llama-3.2-3B", "Llama 3.2", "Llama"), ("Llama-3.2-1B", "Llama 3.2", "Llama"),
                                   ("Qwen3-8B", "Qwen3", "Qwen3"), ("Qwen3-4B", "Qwen3", "Qwen3"),
                                   ("Qwen3-1.7B", "Qwen3", "Qwen3"), ("Qwen3-0.6B", "Qwen3", "Qwen3"))],
+        # allenai's RewardBench 2 reward models (the RB2 collection's repositories and the Tulu 3 RM): plain sequence
+        # classifiers; the training runs RewardBench 2's leaderboard lists as allenai/open_instruct_dev-rm_* are found
+        # by that prefix (PREFIX_SPECS)
+        *[_allenai_rm(f"allenai/{name}") for name in (
+            "Llama-3.1-8B-Instruct-RM-RB2", "Llama-3.1-70B-Instruct-RM-RB2", "Llama-3.1-8B-Base-RM-RB2",
+            "Llama-3.1-Tulu-3-8B-SFT-RM-RB2", "Llama-3.1-Tulu-3-70B-SFT-RM-RB2", "Llama-3.1-Tulu-3-8B-RL-RM-RB2",
+            "Llama-3.1-Tulu-3-8B-RM")],
         # RewardBench's custom families (rewardbench/models/*.py), read by their own head layouts
         *[RewardModelSpec(f"Ray2333/{name}", reader="module", layout="grm", family=fam, input_source=GRM_INPUT,
                           input_call="tokenizer(text)", rewardbench_pipeline="GRMPipeline",
@@ -389,25 +425,43 @@ REGISTRY: dict[str, RewardModelSpec] = {
                         notes="LlamaForSequenceClassification in float16 (as its card and RewardBench run it); the "
                               "card's 'Human:...\\n\\nAssistant:...' + EOS; RewardBench renders '\\n\\nHuman: "
                               "...\\n\\nAssistant: ...\\n\\n' (its Ziya template) + EOS"),
-        # Families RewardBench runs that rm-probe does not read (yet): refused in one line, never read by a default
-        # head that would give numbers of no meaning
-        *[RewardModelSpec(name, reader="forward", family="Llama 2", unsupported=(
-            "its reward head is a separate .pt value head on Llama-2-7b-chat (RewardBench's starling.py builds the "
-            "model and torch.loads the file); rm-probe does not read it yet"))
-          for name in ("berkeley-nest/Starling-RM-7B-alpha",)],
-        *[RewardModelSpec(name, reader="forward", family="Qwen 2.5", unsupported=(
-            "a WorldPM reward model: its remote Qwen2 reward class (Qwen's own modelling code) is not implemented by "
-            "rm-probe yet, and a default head would read weights it does not have"))
+        # Families RewardBench runs with their own code (refused before: a default head would give numbers of no
+        # meaning), read as that code or their cards read them (tests/unit/test_refused_families.py)
+        RewardModelSpec("berkeley-nest/Starling-RM-7B-alpha", reader="module", layout="starling7b", family="Llama 2",
+                        chat_template="starling7b-card", input_call="tokenizer(text)",
+                        rewardbench_pipeline="StarlingPipeline", input_source=STARLING7B_INPUT,
+                        notes="the card's GPTRewardModel: Llama-2-7b-chat's backbone + v_head (no bias), weights in "
+                              "one .pt/model.bin file; its folder needs Llama-2-7b-chat's config.json and tokenizer "
+                              "beside that file (the card builds the model from that base)"),
+        *[RewardModelSpec(name, reader="forward", output="[0]", trust_remote_code=True, auto_class="AutoModel",
+                          family="Qwen 2.5", system_prompt="", rewardbench_pipeline="WorldPMPipeline",
+                          input_source=WORLDPM_INPUT,
+                          notes="WorldPM's remote reward class (AutoModel), read as its card reads it: outputs[0] of "
+                                "the model's own forward on input_ids alone; every candidate through that forward")
           for name in ("Qwen/WorldPM-72B", "Qwen/WorldPM-72B-HelpSteer2", "Qwen/WorldPM-72B-RLHFLow",
                        "Qwen/WorldPM-72B-UltraFeedback")],
-        *[RewardModelSpec(name, reader="forward", family="T5", unsupported=(
-            "SteamSHP is a T5 that generates 'A' or 'B' for a pair of responses (RewardBench's SHPPipeline); rm-probe "
-            "reads decoder-only and encoder classifiers, not encoder-decoder generation"))
+        *[RewardModelSpec(name, reader="pairwise", pairwise="shp", auto_class="AutoModelForSeq2SeqLM", family="T5",
+                          dtype="float32", rewardbench_pipeline="SHPPipeline",
+                          input_source="model card and RewardBench 0.1.4's SHPPipeline: tokenizer('POST: {post}\\n\\n "
+                                       "RESPONSE A: {a}\\n\\n RESPONSE B: {b}\\n\\n Which response is better? "
+                                       "RESPONSE') (the texts before the response joined by spaces as the post; T5's "
+                                       "</s> closing it; cut at 2,048 ids as the pipeline cuts it), both orders",
+                          notes="T5ForConditionalGeneration answering 'A' or 'B': logit('A') - logit('B') of the "
+                                "decoder's first step (the card's generate(max_new_tokens=1)), P(candidate) averaged "
+                                "over both orders; an encoder-decoder: full sequences, batched")
           for name in ("stanfordnlp/SteamSHP-flan-t5-xl", "stanfordnlp/SteamSHP-flan-t5-large")],
-        *[RewardModelSpec(name, reader="forward", family="DeBERTa-v3", unsupported=(
-            "Better-PairRM is PairRM's class with another input format (RewardBench's BetterPairRMPipeline), whose "
-            "template string rm-probe does not render yet; PairRM itself (llm-blender/PairRM-hf) is supported"))
-          for name in ("mightbe/Better-PairRM",)],
+        *[RewardModelSpec(name, reader="pairwise", pairwise="betterpairrm", layout="pairrm", dtype="float32",
+                          rewardbench_pipeline="BetterPairRMPipeline", family="DeBERTa-v3",
+                          input_source="RewardBench 0.1.4's BetterPairRMPipeline (tokenize_conv_pair; the card's "
+                                       "'format based on Vicuna 1.1', its stored copy cut before its own usage): "
+                                       "'USER: {prompt}' and an open 'ASSISTANT: ' joined as its template joins turns, "
+                                       "each text cut (source 2,030 ids from the left, responses 670 from the right) "
+                                       "and decoded back; '<|source|>' encoded on its own, then the source, "
+                                       "'<|candidate1|>' .., '<|candidate2|>' .., each with [CLS]/[SEP]",
+                          notes="DebertaV2PairRM (PairRM's class): logit(candidate over reference) - logit(reference "
+                                "over candidate), RewardBench's BetterPairRMPipeline; an encoder: full sequences, "
+                                "batched")
+          for name in ("mightbe/Better-PairRM", "maywell/Better-PairRM")],
         # Architectures of remote-code models, as their modelling code names the class: for checkpoints not
         # listed by id (fine-tunes, local copies under another name).
         RewardModelSpec(
@@ -469,6 +523,10 @@ REGISTRY: dict[str, RewardModelSpec] = {
 }
 
 
+# ids that name a family by a prefix (training runs published one repository each)
+PREFIX_SPECS = {"allenai/open_instruct_dev-rm_": _allenai_rm("allenai/open_instruct_dev-rm_", family="open-instruct RM")}
+
+
 def repo_id_of(model_ref: str) -> str | None:
     """The Hugging Face repo id a path stands for: a cache snapshot (``.../models--Org--Name/snapshots/<hash>``)
     or the last two components of a local path (``.../Org/Name``) when they are a registered id."""
@@ -485,7 +543,8 @@ def repo_id_of(model_ref: str) -> str | None:
 def lookup(model_ref: str, architectures: list[str] | None = None) -> tuple[RewardModelSpec, str]:
     """The spec for a model id or local path, and how it was found (for the log and meta.json).
 
-    Order: exact id; the repo id of a cache snapshot path or of a path ending in ``Org/Name``; the last path
+    Order: exact id; the repo id of a cache snapshot path or of a path ending in ``Org/Name``; an id (or snapshot's
+    repo id) starting with a `PREFIX_SPECS` prefix; the last path
     component matched against the registered names; the first architecture of the config that is registered
     (the class names remote code defines); ``"default"``.
     """
@@ -494,6 +553,10 @@ def lookup(model_ref: str, architectures: list[str] | None = None) -> tuple[Rewa
     repo = repo_id_of(model_ref)
     if repo in REGISTRY:
         return REGISTRY[repo], "snapshot path" if "models--" in model_ref else "path"
+    named = repo or ("/".join(Path(model_ref).parts[-2:]) if len(Path(model_ref).parts) >= 2 else model_ref)
+    for prefix, spec in PREFIX_SPECS.items():  # a family of training runs named by one prefix
+        if named.startswith(prefix):
+            return replace(spec, name=named), "id prefix"
     parts = Path(model_ref).parts
     by_name = {key.split("/")[-1]: spec for key, spec in REGISTRY.items() if "/" in key}
     if parts and parts[-1] in by_name:

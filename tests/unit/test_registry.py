@@ -38,15 +38,17 @@ def test_unknown_reward_model_says_which_spec(tiny_dirs, caplog):
     assert "not in the registry" in caplog.text and "'default'" in caplog.text
 
 
-@pytest.mark.parametrize("ref", ["berkeley-nest/Starling-RM-7B-alpha", "Qwen/WorldPM-72B", "stanfordnlp/SteamSHP-flan-t5-xl",
-                                 "mightbe/Better-PairRM", "/nowhere/models/WorldPM-72B-UltraFeedback"])
-def test_families_rm_probe_does_not_read_are_refused_in_one_line_before_anything_loads(ref, monkeypatch):
-    """RewardBench runs them; rm-probe has no reader for them, and a default head would give numbers of no meaning.
-    The refusal comes before the path is resolved or a config read (nothing of these exists offline)."""
+@pytest.mark.parametrize("ref", ["someorg/Refused-RM", "/nowhere/models/someorg/Refused-RM"])
+def test_a_family_rm_probe_does_not_read_is_refused_in_one_line_before_anything_loads(ref, monkeypatch):
+    """A registry entry with ``unsupported`` (none today: every family RewardBench runs is read) is refused before the
+    path is resolved or a config read; a default head would give numbers of no meaning."""
     from probe.errors import ModelLoadError
     from probe.models import loading
 
+    monkeypatch.setitem(REGISTRY, "someorg/Refused-RM", RewardModelSpec(
+        "someorg/Refused-RM", reader="forward", unsupported="its head is not read by rm-probe yet"))
     monkeypatch.setattr(loading, "_source", lambda r: pytest.fail("resolved the model before refusing it"))
     with pytest.raises(ModelLoadError, match=r"not supported: .*") as err:
         loading.load_model(ref, kind="reward", device="cpu")
     assert "\n" not in str(err.value) and "rm-probe" in str(err.value)
+    assert not [spec.name for spec in REGISTRY.values() if spec.unsupported and spec.name != "someorg/Refused-RM"]
