@@ -272,3 +272,56 @@ def internlm2_folder(folder: Path, family: str = "llama3") -> Path:
     config["auto_map"] = {"AutoModel": "modeling_internlm2_reward.InternLM2ForRewardModel"}
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
+
+
+def qwen_math_tokenizer(folder: Path) -> Path:
+    """Qwen 2.5's real tokenizer (tests/real_tokenizers.py) with id 151651 named ``<extra_0>``, as the tokenizers of
+    Qwen's process reward models hold their step separator (their users check ``encode("<extra_0>") == [151651]``;
+    vLLM's Qwen2ForProcessRewardModel pooler names step_tag_id 151651)."""
+    import json
+
+    from tests import real_tokenizers
+
+    real_tokenizers.build("qwen2.5", folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        text = (folder / name).read_text(encoding="utf-8")
+        assert text.count('"<|quad_end|>"') >= 1
+        (folder / name).write_text(text.replace('"<|quad_end|>"', '"<extra_0>"'), encoding="utf-8")
+    data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    assert any(t["id"] == 151651 and t["content"] == "<extra_0>" for t in data["added_tokens"])
+    return folder
+
+
+def prm_folder(folder: Path) -> Path:
+    """A tiny Qwen2.5-Math-PRM (tests/remote_code/modeling_qwen2_rm.py: the stand-in of its remote class) saved as
+    its checkpoints are: remote code under ``auto_map`` AutoModel, ``architectures`` Qwen2ForProcessRewardModel,
+    num_labels 2, on `qwen_math_tokenizer`. The config is Qwen2.5-Math-7B-Instruct's (the PRM's base: rope_theta
+    10000, rms_norm_eps 1e-6, BOS/EOS ids 151643/151645, untied embeddings, no sliding window) shrunk to 2 layers of
+    width 32."""
+    import importlib.util
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer, Qwen2Config
+
+    remote = Path(__file__).resolve().parent / "remote_code" / "modeling_qwen2_rm.py"
+    spec = importlib.util.spec_from_file_location("modeling_qwen2_rm", remote)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tok = AutoTokenizer.from_pretrained(qwen_math_tokenizer(folder))
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=10000.0,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False, num_labels=2,
+                      bos_token_id=151643, eos_token_id=151645)
+    torch.manual_seed(0)
+    model = module.Qwen2ForProcessRewardModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.score.parameters():
+            p.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    shutil.copy(remote, folder / remote.name)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["Qwen2ForProcessRewardModel"]
+    config["auto_map"] = {"AutoModel": "modeling_qwen2_rm.Qwen2ForProcessRewardModel"}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder

@@ -244,6 +244,54 @@ class ModuleRewardHead(ScoreHead):
                 "sign": self.sign}
 
 
+class StepRewardHead(ScoreHead):
+    """A process reward model's step reward (Qwen2.5-Math-PRM's ``make_step_rewards``): its 2-way head
+    (``model.score``, any module on the last hidden state) at the step separator, ``softmax(logits)[1]`` (the positive
+    class). The separator read is the last one in the row's real tokens: the one appended after the response."""
+
+    name = "reward"
+
+    def __init__(self, model: torch.nn.Module, sep_id: int):
+        if not isinstance(getattr(model, "score", None), torch.nn.Module):
+            raise ProbeError(f"{type(model).__name__} has no `score` head: it is not a process reward model's class")
+        self.model, self.sep_id = model, int(sep_id)
+
+    def prepare(self, prefix_ids, prefix_hidden):
+        self.prefix_ids = list(prefix_ids)
+        self.prefix_hidden = prefix_hidden
+
+    def positions(self, cont: Tensor, lengths: Tensor) -> Tensor:
+        """Each row's last separator (prefix + continuation coordinates); one line where a row has none."""
+        real = torch.arange(cont.shape[1], device=cont.device)[None, :] < lengths[:, None]
+        idx = torch.arange(cont.shape[1], device=cont.device)[None, :].expand_as(cont)
+        found = torch.where(real & (cont == self.sep_id), idx, torch.full_like(idx, -1)).amax(1)
+        if bool((found < 0).any()):
+            raise ProbeError("a row holds no step separator after its response: render it with the family's "
+                             "conversation (probe/core/scoring.py: StepSeparated)")
+        return len(self.prefix_ids) + found
+
+    def _reward(self, h: Tensor) -> Tensor:
+        head = self.model.score
+        logits = head(h.to(next(head.parameters()).dtype)).float()
+        return torch.softmax(logits, -1)[:, 1]
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        pos = self.positions(cont, lengths)
+        return self._reward(gather_rows(self.prefix_hidden, hidden, pos))
+
+    def own_forward(self, model, input_ids, n_prefix):
+        logits = model(input_ids=input_ids).logits.float()  # [b, L, 2]
+        is_sep = input_ids == self.sep_id
+        pos = torch.where(is_sep, torch.arange(input_ids.shape[1], device=input_ids.device), -1).amax(1)
+        if bool((pos < 0).any()):
+            raise ProbeError("a row holds no step separator after its response")
+        return torch.softmax(logits[torch.arange(logits.shape[0], device=logits.device), pos], -1)[:, 1]
+
+    def describe(self):
+        return {"head": "reward (process reward model's step head)", "step_separator_id": self.sep_id,
+                "score": "softmax(score(h[last separator]))[1], the positive class's probability"}
+
+
 def logit_transform(model: torch.nn.Module):
     """The family's elementwise transform of LM-head logits, or None: Gemma 2/3 soft-cap
     (``final_logit_softcapping``), Cohere scales (``logit_scale``), Granite divides (``logits_scaling``)."""

@@ -10,6 +10,8 @@ A `RewardModelSpec` says how to load a model and how to read one score from it:
                 ``layout`` names it, probe/models/families.py), read at the family's pooling position;
   ``"forward"`` no cached reader is known: every candidate goes through the model's own full forward
                 (exact, slower).
+  ``"step"``    a process reward model: a 2-way head (``model.score``) at the step separator ``step_token`` appended
+                after the response (one step), read as the positive class's probability (Qwen2.5-Math-PRM);
   ``"pairwise"`` a pairwise preference model (``pairwise`` names its input format, probe/core/pairwise.py): each
                 candidate is scored against a reference response in both orders; PairRM (an encoder, ``layout``
                 ``pairrm``) through its own forward, RLHFlow's pair-preference LMs on the shared-prefix cache.
@@ -30,7 +32,7 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-Reader = Literal["linear", "gated", "module", "forward", "pairwise"]
+Reader = Literal["linear", "gated", "module", "forward", "pairwise", "step"]
 
 # The input conventions of the families (RewardModelSpec.input_source): what each model card (or training code) calls
 CHAT_TEMPLATE_INPUT = ("model card: tokenizer.apply_chat_template(conversation, tokenize=True); BOS as the template "
@@ -99,6 +101,13 @@ INTERNLM2_INPUT = ("model card (internlm/internlm2-*-reward): model.get_score(to
                    "added: a second BOS after the template's) and appends the config's reward_token_id; "
                    "--input-method rewardbench: InternLMPipeline's encode(text, add_special_tokens=False), the "
                    "template's ids (one BOS) and the reward token")
+QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+PRM_INPUT = ("model card (Qwen/Qwen2.5-Math-PRM-7B, -72B, Qwen2.5-Math-7B-PRM800K: one code for all three): messages "
+             "system (the card's 'Please reason step by step, and put your final answer within \\boxed{}.', unless "
+             "--system), user, assistant '<extra_0>'.join(steps) + '<extra_0>'; tokenizer.encode(apply_chat_template("
+             "messages, tokenize=False, add_generation_prompt=False)) (Qwen's tokenizer adds no special tokens: the "
+             "template's ids); a response is one step: its ids, then the <extra_0> id, then the template's end of "
+             "turn; the reward softmax(logits[sep])[1] at that separator (make_step_rewards: the positive class)")
 # RewardBench pipelines that encode the template's text without the tokenizer's special tokens (its route: the
 # template's own ids)
 PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline",)
@@ -135,6 +144,11 @@ class RewardModelSpec:
     append_token: str | None = field(default=None, metadata={
         "help": "config attribute holding an id the family appends after the chat template (InternLM2's "
                 "reward_token_id): rendered inputs end with it"})
+    step_token: str | None = field(default=None, metadata={
+        "help": "step reader: the step separator the model card appends after each step (Qwen2.5-Math-PRM's "
+                "'<extra_0>'); the reward is read at its last occurrence"})
+    system: str | None = field(default=None, metadata={
+        "help": "the system prompt the model card writes, used where the run gives none (--system replaces it)"})
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
@@ -177,6 +191,8 @@ class RewardModelSpec:
                 self.layout is not None and self.reader not in ("module", "pairwise")):
             raise ValueError(f"spec {self.name!r}: a layout goes with the module reader (or a pairwise model's class), "
                              "and the module reader needs one")
+        if (self.reader == "step") != (self.step_token is not None):
+            raise ValueError(f"spec {self.name!r}: the step reader goes with a step_token, and a step_token with it")
         if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "slicpairpm")):
             raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm or slicpairpm")
         if self.label_index < 0:
@@ -328,6 +344,16 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                 "template (RewardBench's InternLMPipeline, the model's get_score); own forward")
           for name in ("internlm/internlm2-7b-reward", "internlm/internlm2-1_8b-reward", "internlm/internlm2-20b-reward",
                        "InternLM2ForRewardModel")],
+        # Process reward models (remote code: AutoModel -> Qwen2ForProcessRewardModel, a Qwen2 backbone and a 2-way
+        # MLP head per position): the reward of a response as one step, at the <extra_0> appended after it
+        *[RewardModelSpec(name, reader="step", output="logits", trust_remote_code=True, auto_class="AutoModel",
+                          step_token="<extra_0>", system=QWEN_MATH_SYSTEM, family="Qwen 2.5",
+                          input_source=PRM_INPUT,
+                          notes="Qwen2ForProcessRewardModel (remote): score = Linear-ReLU-Linear(hidden, 2) at every "
+                                "position; the reward softmax(.)[1] at the step separator <extra_0>, on the "
+                                "shared-prefix cache (a plain function of the last hidden state)")
+          for name in ("Qwen/Qwen2.5-Math-PRM-7B", "Qwen/Qwen2.5-Math-PRM-72B", "Qwen/Qwen2.5-Math-7B-PRM800K",
+                       "Qwen2ForProcessRewardModel")],
         RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya-card",
                         input_eos=True, dtype="float16", family="Llama", rewardbench_pipeline="ZiyaPipeline",
                         input_source=ZIYA_INPUT,
