@@ -325,3 +325,49 @@ def prm_folder(folder: Path) -> Path:
     config["auto_map"] = {"AutoModel": "modeling_qwen2_rm.Qwen2ForProcessRewardModel"}
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
+
+
+# the published config.json of each LMUnit's base (LMUnit-llama3.1-70b: Llama-3.1-70B-Instruct; LMUnit-qwen2.5-72b:
+# Qwen2.5-72B-Instruct), shrunk: these fields as published, 2 layers of width 32
+LMUNIT_CONFIGS = {
+    "llama3.1": ("LlamaForCausalLM", dict(
+        rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
+        max_position_embeddings=131072, tie_word_embeddings=False, hidden_act="silu",
+        rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192, "rope_type": "llama3"})),
+    "qwen2.5": ("Qwen2ForCausalLM", dict(
+        rope_theta=1000000.0, rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645,
+        max_position_embeddings=32768, tie_word_embeddings=False, hidden_act="silu", use_sliding_window=False,
+        sliding_window=131072)),
+}
+
+
+def lmunit_folder(folder: Path, family: str, spread: float = 1.0) -> Path:
+    """A tiny LMUnit (a causal LM of its base's architecture, `LMUNIT_CONFIGS`) on the real tokenizer of its base,
+    saved as its checkpoints are. The LM-head rows of the digits 0-6 are set near the row of the most likely token
+    after a sample prompt (plus noise of relative size ``spread``), so that, as in a trained LMUnit, digits compete
+    for the top next tokens: some among the top 20 and some not, the most likely token a digit or not, by row."""
+    import transformers
+
+    from tests import real_tokenizers
+
+    tok = real_tokenizers.load(family, folder)
+    arch, fields = LMUNIT_CONFIGS[family]
+    cls = getattr(transformers, arch)
+    cfg = cls.config_class(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, **fields)
+    torch.manual_seed(0)
+    model = cls(cfg).float().eval()
+    digits = [tok.convert_tokens_to_ids(str(d)) for d in range(7)]
+    with torch.no_grad():
+        sample = tok.apply_chat_template([{"role": "system", "content": "rationale=No"},
+                                          {"role": "user", "content": "Query: hi\n\nResponse: hello\n\nUnit Test: ok?"}],
+                                         add_generation_prompt=True, return_dict=False)
+        sample = list(sample) + tok.encode('{"score": ', add_special_tokens=False)
+        top = int(model(input_ids=torch.tensor([sample])).logits[0, -1].argmax())
+        w = model.lm_head.weight
+        noise = torch.randn(len(digits), w.shape[1]) * spread * w[top].norm() / w.shape[1] ** 0.5
+        w[digits] = w[top] + noise
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

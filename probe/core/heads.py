@@ -463,13 +463,40 @@ class RatingHead(JudgeHead):
         self.model, self.judge = model, judge
         self.ids = tuple(int(i) for i in ids)
         self.values = torch.tensor([float(v) for v in values])
+        self.top_k = getattr(judge, "top_logprobs", None)  # LMUnit's reading of vLLM's top-k (probe/core/judges.py)
 
     def _from_logits(self, logits: Tensor) -> Tensor:
         return torch.softmax(logits, -1) @ self.values.to(logits.device)
 
+    def _top_k_rating(self, logits: Tensor) -> Tensor:
+        """LMUnit's ``postprocess``: 0 where the most likely token is not a rating; else the expected rating over the
+        ratings among the ``top_k`` most likely tokens, their probabilities renormalised (0 where none is)."""
+        ids = torch.tensor(self.ids, device=logits.device)
+        kth = logits.topk(min(self.top_k, logits.shape[-1]), -1).values[:, -1:]
+        rated = logits[:, ids]
+        kept = rated >= kth
+        p = torch.softmax(rated.masked_fill(~kept, float("-inf")), -1).nan_to_num(0.0)
+        out = p @ self.values.to(logits.device)
+        greedy = torch.isin(logits.argmax(-1), ids)
+        return torch.where(greedy & kept.any(-1), out, torch.zeros_like(out))
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        if self.top_k is None:
+            return super().score(hidden, cont, lengths, onehot)
+        p = self.prefix_hidden.shape[0]
+        return self._top_k_rating(lm_logits(self.model, gather_rows(self.prefix_hidden, hidden, p + lengths - 1)).float())
+
+    def own_forward(self, model, input_ids, n_prefix):
+        if self.top_k is None:
+            return super().own_forward(model, input_ids, n_prefix)
+        return self._top_k_rating(model(input_ids=input_ids).logits[:, -1].float())
+
     def describe(self):
+        rule = ("expected rating under the next-token distribution over the rating tokens" if self.top_k is None else
+                f"expected rating over the rating tokens among the {self.top_k} most likely next tokens, renormalised; "
+                "0 where the most likely token is not a rating (LMUnit's postprocess)")
         out = {"head": self.name, "rating_ids": list(self.ids), "ratings": [int(v) for v in self.values.tolist()],
-               "score": "expected rating under the next-token distribution over the rating tokens"}
+               "score": rule}
         return out | (self.judge.describe() if self.judge is not None else {})
 
 

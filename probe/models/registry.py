@@ -108,6 +108,14 @@ PRM_INPUT = ("model card (Qwen/Qwen2.5-Math-PRM-7B, -72B, Qwen2.5-Math-7B-PRM800
              "messages, tokenize=False, add_generation_prompt=False)) (Qwen's tokenizer adds no special tokens: the "
              "template's ids); a response is one step: its ids, then the <extra_0> id, then the template's end of "
              "turn; the reward softmax(logits[sep])[1] at that separator (make_step_rewards: the positive class)")
+LMUNIT_INPUT = ("the authors' evaluation code (ContextualAI/LMUnit eval/eval.py, eval/reward_bench2.py; the model card's "
+                "quick start passes the bare user text, without the chat template): messages system 'rationale=No', "
+                "user 'Query: {prompt}\\n\\nResponse: {response}\\n\\nUnit Test: {unit_test}' (--unit-test; default "
+                "'Is the response helpful?'), apply_chat_template(tokenize=False, add_generation_prompt=True), the "
+                "text encoded as vLLM encodes a prompt string, tokenizer(text) (Llama 3.1: BOS twice; Qwen 2.5: none "
+                "added), then the output's start '{\"score\": ' (--score rating, --judge-prompt lmunit); the score is "
+                "LMUnit.postprocess's: the expected digit 0-6 over the digits among the top-20 next tokens, "
+                "renormalised, 0 where the most likely token is no digit")
 # RewardBench pipelines that encode the template's text without the tokenizer's special tokens (its route: the
 # template's own ids)
 PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline",)
@@ -149,6 +157,9 @@ class RewardModelSpec:
                 "'<extra_0>'); the reward is read at its last occurrence"})
     system: str | None = field(default=None, metadata={
         "help": "the system prompt the model card writes, used where the run gives none (--system replaces it)"})
+    judge_prompt: str | None = field(default=None, metadata={
+        "help": "a generative judge (LMUnit): the shipped judge prompt (probe/data/judge_prompts) its card's code "
+                "reads it with; --score auto is then --score rating under it, and input_call applies to that reading"})
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
     chat_template: str | None = field(default=None, metadata={
         "help": "shipped template (probe/data/chat_templates) for a tokenizer that has none: the family's dialogue "
@@ -354,6 +365,14 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                 "shared-prefix cache (a plain function of the last hidden state)")
           for name in ("Qwen/Qwen2.5-Math-PRM-7B", "Qwen/Qwen2.5-Math-PRM-72B", "Qwen/Qwen2.5-Math-7B-PRM800K",
                        "Qwen2ForProcessRewardModel")],
+        # Unit-test judges: causal LMs read as a rating judge (--score auto = rating, --judge-prompt lmunit), the
+        # unit test an option (--unit-test)
+        *[RewardModelSpec(name, reader="forward", judge_prompt="lmunit", input_call="tokenizer(text)", family=fam,
+                          input_source=LMUNIT_INPUT,
+                          notes=f"{base} fine-tune generating a JSON rating; read from one next-token distribution "
+                                "after its output's start, on the shared-prefix cache (probe/core/judges.py)")
+          for name, fam, base in (("ContextualAI/LMUnit-llama3.1-70b", "Llama 3.1", "Llama-3.1-70B-Instruct"),
+                                  ("ContextualAI/LMUnit-qwen2.5-72b", "Qwen 2.5", "Qwen2.5-72B-Instruct"))],
         RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya-card",
                         input_eos=True, dtype="float16", family="Llama", rewardbench_pipeline="ZiyaPipeline",
                         input_source=ZIYA_INPUT,
