@@ -18,8 +18,9 @@ JUDGE_KINDS = {"rating": "rating", "judge-pair": "pair"}  # score mode -> the ki
 
 
 def resolve_score_mode(score: str, rm: str | None, ref: str | None = None) -> ScoreMode:
-    """``--score auto``: the logprob proxy for the packaged language models, the reward head otherwise; with a
-    reference model (``--ref``) always log-probabilities, whose difference is the implicit reward."""
+    """``--score auto``: the logprob proxy for the packaged language models, a rating judge for a model whose registry
+    entry names its judge prompt (LMUnit), the reward head otherwise; with a reference model (``--ref``) always
+    log-probabilities, whose difference is the implicit reward."""
     from probe.models.embedded import packaged
 
     if ref is not None:
@@ -169,8 +170,8 @@ class ScoreVocabConfig(ModelOptions):
         "help": "reward: the RM's head; logprob: log-likelihood of response + end-of-turn tokens under a causal LM; "
                 "judge: logit(Yes) - logit(No) after a judging question; rating: an instruction-tuned LM's expected "
                 "rating under a rating prompt (--judge-prompt); judge-pair: its probability of preferring the response "
-                "to --reference-response, averaged over both orders. auto: logprob for the embedded model, reward "
-                "otherwise"})
+                "to --reference-response, averaged over both orders. auto: logprob for the embedded model, rating for "
+                "a unit-test judge (LMUnit, under its judge prompt), reward otherwise"})
     logprob_reduce: Literal["sum", "mean"] = field(default="sum", metadata={
         "help": "how --score logprob combines token log-probabilities"})
     judge_question: str = field(default=JUDGE_QUESTION, metadata={
@@ -359,7 +360,7 @@ class SocialConfig(ModelOptions):
         "help": "first N items of each data set (StereoSet: from both parts in turn; BBQ: both context conditions)"})
     score: Literal["auto", "reward", "logprob", "judge", "rating", "judge-pair"] = field(default="auto", metadata={
         "help": "reward, or a causal LM's logprob/judge/rating/judge-pair proxy (see probe score; auto: logprob for "
-                "the packaged language models)"})
+                "the packaged language models, rating for a unit-test judge such as LMUnit)"})
     judge_prompt: str | None = field(default=None, metadata={"help": JUDGE_PROMPT_HELP, "metavar": "NAME|FILE"})
     logprob_reduce: Literal["sum", "mean"] = field(default="mean", metadata={
         "help": "log-probability per response: mean per token (default here: options differ in length) or sum"})
