@@ -85,7 +85,8 @@ def _loaded(model, tokenizer, score: str):
         for held in (loaded, loaded.ref):
             if held is not None:
                 use_trained_attention(held.model)
-        mode = score if score != "auto" else ("reward" if loaded.kind == "reward" else "logprob")
+        mode = score if score != "auto" else ("reward" if loaded.kind == "reward" else
+                                              "rating" if loaded.spec.judge_prompt is not None else "logprob")
         return loaded, mode
     if tokenizer is None:
         raise ProbeError("pass the model's tokenizer (or a LoadedModel from probe.load)")
@@ -107,7 +108,7 @@ def sweep(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], *, 
           limit: int | None = None, batch_size: int | None = None, verify: int = 16, system: str | None = None,
           date: str = DEFAULT_DATE, logprob_reduce: str = "sum", judge_question: str = JUDGE_QUESTION,
           progress: bool = False, seed: int = 0, systems=None, control: str = CONTROL,
-          judge_prompt: str | None = None) -> pl.DataFrame:
+          judge_prompt: str | None = None, unit_test: str | None = None) -> pl.DataFrame:
     """Every token id of the vocabulary as the one-token response to ``prompt`` (a text, a list, or a mapping
     key: text). Returns one row per prompt x token: ``prompt_key, token_id, score, rank`` (1 = best) and the
     vocabulary's columns (``decoded``, ``is_special``, ``is_word``, ``leading_space``, ``roundtrips``, ...),
@@ -128,7 +129,7 @@ def sweep(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], *, 
     config = ScoreVocabConfig(rm=loaded.model_id, score=mode, limit=limit, batch_size=batch_size, verify=verify,
                               system=system, date=date, logprob_reduce=logprob_reduce,  # type: ignore[arg-type]
                               judge_question=judge_question, progress=progress, seed=seed,
-                              judge_prompt=judge_prompt)
+                              judge_prompt=judge_prompt, unit_test=unit_test)
     vs = VocabSweep(loaded, config, prompts)
     vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
     return pl.concat([ranked_table(p, vs.token_ids, vs.score_prompt(p), vocab) for p in prompts])
@@ -138,7 +139,7 @@ def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str,
                     score: str = "auto", batch_size: int | None = None, verify: int = 4, system: str | None = None,
                     date: str = DEFAULT_DATE, logprob_reduce: str = "sum",
                     judge_question: str = JUDGE_QUESTION, systems=None, control: str = CONTROL,
-                    judge_prompt: str | None = None) -> pl.DataFrame:
+                    judge_prompt: str | None = None, unit_test: str | None = None) -> pl.DataFrame:
     """Each response (a whole assistant turn, any length) scored under each prompt: ``prompt_key, response,
     n_tokens, score, rank`` (1 = best within the prompt), and what the chat template did to the response
     (``slot_text``, ``change``). The logprob of a multi-token response is the sum (``logprob_reduce="mean"``:
@@ -150,12 +151,20 @@ def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str,
 
     loaded, mode = _loaded(model, tokenizer, score)
     opts = ScoringOptions(logprob_reduce, judge_question, resolve_date(date),  # type: ignore[arg-type]
-                          judge_prompt_for(mode, judge_prompt))
+                          _judge_prompt(mode, judge_prompt, unit_test, loaded.model_id))
     prepared = [prepare(loaded, mode, p.key, p.text, list(responses), opts, p.system_or(system))
                 for p in _grid(prompt, systems, control, system)]
     size = batch_size or response_batch_size(loaded, mode, prepared)
     return pl.concat([ranked_responses(rows, score_rows(loaded, mode, rows, opts=opts, batch_size=size, verify=verify))
                       for rows in prepared])
+
+
+def _judge_prompt(mode, judge_prompt, unit_test, model_id):
+    """`judge_prompt_for` with its one-line errors as the API's."""
+    try:
+        return judge_prompt_for(mode, judge_prompt, unit_test, model_id)
+    except ValueError as err:
+        raise ProbeError(str(err)) from None
 
 
 def _grid(prompt, systems, control: str, system: str | None):

@@ -18,8 +18,9 @@ JUDGE_KINDS = {"rating": "rating", "judge-pair": "pair"}  # score mode -> the ki
 
 
 def resolve_score_mode(score: str, rm: str | None, ref: str | None = None) -> ScoreMode:
-    """``--score auto``: the logprob proxy for the packaged language models, the reward head otherwise; with a
-    reference model (``--ref``) always log-probabilities, whose difference is the implicit reward."""
+    """``--score auto``: the logprob proxy for the packaged language models, a rating judge for a model whose registry
+    entry names its judge prompt (LMUnit), the reward head otherwise; with a reference model (``--ref``) always
+    log-probabilities, whose difference is the implicit reward."""
     from probe.models.embedded import packaged
 
     if ref is not None:
@@ -29,7 +30,17 @@ def resolve_score_mode(score: str, rm: str | None, ref: str | None = None) -> Sc
         return "logprob"
     if score != "auto":
         return score  # type: ignore[return-value]
-    return "logprob" if packaged(rm) is not None else "reward"
+    if packaged(rm) is not None:
+        return "logprob"
+    return "rating" if judge_of(rm) is not None else "reward"
+
+
+def judge_of(rm: str | None) -> str | None:
+    """The judge prompt a generative judge's registry entry names (LMUnit's): ``--score auto`` reads it as a
+    rating judge under that prompt; None for every other model."""
+    from probe.models.registry import lookup
+
+    return None if rm is None else lookup(rm)[0].judge_prompt
 
 
 def check_rewardbench_dpo(mode: str, ref: bool, beta: float, reduce: str) -> None:
@@ -66,15 +77,21 @@ JUDGE_PROMPT_HELP = ("--score rating or judge-pair: the judge prompt, a shipped 
                      "its source and text are recorded in the run")
 
 
-def judge_prompt_for(mode: str, value: str | None):
-    """The judge prompt a score mode reads (None for the others); ``--judge-prompt`` with another mode is an error."""
+def judge_prompt_for(mode: str, value: str | None, unit_test: str | None = None, rm: str | None = None):
+    """The judge prompt a score mode reads (None for the others): ``--judge-prompt``, else the model's own (registry
+    ``judge_prompt``: LMUnit's), else the shipped default; with ``--unit-test`` as its criterion. ``--judge-prompt``
+    with another mode, and ``--unit-test`` with a judge that takes none, are errors (one line)."""
     if mode not in JUDGE_KINDS:
         if value is not None:
             raise ValueError(f"--judge-prompt goes with --score rating or judge-pair, not --score {mode}")
+        if unit_test is not None:
+            raise ValueError(f"--unit-test goes with a unit-test judge (LMUnit: ContextualAI/LMUnit-*, or --score "
+                             f"rating --judge-prompt lmunit); {rm or 'this model'} under --score {mode} takes none")
         return None
     from probe.core.judges import load_judge_prompt
 
-    return load_judge_prompt(value, JUDGE_KINDS[mode])  # type: ignore[arg-type]
+    own = judge_of(rm) if value is None and mode == "rating" else None
+    return load_judge_prompt(value or own, JUDGE_KINDS[mode]).with_unit_test(unit_test)  # type: ignore[arg-type]
 
 
 def check_at_least(config: object, minimum: int, *names: str) -> None:
@@ -118,6 +135,11 @@ class ModelOptions:
         "help": "principle reward models (nvidia/Llama-3.3-Nemotron-70B-Reward-Principle): the principle each response "
                 "is scored against (default: the model card's, 'correctness'; recorded in the run)", "metavar": "TEXT"})
 
+    unit_test: str | None = field(default=None, metadata={
+        "help": "a unit-test judge (LMUnit: ContextualAI/LMUnit-*): the natural-language criterion every response is "
+                "rated against (default: the judge prompt's own, LMUnit's \"Is the response helpful?\"; recorded in "
+                "the run)", "metavar": "TEXT"})
+
     def check_reference(self) -> None:
         """--beta 0 and --beta without --ref are errors (one line, before anything loads)."""
         if self.beta == 0:
@@ -155,8 +177,8 @@ class ScoreVocabConfig(ModelOptions):
         "help": "reward: the RM's head; logprob: log-likelihood of response + end-of-turn tokens under a causal LM; "
                 "judge: logit(Yes) - logit(No) after a judging question; rating: an instruction-tuned LM's expected "
                 "rating under a rating prompt (--judge-prompt); judge-pair: its probability of preferring the response "
-                "to --reference-response, averaged over both orders. auto: logprob for the embedded model, reward "
-                "otherwise"})
+                "to --reference-response, averaged over both orders. auto: logprob for the embedded model, rating for "
+                "a unit-test judge (LMUnit, under its judge prompt), reward otherwise"})
     logprob_reduce: Literal["sum", "mean"] = field(default="sum", metadata={
         "help": "how --score logprob combines token log-probabilities"})
     judge_question: str = field(default=JUDGE_QUESTION, metadata={
@@ -211,7 +233,7 @@ class ScoreVocabConfig(ModelOptions):
                              "for single-token sweeps only")
         if self.input_method == "rewardbench" and self.mode != "reward":
             check_rewardbench_dpo(self.mode, self.ref is not None, self.beta, self.logprob_reduce)
-        judge_prompt_for(self.mode, self.judge_prompt)  # a bad prompt file fails before any model loads
+        judge_prompt_for(self.mode, self.judge_prompt, self.unit_test, self.rm)  # before any model loads
 
     @property
     def mode(self) -> ScoreMode:
@@ -219,7 +241,7 @@ class ScoreVocabConfig(ModelOptions):
 
     def scoring_options(self) -> ScoringOptions:
         return ScoringOptions(self.logprob_reduce, self.judge_question, resolve_date(self.date),
-                              judge_prompt_for(self.mode, self.judge_prompt))
+                              judge_prompt_for(self.mode, self.judge_prompt, self.unit_test, self.rm))
 
     def job_key(self) -> dict:
         """The settings that define a job for the batch runner (what to compute, not how fast). A response job
@@ -237,6 +259,8 @@ class ScoreVocabConfig(ModelOptions):
             key |= {"judge_prompt": self.judge_prompt}
         if self.principle is not None:  # likewise: a principle model's principle is part of every score
             key |= {"principle": self.principle}
+        if self.unit_test is not None:  # a unit-test judge's criterion is part of every score
+            key |= {"unit_test": self.unit_test}
         return key
 
 
@@ -290,6 +314,10 @@ class GCGConfig(ModelOptions):
         check_at_least(self, 1, "beam")
         if self.n_replace > self.length:
             raise ValueError("--n-replace cannot exceed --length")
+        if self.mode not in ("reward", "logprob", "judge"):
+            raise ValueError(f"{self.rm} is read as a rating judge (--score {self.mode}), which probe gcg does not "
+                             "search: score it with probe score")
+        judge_prompt_for(self.mode, None, self.unit_test, self.rm)  # --unit-test: one line
         resolve_date(self.date)
 
     def scoring_options(self) -> ScoringOptions:
@@ -341,7 +369,7 @@ class SocialConfig(ModelOptions):
         "help": "first N items of each data set (StereoSet: from both parts in turn; BBQ: both context conditions)"})
     score: Literal["auto", "reward", "logprob", "judge", "rating", "judge-pair"] = field(default="auto", metadata={
         "help": "reward, or a causal LM's logprob/judge/rating/judge-pair proxy (see probe score; auto: logprob for "
-                "the packaged language models)"})
+                "the packaged language models, rating for a unit-test judge such as LMUnit)"})
     judge_prompt: str | None = field(default=None, metadata={"help": JUDGE_PROMPT_HELP, "metavar": "NAME|FILE"})
     logprob_reduce: Literal["sum", "mean"] = field(default="mean", metadata={
         "help": "log-probability per response: mean per token (default here: options differ in length) or sum"})
@@ -368,7 +396,7 @@ class SocialConfig(ModelOptions):
             raise ValueError(f"unknown data set {', '.join(unknown)}; known: {', '.join(SOCIAL_DATASETS)}")
         resolve_date(self.date)
         for rm in self.rm or (None,):
-            judge_prompt_for(self.mode(rm), self.judge_prompt)
+            judge_prompt_for(self.mode(rm), self.judge_prompt, self.unit_test, rm)
         if self.input_method == "rewardbench":
             for rm in self.rm or (None,):
                 if self.mode(rm) != "reward":

@@ -275,3 +275,102 @@ def internlm2_folder(folder: Path, family: str = "llama3") -> Path:
     config["auto_map"] = {"AutoModel": "modeling_internlm2_reward.InternLM2ForRewardModel"}
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
+
+
+def qwen_math_tokenizer(folder: Path) -> Path:
+    """Qwen 2.5's real tokenizer (tests/real_tokenizers.py) with id 151651 named ``<extra_0>``, as the tokenizers of
+    Qwen's process reward models hold their step separator (their users check ``encode("<extra_0>") == [151651]``;
+    vLLM's Qwen2ForProcessRewardModel pooler names step_tag_id 151651)."""
+    import json
+
+    from tests import real_tokenizers
+
+    real_tokenizers.build("qwen2.5", folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        text = (folder / name).read_text(encoding="utf-8")
+        assert text.count('"<|quad_end|>"') >= 1
+        (folder / name).write_text(text.replace('"<|quad_end|>"', '"<extra_0>"'), encoding="utf-8")
+    data = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    assert any(t["id"] == 151651 and t["content"] == "<extra_0>" for t in data["added_tokens"])
+    return folder
+
+
+def prm_folder(folder: Path) -> Path:
+    """A tiny Qwen2.5-Math-PRM (tests/remote_code/modeling_qwen2_rm.py: the stand-in of its remote class) saved as
+    its checkpoints are: remote code under ``auto_map`` AutoModel, ``architectures`` Qwen2ForProcessRewardModel,
+    num_labels 2, on `qwen_math_tokenizer`. The config is Qwen2.5-Math-7B-Instruct's (the PRM's base: rope_theta
+    10000, rms_norm_eps 1e-6, BOS/EOS ids 151643/151645, untied embeddings, no sliding window) shrunk to 2 layers of
+    width 32."""
+    import importlib.util
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer, Qwen2Config
+
+    remote = Path(__file__).resolve().parent / "remote_code" / "modeling_qwen2_rm.py"
+    spec = importlib.util.spec_from_file_location("modeling_qwen2_rm", remote)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tok = AutoTokenizer.from_pretrained(qwen_math_tokenizer(folder))
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, rope_theta=10000.0,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False, num_labels=2,
+                      bos_token_id=151643, eos_token_id=151645)
+    torch.manual_seed(0)
+    model = module.Qwen2ForProcessRewardModel(cfg).eval()
+    with torch.no_grad():
+        for p in model.score.parameters():
+            p.normal_(0, 1.0)
+    model.save_pretrained(folder)
+    shutil.copy(remote, folder / remote.name)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["Qwen2ForProcessRewardModel"]
+    config["auto_map"] = {"AutoModel": "modeling_qwen2_rm.Qwen2ForProcessRewardModel"}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder
+
+
+# the published config.json of each LMUnit's base (LMUnit-llama3.1-70b: Llama-3.1-70B-Instruct; LMUnit-qwen2.5-72b:
+# Qwen2.5-72B-Instruct), shrunk: these fields as published, 2 layers of width 32
+LMUNIT_CONFIGS = {
+    "llama3.1": ("LlamaForCausalLM", dict(
+        rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=128000, eos_token_id=[128001, 128008, 128009],
+        max_position_embeddings=131072, tie_word_embeddings=False, hidden_act="silu",
+        rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 8192, "rope_type": "llama3"})),
+    "qwen2.5": ("Qwen2ForCausalLM", dict(
+        rope_theta=1000000.0, rms_norm_eps=1e-6, bos_token_id=151643, eos_token_id=151645,
+        max_position_embeddings=32768, tie_word_embeddings=False, hidden_act="silu", use_sliding_window=False,
+        sliding_window=131072)),
+}
+
+
+def lmunit_folder(folder: Path, family: str, spread: float = 1.0) -> Path:
+    """A tiny LMUnit (a causal LM of its base's architecture, `LMUNIT_CONFIGS`) on the real tokenizer of its base,
+    saved as its checkpoints are. The LM-head rows of the digits 0-6 are set near the row of the most likely token
+    after a sample prompt (plus noise of relative size ``spread``), so that, as in a trained LMUnit, digits compete
+    for the top next tokens: some among the top 20 and some not, the most likely token a digit or not, by row."""
+    import transformers
+
+    from tests import real_tokenizers
+
+    tok = real_tokenizers.load(family, folder)
+    arch, fields = LMUNIT_CONFIGS[family]
+    cls = getattr(transformers, arch)
+    cfg = cls.config_class(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, **fields)
+    torch.manual_seed(0)
+    model = cls(cfg).float().eval()
+    digits = [tok.convert_tokens_to_ids(str(d)) for d in range(7)]
+    with torch.no_grad():
+        sample = tok.apply_chat_template([{"role": "system", "content": "rationale=No"},
+                                          {"role": "user", "content": "Query: hi\n\nResponse: hello\n\nUnit Test: ok?"}],
+                                         add_generation_prompt=True, return_dict=False)
+        sample = list(sample) + tok.encode('{"score": ', add_special_tokens=False)
+        top = int(model(input_ids=torch.tensor([sample])).logits[0, -1].argmax())
+        w = model.lm_head.weight
+        noise = torch.randn(len(digits), w.shape[1]) * spread * w[top].norm() / w.shape[1] ** 0.5
+        w[digits] = w[top] + noise
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -201,7 +201,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
                    if getattr(mcfg, k) is not None},
                 **({"input_method": mcfg.input_method} if getattr(mcfg, "input_method", "ids") != "ids" else {})}
     settings |= reference_settings(loaded)  # an implicit reward: the reference is part of every number
-    judge = judge_prompt_for(mode, mcfg.judge_prompt)
+    judge = judge_prompt_for(mode, mcfg.judge_prompt, mcfg.unit_test, rm)
     if judge is not None and loaded.pairwise is None:  # a rating judge's prompt (a pairwise one's is in the above)
         settings |= judge.describe()
     path, meta, done = broadcast(dist, _open_run(mcfg, loaded, model, mode, settings, len(datasets))

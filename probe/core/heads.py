@@ -244,6 +244,54 @@ class ModuleRewardHead(ScoreHead):
                 "sign": self.sign}
 
 
+class StepRewardHead(ScoreHead):
+    """A process reward model's step reward (Qwen2.5-Math-PRM's ``make_step_rewards``): its 2-way head
+    (``model.score``, any module on the last hidden state) at the step separator, ``softmax(logits)[1]`` (the positive
+    class). The separator read is the last one in the row's real tokens: the one appended after the response."""
+
+    name = "reward"
+
+    def __init__(self, model: torch.nn.Module, sep_id: int):
+        if not isinstance(getattr(model, "score", None), torch.nn.Module):
+            raise ProbeError(f"{type(model).__name__} has no `score` head: it is not a process reward model's class")
+        self.model, self.sep_id = model, int(sep_id)
+
+    def prepare(self, prefix_ids, prefix_hidden):
+        self.prefix_ids = list(prefix_ids)
+        self.prefix_hidden = prefix_hidden
+
+    def positions(self, cont: Tensor, lengths: Tensor) -> Tensor:
+        """Each row's last separator (prefix + continuation coordinates); one line where a row has none."""
+        real = torch.arange(cont.shape[1], device=cont.device)[None, :] < lengths[:, None]
+        idx = torch.arange(cont.shape[1], device=cont.device)[None, :].expand_as(cont)
+        found = torch.where(real & (cont == self.sep_id), idx, torch.full_like(idx, -1)).amax(1)
+        if bool((found < 0).any()):
+            raise ProbeError("a row holds no step separator after its response: render it with the family's "
+                             "conversation (probe/core/scoring.py: StepSeparated)")
+        return len(self.prefix_ids) + found
+
+    def _reward(self, h: Tensor) -> Tensor:
+        head = self.model.score
+        logits = head(h.to(next(head.parameters()).dtype)).float()
+        return torch.softmax(logits, -1)[:, 1]
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        pos = self.positions(cont, lengths)
+        return self._reward(gather_rows(self.prefix_hidden, hidden, pos))
+
+    def own_forward(self, model, input_ids, n_prefix):
+        logits = model(input_ids=input_ids).logits.float()  # [b, L, 2]
+        is_sep = input_ids == self.sep_id
+        pos = torch.where(is_sep, torch.arange(input_ids.shape[1], device=input_ids.device), -1).amax(1)
+        if bool((pos < 0).any()):
+            raise ProbeError("a row holds no step separator after its response")
+        return torch.softmax(logits[torch.arange(logits.shape[0], device=logits.device), pos], -1)[:, 1]
+
+    def describe(self):
+        return {"head": "reward (process reward model's step head)", "step_separator_id": self.sep_id,
+                "score": "softmax(score(h[last separator]))[1], the positive class's probability"}
+
+
 def logit_transform(model: torch.nn.Module):
     """The family's elementwise transform of LM-head logits, or None: Gemma 2/3 soft-cap
     (``final_logit_softcapping``), Cohere scales (``logit_scale``), Granite divides (``logits_scaling``)."""
@@ -442,13 +490,40 @@ class RatingHead(JudgeHead):
         self.model, self.judge = model, judge
         self.ids = tuple(int(i) for i in ids)
         self.values = torch.tensor([float(v) for v in values])
+        self.top_k = getattr(judge, "top_logprobs", None)  # LMUnit's reading of vLLM's top-k (probe/core/judges.py)
 
     def _from_logits(self, logits: Tensor) -> Tensor:
         return torch.softmax(logits, -1) @ self.values.to(logits.device)
 
+    def _top_k_rating(self, logits: Tensor) -> Tensor:
+        """LMUnit's ``postprocess``: 0 where the most likely token is not a rating; else the expected rating over the
+        ratings among the ``top_k`` most likely tokens, their probabilities renormalised (0 where none is)."""
+        ids = torch.tensor(self.ids, device=logits.device)
+        kth = logits.topk(min(self.top_k, logits.shape[-1]), -1).values[:, -1:]
+        rated = logits[:, ids]
+        kept = rated >= kth
+        p = torch.softmax(rated.masked_fill(~kept, float("-inf")), -1).nan_to_num(0.0)
+        out = p @ self.values.to(logits.device)
+        greedy = torch.isin(logits.argmax(-1), ids)
+        return torch.where(greedy & kept.any(-1), out, torch.zeros_like(out))
+
+    def score(self, hidden, cont, lengths, onehot=None):
+        if self.top_k is None:
+            return super().score(hidden, cont, lengths, onehot)
+        p = self.prefix_hidden.shape[0]
+        return self._top_k_rating(lm_logits(self.model, gather_rows(self.prefix_hidden, hidden, p + lengths - 1)).float())
+
+    def own_forward(self, model, input_ids, n_prefix):
+        if self.top_k is None:
+            return super().own_forward(model, input_ids, n_prefix)
+        return self._top_k_rating(model(input_ids=input_ids).logits[:, -1].float())
+
     def describe(self):
+        rule = ("expected rating under the next-token distribution over the rating tokens" if self.top_k is None else
+                f"expected rating over the rating tokens among the {self.top_k} most likely next tokens, renormalised; "
+                "0 where the most likely token is not a rating (LMUnit's postprocess)")
         out = {"head": self.name, "rating_ids": list(self.ids), "ratings": [int(v) for v in self.values.tolist()],
-               "score": "expected rating under the next-token distribution over the rating tokens"}
+               "score": rule}
         return out | (self.judge.describe() if self.judge is not None else {})
 
 

@@ -19,16 +19,21 @@ A judge prompt is a YAML file (``--judge-prompt FILE``) or one shipped in probe/
     answer_prefix: ""       # text the answer starts with before the rating (label) token, e.g. "[["
     ratings: [1, 10]        # rating: the lowest and highest rating, every integer between is a token
     labels: [A, B]          # pair: the tokens that name the first and the second response
+    unit_test: "..."        # rating: a unit-test judge's (LMUnit's) default criterion, where user holds {unit_test}
+                            # (--unit-test replaces it)
+    top_logprobs: 20        # rating: read as LMUnit's postprocess reads vLLM's top-20 log-probabilities: only the
+                            # ratings among the k most likely next tokens count (renormalised), and the score is 0
+                            # where the most likely token is not a rating (or none is among them)
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from probe.core.template import WrappedConversation, fill
+from probe.core.template import WrappedConversation, _check_prompt, fill
 from probe.errors import DataFormatError
 from probe.textfile import read_yaml
 
@@ -49,11 +54,14 @@ class JudgePrompt:
     answer_prefix: str = ""
     ratings: tuple[int, int] | None = None
     labels: tuple[str, str] | None = None
+    unit_test: str | None = None  # the criterion filled into {unit_test}: the prompt's default or --unit-test
+    top_logprobs: int | None = None
 
     @property
     def sha256(self) -> str:
+        extra = (self.unit_test, self.top_logprobs) if (self.unit_test, self.top_logprobs) != (None, None) else ()
         text = "\x00".join(str(x) for x in (self.kind, self.system, self.user, self.answer_prefix, self.ratings,
-                                            self.labels))
+                                            self.labels, *extra))
         return hashlib.sha256(text.encode()).hexdigest()
 
     def describe(self) -> dict:
@@ -68,10 +76,22 @@ class JudgePrompt:
         lo, hi = self.ratings
         return list(range(lo, hi + 1))
 
+    def with_unit_test(self, text: str | None) -> JudgePrompt:
+        """This prompt with ``--unit-test`` as its criterion (None: its own default); one line where it takes none."""
+        if text is None:
+            return self
+        if self.unit_test is None:
+            raise DataFormatError(f"--unit-test: the judge prompt {self.name} rates responses without a unit test; it "
+                                  "goes with a unit-test judge (LMUnit: ContextualAI/LMUnit-*, --judge-prompt lmunit)")
+        if not text.strip():
+            raise DataFormatError("--unit-test is empty: give the criterion every response is rated against")
+        return replace(self, unit_test=text)
+
     def fill(self, prompt: str, first: str, second: str | None = None) -> str:
         """The user turn (`probe.core.template.fill`: one pass, so the texts filled in stay as written)."""
         if self.kind == "rating":
-            return fill(self.user, prompt=prompt, response=first)
+            test = {"unit_test": self.unit_test} if self.unit_test is not None else {}
+            return fill(self.user, prompt=prompt, response=first, **test)
         return fill(self.user, prompt=prompt, response_a=first, response_b=second)
 
 
@@ -89,7 +109,8 @@ def load_judge_prompt(value: str | None, kind: JudgeKind) -> JudgePrompt:
     where = f"--judge-prompt {value}"
     if not isinstance(data, dict):
         raise DataFormatError(f"{where}: expected a YAML mapping (kind, source, user, ...; see probe/core/judges.py)")
-    unknown = sorted(set(data) - {"kind", "source", "system", "user", "answer_prefix", "ratings", "labels"})
+    unknown = sorted(set(data) - {"kind", "source", "system", "user", "answer_prefix", "ratings", "labels", "unit_test",
+                                  "top_logprobs"})
     if unknown:
         raise DataFormatError(f"{where}: unknown field(s) {', '.join(unknown)}")
     if data.get("kind") != kind:
@@ -117,8 +138,25 @@ def load_judge_prompt(value: str | None, kind: JudgeKind) -> JudgePrompt:
                 and lab[0] != lab[1]):
             raise DataFormatError(f"{where}: labels must be two different texts (e.g. [A, B])")
         labels = (lab[0], lab[1])
+    unit_test, top = _unit_test_fields(data, kind, user, where)
     name = value if value in shipped() else str(path)
-    return JudgePrompt(name, kind, source.strip(), user, system or None, prefix, ratings, labels)
+    return JudgePrompt(name, kind, source.strip(), user, system or None, prefix, ratings, labels, unit_test, top)
+
+
+def _unit_test_fields(data: dict, kind: str, user: str, where: str) -> tuple[str | None, int | None]:
+    """A unit-test judge's default criterion (present exactly where the user turn holds {unit_test}) and the top-k
+    rule of its reading; rating prompts only."""
+    test, top = data.get("unit_test"), data.get("top_logprobs")
+    if kind != "rating" and (test is not None or top is not None):
+        raise DataFormatError(f"{where}: unit_test and top_logprobs go with kind: rating")
+    if ("{unit_test}" in user) != (test is not None):
+        raise DataFormatError(f"{where}: a user turn with {{unit_test}} needs a default unit_test, and unit_test a "
+                              "user turn with {unit_test}")
+    if test is not None and not (isinstance(test, str) and test.strip()):
+        raise DataFormatError(f"{where}: unit_test must be a text")
+    if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and top >= 1):
+        raise DataFormatError(f"{where}: top_logprobs must be an integer >= 1")
+    return test, top
 
 
 def rating_prompt(options) -> JudgePrompt:
@@ -156,8 +194,31 @@ def rating_conversation(judge: JudgePrompt, prompt: str, system: str | None, dat
     """The rating layout: one user turn with the prompt and the response, the assistant's turn opened."""
     from probe.core.template import Conversation
 
-    build = Conversation(prompt, judge.system_or(system), judge.user, date_string)
+    if judge.unit_test is not None:  # prompt, response and unit test filled in one pass (judge.fill)
+        _check_prompt(prompt)
+        build = JudgeTurn(judge, prompt, judge.system_or(system), date_string)
+    else:
+        build = Conversation(prompt, judge.system_or(system), judge.user, date_string)
     return AnswerPrefix(build, judge.answer_prefix) if judge.answer_prefix else build
+
+
+@dataclass(frozen=True)
+class JudgeTurn:
+    """A rating judge's one user turn, ``judge.fill(prompt, response)`` (a unit-test judge's criterion with them),
+    after the system prompt, the assistant's turn opened."""
+
+    judge: JudgePrompt
+    prompt: str
+    system: str | None
+    date_string: str
+
+    def __call__(self, response: str):
+        msgs = [{"role": "system", "content": self.system}] if self.system else []
+        return msgs + [{"role": "user", "content": self.judge.fill(self.prompt, response)}], True
+
+    @property
+    def template_kwargs(self) -> dict[str, str]:
+        return {"date_string": self.date_string}
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from probe.config import (ScoreMode, ScoringOptions, check_rewardbench_dpo, mode
                           resolve_score_mode)
 from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.core.pairwise import OWN_FORWARD, PAIRRM_CLASS, OrderedPair, PairwiseConversation, second_prefix
-from probe.errors import ProbeError
+from probe.errors import ProbeError, TemplateError
 from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
 from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogitRewardHead, LogprobHead,
-                              ModuleRewardHead, OwnForwardHead, RatingHead, ScoreHead)
+                              ModuleRewardHead, OwnForwardHead, RatingHead, ScoreHead, StepRewardHead)
 from probe.models.loading import LoadedModel
 from probe.core.template import (
     REWARDBENCH_DPO,
@@ -85,6 +85,8 @@ def make_head(loaded: LoadedModel, mode: ScoreMode, opts: ScoringOptions = Scori
             return ModuleRewardHead(model, spec.sign)
         if spec.reader == "logit":
             return LogitRewardHead(model, spec.label_index, spec.logit_minus)
+        if spec.reader == "step":
+            return StepRewardHead(model, step_id(loaded))
         # a text pair's segment ids (the model card's call); RewardBench's route reads encoders through the "raw"
         # format (probe/models/loading.py), one segment, as its pipeline passes return_token_type_ids=False
         segments = getattr(model.config, "type_vocab_size", 0) > 1 and spec.chat_template == "text-pair"
@@ -141,9 +143,28 @@ def pairwise_head(loaded: LoadedModel) -> ScoreHead:
     return label_head(loaded, "A", "B", "the pairwise model")
 
 
+def step_id(loaded: LoadedModel) -> int:
+    """The id of a process reward model's step separator (registry ``step_token``), as its card finds it
+    (``tokenizer.encode("<extra_0>")[0]``); one line where the tokenizer does not hold it as one token."""
+    ids = loaded.tokenizer.encode(loaded.spec.step_token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ProbeError(f"{loaded.model_id}: the step separator {loaded.spec.step_token!r} is not one token of its "
+                         f"tokenizer ({ids}): it is not this family's tokenizer")
+    return ids[0]
+
+
 def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: ScoringOptions,
                  loaded: LoadedModel | None = None) -> ConversationBuilder:
-    """The conversation around the response slot; a pairwise model's (``loaded.pairwise``) holds its reference."""
+    """The conversation around the response slot; a pairwise model's (``loaded.pairwise``) holds its reference. A
+    reward model whose card writes a system prompt (registry ``system_prompt``: WorldPM's empty one, Qwen2.5-Math-PRM's)
+    gets it where the run gives none, on the card's route (RewardBench's run writes none)."""
+    card_system = None
+    if mode == "reward" and system is None and loaded is not None and loaded.kind == "reward" \
+            and loaded.spec.system_prompt is not None:
+        from probe.core.template import input_call
+
+        if input_call(loaded.tokenizer) != "rewardbench":
+            system = card_system = loaded.spec.system_prompt
     if mode in ("reward", "judge-pair") and loaded is not None and loaded.pairwise is not None:
         return PairwiseConversation(prompt, loaded.pairwise, system, 0, opts.date_string)
     if mode == "reward" and loaded is not None and loaded.principle is not None:
@@ -159,13 +180,14 @@ def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: Scoring
             raise ProbeError(f"{loaded.model_id}: its config has no {loaded.spec.append_token} (the id the family "
                              "appends after the chat template)")
         return AppendedToken(response_conversation(prompt, system, opts.date_string), token)
+    if mode == "reward" and loaded is not None and loaded.spec.reader == "step":
+        return StepSeparated(response_conversation(prompt, system, opts.date_string), step_id(loaded))
     if mode == "judge":
         return judge_conversation(prompt, system, opts.judge_question, opts.date_string)
-    if mode == "reward" and system is None and loaded is not None and loaded.spec.system_prompt is not None:
-        from probe.core.template import Conversation, input_call
+    if card_system is not None:  # kept even where empty (WorldPM's card writes an empty system turn)
+        from probe.core.template import Conversation
 
-        if input_call(loaded.tokenizer) != "rewardbench":  # the card's system turn (RewardBench's run writes none)
-            return Conversation(prompt, loaded.spec.system_prompt, None, opts.date_string, keep_empty_system=True)
+        return Conversation(prompt, card_system, None, opts.date_string, keep_empty_system=True)
     return response_conversation(prompt, system, opts.date_string)
 
 
@@ -191,6 +213,25 @@ class FollowUpQuestion(WrappedConversation):
     def __call__(self, response: str):
         messages, _ = self.build(response)
         return messages + [{"role": "user", "content": self.question}], True
+
+
+@dataclass(frozen=True)
+class StepSeparated(WrappedConversation):
+    """A process reward model's input: the response as one step, its ids followed by the separator id (the card's
+    assistant content ``step + "<extra_0>"``, whose separator the card's ``tokenizer.encode`` reads as the token), then
+    the template's end of turn. The separator goes in by ids before the ids every rendering ends with (found from two
+    renderings), so that the response's own text, control tokens included, stays text."""
+
+    sep_id: int = 0
+
+    def render_ids(self, tokenizer, response: str) -> list[int]:
+        ids = render(tokenizer, self.build, response)
+        tails = [render(tokenizer, self.build, w)[::-1] for w in ("0", "1")]
+        n = next((i for i, (a, b) in enumerate(zip(*tails)) if a != b), min(map(len, tails)))
+        if ids[len(ids) - n:] != tails[0][:n][::-1]:
+            raise TemplateError("the response merges with the chat template's end of turn: the step separator cannot "
+                                "be placed after it by ids")
+        return ids[: len(ids) - n] + [self.sep_id] + ids[len(ids) - n:]
 
 
 def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True) -> Scorer:

@@ -467,7 +467,8 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
         rewardbench_call_ids,
     )
 
-    if spec.input_call is not None and kind == "reward":  # the family's input convention (registry input_source)
+    if spec.input_call is not None and (kind == "reward" or spec.judge_prompt is not None):  # the family's input
+        # convention (registry input_source): a reward model's, or a generative judge's (LMUnit, loaded as an LM)
         tokenizer.rm_probe_input_call = spec.input_call
     if input_method == "rewardbench" and kind == "causal":  # run_dpo.py's inputs (probe/core/template.py)
         tokenizer.rm_probe_input_call = REWARDBENCH_DPO

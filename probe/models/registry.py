@@ -14,6 +14,8 @@ A `RewardModelSpec` says how to load a model and how to read one score from it:
                 id ``label_index`` at the last input position (the row of ``lm_head`` on the final-normed hidden
                 state), as the card's ``generate(max_new_tokens=1, output_scores=True).scores[0][0][label_index]``,
                 minus the logit of ``logit_minus`` where set (the principle model's 'Yes' minus 'No');
+  ``"step"``    a process reward model: a 2-way head (``model.score``) at the step separator ``step_token`` appended
+                after the response (one step), read as the positive class's probability (Qwen2.5-Math-PRM);
   ``"pairwise"`` a pairwise preference model (``pairwise`` names its input format, probe/core/pairwise.py): each
                 candidate is scored against a reference response in both orders; PairRM (an encoder, ``layout``
                 ``pairrm``) through its own forward, RLHFlow's pair-preference LMs on the shared-prefix cache;
@@ -35,7 +37,7 @@ from typing import Literal
 
 log = logging.getLogger(__name__)
 
-Reader = Literal["linear", "gated", "module", "forward", "pairwise", "logit"]
+Reader = Literal["linear", "gated", "module", "forward", "pairwise", "logit", "step"]
 
 # The input conventions of the families (RewardModelSpec.input_source): what each model card (or training code) calls
 CHAT_TEMPLATE_INPUT = ("model card: tokenizer.apply_chat_template(conversation, tokenize=True); BOS as the template "
@@ -118,6 +120,21 @@ INTERNLM2_INPUT = ("model card (internlm/internlm2-*-reward): model.get_score(to
                    "added: a second BOS after the template's) and appends the config's reward_token_id; "
                    "--input-method rewardbench: InternLMPipeline's encode(text, add_special_tokens=False), the "
                    "template's ids (one BOS) and the reward token")
+QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+PRM_INPUT = ("model card (Qwen/Qwen2.5-Math-PRM-7B, -72B, Qwen2.5-Math-7B-PRM800K: one code for all three): messages "
+             "system (the card's 'Please reason step by step, and put your final answer within \\boxed{}.', unless "
+             "--system), user, assistant '<extra_0>'.join(steps) + '<extra_0>'; tokenizer.encode(apply_chat_template("
+             "messages, tokenize=False, add_generation_prompt=False)) (Qwen's tokenizer adds no special tokens: the "
+             "template's ids); a response is one step: its ids, then the <extra_0> id, then the template's end of "
+             "turn; the reward softmax(logits[sep])[1] at that separator (make_step_rewards: the positive class)")
+LMUNIT_INPUT = ("the authors' evaluation code (ContextualAI/LMUnit eval/eval.py, eval/reward_bench2.py; the model card's "
+                "quick start passes the bare user text, without the chat template): messages system 'rationale=No', "
+                "user 'Query: {prompt}\\n\\nResponse: {response}\\n\\nUnit Test: {unit_test}' (--unit-test; default "
+                "'Is the response helpful?'), apply_chat_template(tokenize=False, add_generation_prompt=True), the "
+                "text encoded as vLLM encodes a prompt string, tokenizer(text) (Llama 3.1: BOS twice; Qwen 2.5: none "
+                "added), then the output's start '{\"score\": ' (--score rating, --judge-prompt lmunit); the score is "
+                "LMUnit.postprocess's: the expected digit 0-6 over the digits among the top-20 next tokens, "
+                "renormalised, 0 where the most likely token is no digit")
 # RewardBench pipelines that encode the template's text without the tokenizer's special tokens (its route: the
 # template's own ids)
 PIPELINES_WITHOUT_SPECIAL_TOKENS = ("InternLMPipeline", "WorldPMPipeline")
@@ -175,6 +192,12 @@ class RewardModelSpec:
     system_prompt: str | None = field(default=None, metadata={
         "help": "the system turn the model card writes when --system is not given ('': an empty system turn, kept: "
                 "WorldPM's card); None: none, the template's own default"})
+    step_token: str | None = field(default=None, metadata={
+        "help": "step reader: the step separator the model card appends after each step (Qwen2.5-Math-PRM's "
+                "'<extra_0>'); the reward is read at its last occurrence"})
+    judge_prompt: str | None = field(default=None, metadata={
+        "help": "a generative judge (LMUnit): the shipped judge prompt (probe/data/judge_prompts) its card's code "
+                "reads it with; --score auto is then --score rating under it, and input_call applies to that reading"})
     sign: float = field(default=1.0, metadata={"help": "multiplies the score (-1: a cost model read as a reward)"})
     logit_minus: int | None = field(default=None, metadata={
         "help": "logit reader: the reward is the logit of id label_index minus the logit of this id (Llama-3.3-"
@@ -225,6 +248,8 @@ class RewardModelSpec:
                 self.layout is not None and self.reader not in ("module", "pairwise")):
             raise ValueError(f"spec {self.name!r}: a layout goes with the module reader (or a pairwise model's class), "
                              "and the module reader needs one")
+        if (self.reader == "step") != (self.step_token is not None):
+            raise ValueError(f"spec {self.name!r}: the step reader goes with a step_token, and a step_token with it")
         if (self.reader == "pairwise") != (self.pairwise in ("pairrm", "betterpairrm", "slicpairpm", "shp", "polar")):
             raise ValueError(f"spec {self.name!r}: the pairwise reader needs its format, pairrm, betterpairrm, "
                              "slicpairpm, shp or polar")
@@ -419,6 +444,24 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                 "template (RewardBench's InternLMPipeline, the model's get_score); own forward")
           for name in ("internlm/internlm2-7b-reward", "internlm/internlm2-1_8b-reward", "internlm/internlm2-20b-reward",
                        "InternLM2ForRewardModel")],
+        # Process reward models (remote code: AutoModel -> Qwen2ForProcessRewardModel, a Qwen2 backbone and a 2-way
+        # MLP head per position): the reward of a response as one step, at the <extra_0> appended after it
+        *[RewardModelSpec(name, reader="step", output="logits", trust_remote_code=True, auto_class="AutoModel",
+                          step_token="<extra_0>", system_prompt=QWEN_MATH_SYSTEM, family="Qwen 2.5",
+                          input_source=PRM_INPUT,
+                          notes="Qwen2ForProcessRewardModel (remote): score = Linear-ReLU-Linear(hidden, 2) at every "
+                                "position; the reward softmax(.)[1] at the step separator <extra_0>, on the "
+                                "shared-prefix cache (a plain function of the last hidden state)")
+          for name in ("Qwen/Qwen2.5-Math-PRM-7B", "Qwen/Qwen2.5-Math-PRM-72B", "Qwen/Qwen2.5-Math-7B-PRM800K",
+                       "Qwen2ForProcessRewardModel")],
+        # Unit-test judges: causal LMs read as a rating judge (--score auto = rating, --judge-prompt lmunit), the
+        # unit test an option (--unit-test)
+        *[RewardModelSpec(name, reader="forward", judge_prompt="lmunit", input_call="tokenizer(text)", family=fam,
+                          input_source=LMUNIT_INPUT,
+                          notes=f"{base} fine-tune generating a JSON rating; read from one next-token distribution "
+                                "after its output's start, on the shared-prefix cache (probe/core/judges.py)")
+          for name, fam, base in (("ContextualAI/LMUnit-llama3.1-70b", "Llama 3.1", "Llama-3.1-70B-Instruct"),
+                                  ("ContextualAI/LMUnit-qwen2.5-72b", "Qwen 2.5", "Qwen2.5-72B-Instruct"))],
         RewardModelSpec("IDEA-CCNL/Ziya-LLaMA-7B-Reward", chat_template="ziya-card",
                         input_eos=True, dtype="float16", family="Llama", rewardbench_pipeline="ZiyaPipeline",
                         input_source=ZIYA_INPUT,

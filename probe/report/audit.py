@@ -93,6 +93,8 @@ def judge_rows(meta: dict) -> list[tuple[str, str]]:
         lo, hi = prompt["ratings"]
         rows.append(("judge prompt", f"{prompt['name']}: a rating from {lo} to {hi}, each rating one token, read as "
                                      f"the answer's first token (source: {prompt['source']})"))
+        if prompt.get("unit_test") is not None:
+            rows.append(("unit test", f"{prompt['unit_test']!r}: every response is rated against it (--unit-test)"))
     elif prompt:
         a, b = prompt["labels"]
         rows.append(("judge prompt", f"{prompt['name']}: the labels {a!r} (the first response) and {b!r} (the second), "

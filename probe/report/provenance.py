@@ -44,7 +44,8 @@ def _judge_prompt(meta: dict) -> list[tuple[str, str]]:
     if not p:
         return []
     return [("judge prompt text", f"{p['name']} (sha256 {p['sha256'][:16]}...): system {p.get('system')!r}, "
-                                  f"answer prefix {p.get('answer_prefix')!r}, user turn {p['user']!r}")]
+                                  f"answer prefix {p.get('answer_prefix')!r}, user turn {p['user']!r}"
+                                  + (f", unit test {p['unit_test']!r}" if p.get("unit_test") is not None else ""))]
 
 
 def provenance_table(meta: dict) -> str:
