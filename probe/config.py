@@ -179,7 +179,9 @@ class ScoreVocabConfig(ModelOptions):
         "help": "continue an unfinished run: a run directory, or no value for the newest matching one",
         "optional_value": "latest"})
     top: int = field(default=20, metadata={"help": "how many best and worst tokens to print per prompt"})
-    seed: int = field(default=0, metadata={"help": "seed for the verification samples"})
+    seed: int = field(default=0, metadata={
+        "help": "seed for the verification samples, and of a random head (--allow-random-head): part of the run's "
+                "settings"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     dry_run: bool = field(default=False, metadata={
         "help": "build the model from its config on the meta device (no weights), print the memory per batch "
@@ -228,6 +230,8 @@ class ScoreVocabConfig(ModelOptions):
             key |= {"systems": self.systems, "control": self.control}
         if self.judge_prompt is not None:
             key |= {"judge_prompt": self.judge_prompt}
+        if self.allow_random_head:  # a head drawn at random is drawn from the seed: two seeds, two null models
+            key |= {"allow_random_head": True, "seed": self.seed}
         return key
 
 
@@ -344,7 +348,8 @@ class SocialConfig(ModelOptions):
         "help": "continue an unfinished run: a run directory, or no value for the newest matching one (with --suite: "
                 "each model's unfinished run; a finished one is reused, a missing one started)",
         "optional_value": "latest"})
-    seed: int = field(default=0, metadata={"help": "bootstrap seed, and the seed of a random head (--allow-random-head)"})
+    seed: int = field(default=0, metadata={
+        "help": "bootstrap seed, and the seed of a random head (--allow-random-head): part of the run's settings"})
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
 
     def __post_init__(self) -> None:

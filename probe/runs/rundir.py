@@ -317,7 +317,8 @@ def find_resumable(root: str | Path, model: str, experiment: str, fp: str, compl
 # settings -> the flag that sets them, for the advice when a resume does not match
 SETTING_FLAGS = {"n_tokens": "--limit", "shard_size": "--shard-size", "date": "--date", "mode": "--score",
                  "dtype": "--dtype", "input_method": "--input-method", "revision": "--revision", "spec": "--spec",
-                 "label_index": "--label-index", "model": "--rm"}
+                 "label_index": "--label-index", "model": "--rm", "seed": "--seed",
+                 "weights.random_head.seed": "--seed", "batch_size": "--batch-size"}
 
 
 def _short(value, width: int = 48) -> str:
@@ -325,8 +326,22 @@ def _short(value, width: int = 48) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _flat(settings: dict, above: str = "") -> dict:
+    """Nested settings (the weights' identity, a reference model's) as dotted names, so that what differs is named
+    down to the value (``weights.random_head.seed``); the prompts' ids stay one setting."""
+    out = {}
+    for k, v in settings.items():
+        name = f"{above}{k}"
+        if isinstance(v, dict) and v and name != "prompts":
+            out.update(_flat(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
 def settings_diff(stored: dict, now: dict) -> list[str]:
     """One phrase per setting that differs: its name (and flag), the run's value and this command's."""
+    stored, now = _flat(stored), _flat(now)
     keys = sorted(k for k in set(stored) | set(now)
                   if json.dumps(stored.get(k), default=str, sort_keys=True) != json.dumps(now.get(k), default=str,
                                                                                          sort_keys=True))
