@@ -23,14 +23,14 @@ def _settings(config: GCGConfig, loaded) -> dict:
     """What changes a result: every option but the output folder, progress and resume; the weights by content."""
     from probe.core.template import resolve_date
     from probe.models.loading import weights_identity
-    from probe.runs.meta import reference_settings
+    from probe.runs.meta import device_setting, reference_settings
 
     skip = {"output", "progress", "resume", "batch_size"}
     skip |= {"ref", "beta"}  # the reference enters with its weights below, and only when set
     # "beam": 0 when off, as runs made before --beam took None recorded it (their fingerprints stay valid)
     return {**{k: v for k, v in asdict(config).items() if k not in skip}, "beam": config.beam or 0,
             "date": resolve_date(config.date), "model": loaded.model_id, "weights": weights_identity(loaded),
-            **reference_settings(loaded)}
+            **reference_settings(loaded), **device_setting(loaded)}
 
 
 def main_from_args(ns: argparse.Namespace) -> int:

@@ -318,7 +318,7 @@ def find_resumable(root: str | Path, model: str, experiment: str, fp: str, compl
 SETTING_FLAGS = {"n_tokens": "--limit", "shard_size": "--shard-size", "date": "--date", "mode": "--score",
                  "dtype": "--dtype", "input_method": "--input-method", "revision": "--revision", "spec": "--spec",
                  "label_index": "--label-index", "model": "--rm", "seed": "--seed",
-                 "weights.random_head.seed": "--seed", "batch_size": "--batch-size"}
+                 "weights.random_head.seed": "--seed", "batch_size": "--batch-size", "device_type": "--device"}
 
 
 def _short(value, width: int = 48) -> str:
