@@ -113,7 +113,7 @@ def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, 
         end = len(cont) - len(suffix) if suffix and tuple(cont[-len(suffix):]) == suffix else len(cont)
         slot_ids = cont[:end]
         slot = _slot_text(tok, own, slot_ids, split.leading_space == "glued")
-        if own == prefix and split.second_order is not None:  # a pairwise model: this response's second order
+        if split.second_order is not None:  # a pairwise model: this response's second order, from its text
             second_order_from_text(loaded, build, own, text, cont)
         rows.prefixes.append(own)
         rows.continuations.append(cont)
