@@ -54,6 +54,7 @@ from probe.runs.rundir import (
     check_resume_target,
     find_resumable,
     fingerprint,
+    kept_batch_size,
     open_or_resume,
     utc_stamp,
     writable_dir,
@@ -230,7 +231,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
 
         return run, json.loads((run.path / "summary.json").read_text()) if dist.main else None
     opts = ScoringOptions(mcfg.logprob_reduce, date_string=resolve_date(cfg.date), judge_prompt=judge)
-    batch_size = kept_batch_size(cfg, meta, dist)
+    batch_size = kept_batch_size(cfg.batch_size, meta, dist.main)  # (not fingerprinted)
     t0 = time.perf_counter()
     frames, scored = [], 0
     for k, (entry, items) in enumerate(datasets):
@@ -269,19 +270,6 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     run.write_meta(meta)
     barrier(dist)
     return run, summary
-
-
-def kept_batch_size(cfg: SocialConfig, meta: dict, dist: Dist = Dist()) -> int:
-    """The rows per forward: a resumed run keeps the batch size it was started with (recorded in its meta.json's
-    config), so that its remaining chunks are batched as its kept ones were (on a GPU in bf16 the batch changes the
-    numbers); another --batch-size is said and set aside."""
-    stored = (meta.get("config") or {}).get("batch_size")
-    if not isinstance(stored, int) or stored == cfg.batch_size:
-        return cfg.batch_size
-    if dist.main:
-        print(f"--resume keeps the run's batch size {stored} (not --batch-size {cfg.batch_size}), so that its "
-              "chunks are all batched alike", file=sys.stderr)
-    return stored
 
 
 def _drop_chunks(run: RunDir, k: int) -> None:

@@ -432,6 +432,21 @@ def open_or_resume(root: str | Path, model: str, experiment: str, settings: dict
     return run, meta
 
 
+def kept_batch_size(given, meta: dict, say: bool = True):
+    """The rows per forward of a social or GCG run: a resumed run keeps the batch size it was started with (its
+    meta.json's config; not part of its fingerprint), so that what it scores now is batched as what it kept (on a
+    GPU in bf16 the batch changes the numbers); another ``--batch-size`` is said (``say``) and set aside."""
+    config = meta.get("config") or {}
+    if "batch_size" not in config or config["batch_size"] == given:
+        return given
+    stored = config["batch_size"]
+    if say:
+        print(f"--resume keeps the run's batch size {stored if stored is not None else '(the default)'} (not "
+              f"--batch-size {given if given is not None else '(the default)'}), so that its parts are all batched "
+              "alike", file=sys.stderr)
+    return stored
+
+
 # the run this process is writing (open_or_resume), for what an interrupt says and leaves behind
 _ACTIVE: list[RunDir] = []
 

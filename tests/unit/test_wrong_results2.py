@@ -310,3 +310,25 @@ def test_social_and_gcg_fingerprints_hold_the_device_type_off_the_cpu():
 
     assert device_setting(SimpleNamespace(device=torch.device("cpu"))) == {}
     assert device_setting(SimpleNamespace(device=torch.device("cuda", 0))) == {"device_type": "cuda"}
+
+
+def test_a_resumed_gcg_run_keeps_its_batch_size(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """GCG's batch size is not in its fingerprint either: a resume runs the restarts left with the run's own."""
+    from probe.commands.gcg import main
+    from probe.core import gcg as core
+
+    used, original = [], core.batch_size
+    monkeypatch.setattr(core, "batch_size", lambda config, device: used.append(config.batch_size) or
+                        original(config, device))
+    args = ["--rm", tiny_dirs["rm"], "--length", "2", "--steps", "2", "--search-width", "8", "--topk", "4", "--runs",
+            "2", "--device", "cpu", "--no-progress", "--output", str(tmp_path / "g")]
+    assert main([*args, "--batch-size", "4"]) == 0
+    (run,) = (tmp_path / "g").glob("*/gcg_max_*")
+    meta = json.loads((run / "meta.json").read_text())
+    meta["status"] = "interrupted"
+    (run / "meta.json").write_text(json.dumps(meta))
+    (run / "checkpoints" / "run_001.json").unlink()
+    used.clear()
+    capsys.readouterr()
+    assert main([*args, "--batch-size", "8", "--resume", str(run)]) == 0
+    assert set(used) == {4} and "keeps the run's batch size 4 (not --batch-size 8)" in capsys.readouterr().err
