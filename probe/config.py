@@ -259,7 +259,8 @@ class GCGConfig(ModelOptions):
     n_replace: int = field(default=1, metadata={"help": "positions swapped per candidate"})
     buffer_size: int = field(default=1, metadata={"help": "best sequences kept; each step starts from the best"})
     patience: int | None = field(default=None, metadata={"help": "stop a run after this many steps without gain"})
-    seed: int = field(default=0, metadata={"help": "random seed (run k uses seed + k)"})
+    seed: int = field(default=0, metadata={
+        "help": "random seed (run k uses seed + k), and the seed of a random head (--allow-random-head)"})
     runs: int = field(default=1, metadata={"help": "independent restarts"})
     init: str = field(default="random", metadata={
         "help": "initial response: random, a text (its tokens; sets --length), or sweep:DIR (the best tokens of a "

