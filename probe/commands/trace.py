@@ -183,6 +183,11 @@ def with_runs(cfg: TraceConfig, runs: list[TracedRun]) -> TraceConfig:
                                  f"different {NAMES.get(k, k.replace('_', ' '))} ({merged[k]!r}, {v!r}): trace them one at a "
                                  "time")
             merged[k] = v
+    drawn = [r for r in runs if r.allow_random_head]
+    if len({r.seed for r in drawn}) > 1:  # one head is drawn for the trace, from one seed
+        other = next(r for r in drawn if r.seed != drawn[0].seed)
+        raise ProbeError(f"{drawn[0].flag} {drawn[0].folder} and {other.flag} {other.folder} were scored with random "
+                         f"heads drawn from different seeds ({drawn[0].seed}, {other.seed}): trace them one at a time")
     unset = {"score": "auto", "beta": 1.0}  # the other fields are unset when None
     fill = {}
     for k, theirs in merged.items():

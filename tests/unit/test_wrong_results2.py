@@ -332,3 +332,16 @@ def test_a_resumed_gcg_run_keeps_its_batch_size(tiny_dirs, tmp_path, monkeypatch
     capsys.readouterr()
     assert main([*args, "--batch-size", "8", "--resume", str(run)]) == 0
     assert set(used) == {4} and "keeps the run's batch size 4 (not --batch-size 8)" in capsys.readouterr().err
+
+
+def test_a_trace_of_two_runs_with_random_heads_of_two_seeds_is_refused():
+    """probe trace draws one random head, from the first run's seed: two runs of two seeds are two null models."""
+    from probe.commands.trace import TraceConfig, TracedRun, with_runs
+
+    def traced(folder, seed):
+        return TracedRun("--gcg", folder, {"rm": "m", "score": "reward"}, None, None, seed, True, False, "float32")
+
+    cfg = TraceConfig(gcg="a")
+    assert with_runs(cfg, [traced("a", 3), traced("b", 3)]).allow_random_head
+    with pytest.raises(ProbeError, match=r"random heads drawn from different seeds \(3, 4\)"):
+        with_runs(cfg, [traced("a", 3), traced("b", 4)])
