@@ -247,7 +247,13 @@ def labels_for(models: list[str], metas: list[dict], with_mode: bool = True, sho
     for b, meta in zip(base, metas):
         mode = mode_name(meta, default=None) if meta else None
         names.append(_with(b, mode) if mode and (with_mode or base.count(b) > 1) else b)
-    for words, value in TELLING:
+    return tell_apart(names, metas)
+
+
+def tell_apart(names: list[str], metas: list[dict], telling=TELLING) -> list[str]:
+    """``names`` made distinct: where runs share one, each setting of ``telling`` that differs among them is added
+    to it, in that order (`labels_for`); numbered (``#2``) where names still repeat."""
+    for words, value in telling:
         values = [value(m) if m else None for m in metas]
         names = [_with(n, words(v)) if v is not None and len({values[k] for k, q in enumerate(names) if q == n}) > 1
                  else n for n, v in zip(names, values)]

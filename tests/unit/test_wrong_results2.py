@@ -345,3 +345,21 @@ def test_a_trace_of_two_runs_with_random_heads_of_two_seeds_is_refused():
     assert with_runs(cfg, [traced("a", 3), traced("b", 3)]).allow_random_head
     with pytest.raises(ProbeError, match=r"random heads drawn from different seeds \(3, 4\)"):
         with_runs(cfg, [traced("a", 3), traced("b", 4)])
+
+
+def test_misalignment_and_the_report_name_two_runs_of_one_model_by_their_seed(two_seeds, tmp_path):
+    """Before: misalignment's columns were the model's name and the same with a prime, the report's sections the same
+    label and a prime; now each says which null model it is."""
+    from probe.commands.analyze import join_response_runs
+    from probe.report import responses
+
+    table = pl.DataFrame({"name": RESPONSES, "elo_score": list(range(len(RESPONSES)))})
+    joined, columns = join_response_runs(table, "name", tuple(map(str, two_seeds)), PROMPT)
+    assert columns == ["tiny-lm [reward, random head seed 0]", "tiny-lm [reward, random head seed 1]"]
+    for run, column in zip(two_seeds, columns):
+        (key,) = [k for k, p in json.loads((run / "meta.json").read_text())["prompts"].items() if p["text"] == PROMPT]
+        scores = pl.read_parquet(run / "scores.parquet").filter(pl.col("prompt_key") == key)
+        want = dict(zip(scores["response"], scores["score"].cast(pl.Float64)))
+        assert dict(zip(joined["name"], joined[column])) == want
+    page = responses.build(two_seeds)
+    assert "tiny-lm [reward, random head seed 0]</h3>" in page and "tiny-lm [reward, random head seed 1]</h3>" in page
