@@ -363,3 +363,14 @@ def test_misalignment_and_the_report_name_two_runs_of_one_model_by_their_seed(tw
         assert dict(zip(joined["name"], joined[column])) == want
     page = responses.build(two_seeds)
     assert "tiny-lm [reward, random head seed 0]</h3>" in page and "tiny-lm [reward, random head seed 1]</h3>" in page
+
+
+def test_the_api_draws_a_random_head_from_its_seed(tiny_dirs):
+    import probe
+
+    a, b, c = (probe.load(tiny_dirs["lm"], score="reward", device="cpu", allow_random_head=True, seed=s)
+               for s in (0, 0, 1))
+    assert a.random_head == {"parameters": ["score.weight"], "seed": 0} and c.random_head["seed"] == 1
+    assert torch.equal(a.model.score.weight, b.model.score.weight)
+    assert not torch.equal(a.model.score.weight, c.model.score.weight)
+    assert probe.load(tiny_dirs["rm"], device="cpu", allow_random_head=True).random_head is None  # it has its head
