@@ -87,17 +87,22 @@ def read_scores(sources: list[str | Path]) -> pl.DataFrame:
     from probe.analysis.sweeps import labels_for
 
     parts: list[tuple[str, dict, pl.DataFrame]] = []  # (model, meta.json or {}, its long table)
+    seen: dict[str, Path] = {}  # a run's fingerprint, a table's resolved path -> where it was given first
     for src in sources:
         p = Path(src)
         if p.is_dir() and (p / "meta.json").is_file():
             meta, df = load_response_run(p)
+            _once(seen, f"run {meta.get('fingerprint')}", p, "a run of the same settings (the same scores)")
             parts.append((meta["model"]["id"], meta, _long(meta["model"]["id"], df)))
         elif p.is_dir():
             files = {f.stem: f for f in sorted(p.glob("*.parquet"))} | {f.stem: f for f in sorted(p.glob("*.csv"))}
             if not files:
                 raise DataFormatError(f"{p}: no CSV or Parquet score tables in this folder")
-            parts.extend((model_from_stem(f.stem), {}, read_score_table(f)) for _, f in sorted(files.items()))
+            for _, f in sorted(files.items()):
+                _once(seen, str(f.resolve()), f, "the same table")
+                parts.append((model_from_stem(f.stem), {}, read_score_table(f)))
         elif p.is_file():
+            _once(seen, str(p.resolve()), p, "the same table")
             parts.append((model_from_stem(p.stem), {}, read_score_table(p)))
         else:
             raise DataFormatError(f"{p}: no such file or folder")
@@ -118,6 +123,13 @@ def load_response_run(path: str | Path) -> tuple[dict, pl.DataFrame]:
     if meta.get("status") != "complete":
         raise DataFormatError(f"{path}: the run is not complete; finish it with --resume first")
     return meta, run.read_table("scores.parquet")
+
+
+def _once(seen: dict[str, Path], key: str, path: Path, what: str) -> None:
+    """One line where a source repeats one given before: its scores would count twice in the tests."""
+    if key in seen:
+        raise DataFormatError(f"{path}: {what} as {seen[key]}, given before; each model's scores count once")
+    seen[key] = path
 
 
 def _long(model: str, df: pl.DataFrame) -> pl.DataFrame:

@@ -374,3 +374,21 @@ def test_the_api_draws_a_random_head_from_its_seed(tiny_dirs):
     assert torch.equal(a.model.score.weight, b.model.score.weight)
     assert not torch.equal(a.model.score.weight, c.model.score.weight)
     assert probe.load(tiny_dirs["rm"], device="cpu", allow_random_head=True).random_head is None  # it has its head
+
+
+def test_the_value_analysis_counts_a_run_or_a_table_once(two_seeds, tmp_path):
+    """With runs no longer merged by model id, one run (or one table) given twice would count twice: one line."""
+    import shutil
+
+    from probe.analysis import values as v
+    from probe.errors import DataFormatError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(two_seeds[0], copy)
+    for sources in ([two_seeds[0], two_seeds[0]], [two_seeds[0], copy]):
+        with pytest.raises(DataFormatError, match="a run of the same settings .* each model's scores count once"):
+            v.read_scores(sources)
+    pl.DataFrame({"response": ["Love"], "greatest": [1.0]}).write_csv(tmp_path / "big2_rewards_m.csv")
+    with pytest.raises(DataFormatError, match="the same table"):
+        v.read_scores([tmp_path / "big2_rewards_m.csv", tmp_path / "big2_rewards_m.csv"])
+    assert v.read_scores([*two_seeds, tmp_path / "big2_rewards_m.csv"])["model"].n_unique() == 3
