@@ -220,10 +220,14 @@ def _random_head_seed(meta: dict):
     return (((meta.get("settings") or {}).get("weights") or {}).get("random_head") or {}).get("seed")
 
 
+def _revision(meta: dict):
+    return (meta.get("model") or {}).get("revision") or (meta.get("settings") or {}).get("revision")
+
+
 # what tells two runs of one model and score mode apart, in the order a label names it: (its words, its value)
 TELLING = (
     (lambda v: f"{v} input", lambda m: input_route(m) if m else None),
-    (lambda v: f"revision {v}", lambda m: (m.get("model") or {}).get("revision") or (m.get("settings") or {}).get("revision")),
+    (lambda v: f"revision {v}", _revision),
     (lambda v: f"random head seed {v}", _random_head_seed),
     (lambda v: str(v).removeprefix("torch."), lambda m: (m.get("settings") or {}).get("dtype")),
     (lambda v: f"spec {v}", lambda m: (m.get("settings") or {}).get("spec")),

@@ -70,7 +70,8 @@ def inputs_now(config: ScoreVocabConfig) -> dict:
 
     out: dict = {"prompts": {p.key: [p.text, p.system_or(config.system)] for p in grid_for(config)}}
     if config.responses:
-        out["responses_sha256"] = responses_digest(read_responses(config.responses, config.response_column)[: config.limit])
+        responses = read_responses(config.responses, config.response_column)[: config.limit]
+        out["responses_sha256"] = responses_digest(responses)
     return out
 
 
