@@ -32,7 +32,7 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
          spec: str | None = None, label_index: int | None = None, device_map: str | None = None,
          allow_random_head: bool = False, ref: str | None = None, beta: float = 1.0,
          reference_response: str | None = None, input_method: str = "ids", judge_prompt: str | None = None,
-         principle: str | None = None):
+         principle: str | None = None, seed: int = 0):
     """Load a model as the commands do (Hugging Face id, local folder, cache snapshot, or a packaged model:
     ``None``/``"smollm2"``, ``"gemma3-270m"``), with its registry spec. Returns a ``LoadedModel``
     (``.model``, ``.tokenizer``, ``.spec``, ...), which every other function here also accepts as ``model``.
@@ -44,7 +44,8 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
     every function that scores with the returned model; ``"ids"``: the family's own (its model card's).
     ``score="judge-pair"``: a language model as a pairwise judge against ``reference_response`` under
     ``judge_prompt`` (a shipped name or a YAML file, probe/core/judges.py); pass ``score="judge-pair"`` again when
-    scoring with it.
+    scoring with it. ``allow_random_head``: a head the checkpoint lacks is drawn from ``seed`` (a null model; the
+    seed is in ``weights_identity`` and ``.random_head``), as the commands draw it from ``--seed``.
 
     >>> lm = probe.load("smollm2")                   # doctest: +SKIP
     >>> lm.spec.name, lm.kind                        # doctest: +SKIP
@@ -67,7 +68,7 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
             check_rewardbench_dpo(mode, ref is not None, beta, "sum")
         except ValueError as err:
             raise ProbeError(str(err)) from None
-    loaded = load_for_config(options, model_kind(mode), input_method=input_method)
+    loaded = load_for_config(options, model_kind(mode), input_method=input_method, seed=seed)
     return with_judge_pair(loaded, reference_response, judge_prompt) if judge_pair else loaded
 
 

@@ -208,7 +208,9 @@ class ScoreVocabConfig(ModelOptions):
         "help": "continue an unfinished run: a run directory, or no value for the newest matching one",
         "optional_value": "latest"})
     top: int = field(default=20, metadata={"help": "how many best and worst tokens to print per prompt"})
-    seed: int = field(default=0, metadata={"help": "seed for the verification samples"})
+    seed: int = field(default=0, metadata={
+        "help": "seed for the verification samples, and of a random head (--allow-random-head): part of the run's "
+                "settings"})
     progress: bool = field(default=True, metadata={"help": "show a progress bar"})
     dry_run: bool = field(default=False, metadata={
         "help": "build the model from its config on the meta device (no weights), print the memory per batch "
@@ -261,6 +263,8 @@ class ScoreVocabConfig(ModelOptions):
             key |= {"principle": self.principle}
         if self.unit_test is not None:  # a unit-test judge's criterion is part of every score
             key |= {"unit_test": self.unit_test}
+        if self.allow_random_head:  # a head drawn at random is drawn from the seed: two seeds, two null models
+            key |= {"allow_random_head": True, "seed": self.seed}
         return key
 
 
@@ -288,7 +292,8 @@ class GCGConfig(ModelOptions):
     n_replace: int = field(default=1, metadata={"help": "positions swapped per candidate"})
     buffer_size: int = field(default=1, metadata={"help": "best sequences kept; each step starts from the best"})
     patience: int | None = field(default=None, metadata={"help": "stop a run after this many steps without gain"})
-    seed: int = field(default=0, metadata={"help": "random seed (run k uses seed + k)"})
+    seed: int = field(default=0, metadata={
+        "help": "random seed (run k uses seed + k), and the seed of a random head (--allow-random-head)"})
     runs: int = field(default=1, metadata={"help": "independent restarts"})
     init: str = field(default="random", metadata={
         "help": "initial response: random, a text (its tokens; sets --length), or sweep:DIR (the best tokens of a "
@@ -381,7 +386,8 @@ class SocialConfig(ModelOptions):
         "help": "continue an unfinished run: a run directory, or no value for the newest matching one (with --suite: "
                 "each model's unfinished run; a finished one is reused, a missing one started)",
         "optional_value": "latest"})
-    seed: int = field(default=0, metadata={"help": "bootstrap seed, and the seed of a random head (--allow-random-head)"})
+    seed: int = field(default=0, metadata={
+        "help": "bootstrap seed, and the seed of a random head (--allow-random-head): part of the run's settings"})
     progress: bool = field(default=True, metadata={"help": "show progress bars"})
 
     def __post_init__(self) -> None:

@@ -187,13 +187,13 @@ def short_name(model_id: str) -> str:
     return model_id.rstrip("/").split("/")[-1]
 
 
-def mode_name(meta: dict, default: str = "?") -> str:
+def mode_name(meta: dict, default: str | None = "?") -> str | None:
     """A run's score mode in a label: ``logprob``, ``reward``, ``judge``, or for an implicit reward ``implicit vs
     <reference>``."""
     ref = (meta.get("model") or {}).get("ref")
     if ref:
         return f"implicit vs {short_name(ref.get('id', '?'))}"
-    return meta.get("score", {}).get("mode", default)
+    return (meta.get("score") or {}).get("mode") or meta.get("mode") or default  # a social run's: top level
 
 
 def input_route(meta: dict) -> str:
@@ -212,11 +212,53 @@ def input_route(meta: dict) -> str:
 
 def run_labels(sweeps: list[Sweep], with_mode: bool = True) -> list[str]:
     """One label per run: model and score mode (``SmolLM2-135M-Instruct [judge]``; without ``with_mode`` the
-    mode only where a model repeats), then the input method where runs of one label differ by it (``m [reward,
-    rewardbench input]`` beside ``m [reward, ids input]``), numbered where labels still repeat."""
-    base = [short_name(s.model) for s in sweeps]
-    names = [f"{b} [{mode_name(s.meta)}]" if with_mode or base.count(b) > 1 else b for b, s in zip(base, sweeps)]
-    routes = [input_route(s.meta) for s in sweeps]
-    names = [f"{n[:-1]}, {r} input]" if len({q for m, q in zip(names, routes) if m == n}) > 1 else n
-             for n, r in zip(names, routes)]  # a repeated name has its mode in brackets: base repeats too
+    mode only where a model repeats), then what else tells runs of one label apart (`labels_for`)."""
+    return labels_for([s.model for s in sweeps], [s.meta for s in sweeps], with_mode)
+
+
+def _random_head_seed(meta: dict):
+    return (((meta.get("settings") or {}).get("weights") or {}).get("random_head") or {}).get("seed")
+
+
+def _revision(meta: dict):
+    return (meta.get("model") or {}).get("revision") or (meta.get("settings") or {}).get("revision")
+
+
+# what tells two runs of one model and score mode apart, in the order a label names it: (its words, its value)
+TELLING = (
+    (lambda v: f"{v} input", lambda m: input_route(m) if m else None),
+    (lambda v: f"revision {v}", _revision),
+    (lambda v: f"random head seed {v}", _random_head_seed),
+    (lambda v: str(v).removeprefix("torch."), lambda m: (m.get("settings") or {}).get("dtype")),
+    (lambda v: f"spec {v}", lambda m: (m.get("settings") or {}).get("spec")),
+    (lambda v: f"output {v}", lambda m: (m.get("settings") or {}).get("label_index")),
+)
+
+
+def _with(name: str, words: str) -> str:
+    return f"{name[:-1]}, {words}]" if name.endswith("]") else f"{name} [{words}]"
+
+
+def labels_for(models: list[str], metas: list[dict], with_mode: bool = True, short: bool = True) -> list[str]:
+    """One distinct label per run of ``models`` (ids; ``short``: the last part of each), from its ``meta.json``
+    (``{}`` where there is none): the model, its score mode (always with ``with_mode``, else where the model
+    repeats), then where runs of one label still share it, each setting that differs among them: the input method
+    (``m [reward, rewardbench input]`` beside ``m [reward, ids input]``), revision, a random head's seed, dtype,
+    registry spec, output column; numbered (``#2``) where labels still repeat (two runs alike, tables without a
+    meta.json)."""
+    base = [short_name(m) if short else m for m in models]
+    names = []
+    for b, meta in zip(base, metas):
+        mode = mode_name(meta, default=None) if meta else None
+        names.append(_with(b, mode) if mode and (with_mode or base.count(b) > 1) else b)
+    return tell_apart(names, metas)
+
+
+def tell_apart(names: list[str], metas: list[dict], telling=TELLING) -> list[str]:
+    """``names`` made distinct: where runs share one, each setting of ``telling`` that differs among them is added
+    to it, in that order (`labels_for`); numbered (``#2``) where names still repeat."""
+    for words, value in telling:
+        values = [value(m) if m else None for m in metas]
+        names = [_with(n, words(v)) if v is not None and len({values[k] for k, q in enumerate(names) if q == n}) > 1
+                 else n for n, v in zip(names, values)]
     return [n if names.count(n) == 1 else f"{n} #{i + 1}" for i, n in enumerate(names)]

@@ -80,22 +80,34 @@ def read_score_table(path: str | Path) -> pl.DataFrame:
 
 def read_scores(sources: list[str | Path]) -> pl.DataFrame:
     """``model, prompt, response, score`` from tables, folders of tables (CSV preferred over a Parquet twin),
-    and rm-probe response runs (a folder with ``meta.json``)."""
-    frames = []
+    and rm-probe response runs (a folder with ``meta.json``). Each source keeps its own ``model``: two runs of one
+    model id (two revisions, random-head seeds, input routes) or two tables of one name are labelled apart as
+    ``probe analyze`` labels runs (`labels_for`: ``org/m [rewardbench input]``, ``org/m [revision abc]``, ``#2``),
+    never merged into one model's rows."""
+    from probe.analysis.sweeps import labels_for
+
+    parts: list[tuple[str, dict, pl.DataFrame]] = []  # (model, meta.json or {}, its long table)
+    seen: dict[str, Path] = {}  # a run's fingerprint, a table's resolved path -> where it was given first
     for src in sources:
         p = Path(src)
         if p.is_dir() and (p / "meta.json").is_file():
-            frames.append(read_response_run(p))
+            meta, df = load_response_run(p)
+            _once(seen, f"run {meta.get('fingerprint')}", p, "a run of the same settings (the same scores)")
+            parts.append((meta["model"]["id"], meta, _long(meta["model"]["id"], df)))
         elif p.is_dir():
             files = {f.stem: f for f in sorted(p.glob("*.parquet"))} | {f.stem: f for f in sorted(p.glob("*.csv"))}
             if not files:
                 raise DataFormatError(f"{p}: no CSV or Parquet score tables in this folder")
-            frames.extend(read_score_table(f) for _, f in sorted(files.items()))
+            for _, f in sorted(files.items()):
+                _once(seen, str(f.resolve()), f, "the same table")
+                parts.append((model_from_stem(f.stem), {}, read_score_table(f)))
         elif p.is_file():
-            frames.append(read_score_table(p))
+            _once(seen, str(p.resolve()), p, "the same table")
+            parts.append((model_from_stem(p.stem), {}, read_score_table(p)))
         else:
             raise DataFormatError(f"{p}: no such file or folder")
-    return pl.concat(frames)
+    labels = labels_for([m for m, _, _ in parts], [meta for _, meta, _ in parts], with_mode=False, short=False)
+    return pl.concat([df.with_columns(pl.lit(label).alias("model")) for label, (_, _, df) in zip(labels, parts)])
 
 
 def load_response_run(path: str | Path) -> tuple[dict, pl.DataFrame]:
@@ -113,11 +125,22 @@ def load_response_run(path: str | Path) -> tuple[dict, pl.DataFrame]:
     return meta, run.read_table("scores.parquet")
 
 
+def _once(seen: dict[str, Path], key: str, path: Path, what: str) -> None:
+    """One line where a source repeats one given before: its scores would count twice in the tests."""
+    if key in seen:
+        raise DataFormatError(f"{path}: {what} as {seen[key]}, given before; each model's scores count once")
+    seen[key] = path
+
+
+def _long(model: str, df: pl.DataFrame) -> pl.DataFrame:
+    return df.select(pl.lit(model).alias("model"), pl.col("prompt_key").alias("prompt"), "response",
+                     pl.col("score").cast(pl.Float64))
+
+
 def read_response_run(path: str | Path) -> pl.DataFrame:
     """A response run of rm-probe (``probe score --responses``) as ``model, prompt, response, score``."""
     meta, df = load_response_run(path)
-    return df.select(pl.lit(meta["model"]["id"]).alias("model"), pl.col("prompt_key").alias("prompt"), "response",
-                     pl.col("score").cast(pl.Float64))
+    return _long(meta["model"]["id"], df)
 
 
 # --- the computation ---------------------------------------------------------------------------------------------

@@ -353,19 +353,22 @@ def join_response_runs(table: pl.DataFrame, name: str, runs: tuple[str, ...],
     """The table with one score column per response run (joined on the item name = the response text), and
     those columns' names; items some run did not score are dropped, and the count is printed."""
     from probe.analysis.misalignment import join_scores, response_run_scores
-    from probe.analysis.sweeps import short_name
+    from probe.analysis.sweeps import labels_for
+    from probe.runs.rundir import RunDir
 
     columns: dict[str, pl.DataFrame] = {}
-    for path in runs:
-        model, prompts = response_run_scores(path)
+    scored = [response_run_scores(path) for path in runs]  # each a complete response run, or one line
+    metas = [RunDir(path).read_meta() for path in runs]
+    # two runs of one model are named by what differs (revision, random-head seed, route, ...), as analyze names runs
+    names = labels_for([m["model"]["id"] for m in metas], metas, with_mode=False)
+    for path, label, (_, prompts) in zip(runs, names, scored):
         if prompt is None and len(prompts) > 1:
             raise ProbeError(f"{path} scored {len(prompts)} prompts ({', '.join(prompts)}); pick one with --prompt")
         key = next(iter(prompts)) if prompt is None else next(
             (k for k, p in prompts.items() if prompt in (k, p["text"])), None)
         if key is None:
             raise ProbeError(f"{path}: no prompt {prompt!r}; it has {', '.join(prompts)}")
-        label = short_name(model)
-        while label in table.columns or label in columns:
+        while label in table.columns:  # a column of the table itself
             label += "'"
         columns[label] = prompts[key]["scores"]
         print(f"{label}: {prompts[key]['scores'].height:,} responses under {key!r}", file=sys.stderr)

@@ -62,13 +62,37 @@ def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
     return jobs
 
 
+def inputs_now(config: ScoreVocabConfig) -> dict:
+    """What the files a job names hold now (its job key names them by path): each prompt's text and system prompt,
+    and the responses' digest, as a run's meta.json records them."""
+    from probe.core.prompts import grid_for
+    from probe.core.response_files import read_responses, responses_digest
+
+    out: dict = {"prompts": {p.key: [p.text, p.system_or(config.system)] for p in grid_for(config)}}
+    if config.responses:
+        responses = read_responses(config.responses, config.response_column)[: config.limit]
+        out["responses_sha256"] = responses_digest(responses)
+    return out
+
+
+def _inputs_of(meta: dict, responses: bool) -> dict:
+    out: dict = {"prompts": {k: [v.get("text"), v.get("system")] for k, v in (meta.get("prompts") or {}).items()}}
+    if responses:
+        out["responses_sha256"] = (meta.get("settings") or {}).get("responses_sha256")
+    return out
+
+
 def state(config: ScoreVocabConfig) -> tuple[str, Path | None]:
-    """('complete' | 'partial' | 'new', the run directory found)."""
+    """('complete' | 'partial' | 'new', the run directory found): a run of this job (its key) whose prompts and
+    responses are the ones the job's files hold now (a prompts or responses file edited since is another job)."""
     base = model_runs_dir(config.output, model_id_for(config.rm))
     key = json.dumps(config.job_key(), sort_keys=True, default=str)
-    partial = None
+    partial, now = None, None
     for run_path, meta in run_metas(base, RESPONSES if config.responses else EXPERIMENT):
         if json.dumps(meta.get("job"), sort_keys=True, default=str) != key:
+            continue
+        now = now or inputs_now(config)
+        if _inputs_of(meta, bool(config.responses)) != now:
             continue
         if meta.get("status") == "complete":
             return "complete", run_path

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from probe.config import GCGConfig
 
@@ -23,14 +23,14 @@ def _settings(config: GCGConfig, loaded) -> dict:
     """What changes a result: every option but the output folder, progress and resume; the weights by content."""
     from probe.core.template import resolve_date
     from probe.models.loading import weights_identity
-    from probe.runs.meta import reference_settings
+    from probe.runs.meta import device_setting, reference_settings
 
     skip = {"output", "progress", "resume", "batch_size"}
     skip |= {"ref", "beta"}  # the reference enters with its weights below, and only when set
     # "beam": 0 when off, as runs made before --beam took None recorded it (their fingerprints stay valid)
     return {**{k: v for k, v in asdict(config).items() if k not in skip}, "beam": config.beam or 0,
             "date": resolve_date(config.date), "model": loaded.model_id, "weights": weights_identity(loaded),
-            **reference_settings(loaded)}
+            **reference_settings(loaded), **device_setting(loaded)}
 
 
 def main_from_args(ns: argparse.Namespace) -> int:
@@ -41,7 +41,8 @@ def main_from_args(ns: argparse.Namespace) -> int:
     from probe.core.scoring import make_head, n_scorable, prompt_split
     from probe.core.vocab import build_vocab_table
     from probe.runs.meta import new_meta as build_meta
-    from probe.runs.rundir import atomic_write_json, check_resume_target, open_or_resume, writable_dir
+    from probe.runs.rundir import (atomic_write_json, check_resume_target, kept_batch_size, open_or_resume,
+                                   writable_dir)
 
     config = config_from_args(GCGConfig, ns)
     writable_dir(config.output, "--output")
@@ -56,6 +57,7 @@ def main_from_args(ns: argparse.Namespace) -> int:
     if meta.get("status") == "complete":
         print(f"{run_dir.path} is already complete: {json.loads((run_dir.path / 'result.json').read_text())}")
         return 0
+    config = replace(config, batch_size=kept_batch_size(config.batch_size, meta))  # a resume: the run's own
     checkpoints = run_dir.path / "checkpoints"
     t0 = time.perf_counter()
     if config.beam:

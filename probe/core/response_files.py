@@ -51,3 +51,11 @@ def read_responses(path: str | Path, column: str = "response") -> list[str]:
     if not seen:
         raise DataFormatError(f"--responses {path}: no responses")
     return list(seen)
+
+
+def responses_digest(responses: list[str]) -> str:
+    """The responses' identity in a run's settings (``responses_sha256``): the SHA-256 of the list as JSON."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(responses, ensure_ascii=False).encode()).hexdigest()

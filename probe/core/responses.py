@@ -113,8 +113,8 @@ def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, 
         end = len(cont) - len(suffix) if suffix and tuple(cont[-len(suffix):]) == suffix else len(cont)
         slot_ids = cont[:end]
         slot = _slot_text(tok, own, slot_ids, split.leading_space == "glued")
-        if own == prefix and split.second_order is not None:  # a pairwise model: this response's second order
-            _second_order(loaded, build, split, text, cont)
+        if split.second_order is not None:  # a pairwise model: this response's second order, from its text
+            second_order_from_text(loaded, build, own, text, cont)
         rows.prefixes.append(own)
         rows.continuations.append(cont)
         rows.n_tokens.append(len(slot_ids))
@@ -123,11 +123,16 @@ def prepare(loaded: LoadedModel, mode: ScoreMode, prompt_key: str, prompt: str, 
     return rows
 
 
-def _second_order(loaded: LoadedModel, build, split: TemplateSplit, text: str, cont: list[int]) -> None:
-    """Record the response's continuation in the pairwise model's second order (candidate and reference swapped),
-    rendered from its text (`Pairwise.rendered`), where it continues the second order's prefix."""
+def second_order_from_text(loaded: LoadedModel, build, prefix: Sequence[int], text: str, cont: Sequence[int]) -> None:
+    """Record a response's continuation in the pairwise model's second order (candidate and reference swapped),
+    rendered from its text (`Pairwise.rendered`), where it continues the second order's prefix (``prefix``: the
+    first order's prefix the continuation ``cont`` follows). Moving the ids instead is wrong where the template
+    treats the response differently in the second order (Llama 3's trims the user turn, which ends with the
+    candidate there: a trailing newline or space is dropped)."""
+    from probe.core.pairwise import second_prefix
+
     full = render(loaded.tokenizer, build.swapped(), text)
-    prefix2 = split.second_order["prefix_ids"]
+    prefix2 = second_prefix(loaded.pairwise, prefix)[0]
     if list(full[: len(prefix2)]) == list(prefix2) and len(full) > len(prefix2):
         loaded.pairwise.rendered[tuple(cont)] = list(full[len(prefix2):])
 

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 ModelKind = Literal["reward", "causal"]
 # parameter-name prefixes of the heads a reward model must bring from its checkpoint
+# the model attribute where loading notes the head parameters it drew at random (LoadedModel.random_head)
+RANDOM_HEAD = "rm_probe_random_head"
 HEAD_PREFIXES = ("score.", "classifier.", "regression_layer.", "gating.", "v_head.", "value_head.")
 
 
@@ -45,6 +47,9 @@ class LoadedModel:
     beta: float = 1.0  # the implicit reward's scale
     pairwise: Pairwise | None = None  # a pairwise preference model: its format and reference response
     principle: str | None = None  # the principle a principle model's score asks about (--principle, or its card's)
+    # --allow-random-head on a checkpoint without a head: the parameters drawn at random and the seed they were drawn
+    # from (`load_for_config`); part of the weights' identity, since two seeds are two null models
+    random_head: dict | None = None
 
     @property
     def device(self) -> torch.device:
@@ -76,8 +81,9 @@ def weights_identity(loaded: LoadedModel) -> dict:
     to hash them whole would take minutes)."""
     import hashlib
 
+    drawn = {"random_head": dict(loaded.random_head)} if loaded.random_head else {}
     if loaded.source is not None:
-        return dict(loaded.source)
+        return dict(loaded.source) | drawn
     out: dict = {"commit": getattr(loaded.model.config, "_commit_hash", None)}
     folder = Path(loaded.path)
     if folder.is_dir():
@@ -89,7 +95,7 @@ def weights_identity(loaded: LoadedModel) -> dict:
             elif f.suffix in (".json", ".jinja", ".py", ".model", ".txt", ".tiktoken"):
                 digest.update(f.name.encode() + b"\0" + f.read_bytes())
         out["files_sha256"] = digest.hexdigest()[:16]
-    return out
+    return out | drawn
 
 
 INSTALL_CUDA_TORCH = ("install a PyTorch built for the CUDA version your NVIDIA driver supports (nvidia-smi shows it; "
@@ -414,8 +420,9 @@ def load_model(
     model.eval()
     model.requires_grad_(False)
     source = pkg.source() if (pkg := packaged(ref)) is not None else None
+    drawn = getattr(model, RANDOM_HEAD, None)
     return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise,
-                       principle=principle)
+                       principle=principle, random_head={"parameters": list(drawn)} if drawn else None)
 
 
 def check_polar_reward_token(model_id: str, tokenizer, config) -> None:
@@ -605,6 +612,8 @@ def _from_pretrained(path, kind, spec, revision, trust_remote_code, dtype, devic
         log.warning("%s returned no loading information: the check for an untrained reward head is skipped", path)
         info = {}
     missing = sorted(k for k in info.get("missing_keys", ()) if k.startswith(HEAD_PREFIXES))
+    if kind == "reward" and missing:
+        setattr(model, RANDOM_HEAD, tuple(missing))  # allowed (else refused below): LoadedModel.random_head
     if kind == "reward" and missing and not allow_random_head:
         raise ModelLoadError(
             f"{path} has no trained reward head (randomly initialised: {', '.join(missing)}); it is not a reward "
@@ -656,6 +665,8 @@ def _load_family(path, spec, revision, dtype, device_map, allow_random_head, con
     missing = sorted(k for k in info.get("missing_keys", ()) if not k.startswith(backbone) and k.split(".")[0] not in side)
     if spec.layout == "starling7b":  # the whole model comes from the one file: a backbone weight it lacks stays random
         missing = sorted(info.get("missing_keys", ()))
+    if missing:
+        setattr(model, RANDOM_HEAD, tuple(missing))  # allowed (else refused below): LoadedModel.random_head
     if missing and not allow_random_head:
         raise ModelLoadError(f"{path} lacks the {spec.layout} head's weights ({', '.join(missing[:4])}): it is not a "
                              f"checkpoint of {spec.name}; pass --spec NAME for another family")
@@ -675,9 +686,11 @@ def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_met
     if get("allow_random_head", False):
         # a head the checkpoint lacks is drawn from the run's seed (recorded in its settings), so the null model is
         # the same run to run and a trace of the run draws it again; the caller's random state is left as it was
+        drawn_from = int(seed if seed is not None else get("seed", 0) or 0)
         with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
-            torch.manual_seed(int(seed if seed is not None else get("seed", 0) or 0))
-            return _load_model_for(get, kind, rm, input_method, judge_pair)
+            torch.manual_seed(drawn_from)
+            loaded = _load_model_for(get, kind, rm, input_method, judge_pair)
+        return replace(loaded, random_head={**loaded.random_head, "seed": drawn_from}) if loaded.random_head else loaded
     return _load_model_for(get, kind, rm, input_method, judge_pair)
 
 

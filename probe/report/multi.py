@@ -92,8 +92,11 @@ def heatmap_png(tau: np.ndarray, labels: list[str], title: str) -> str:
 
 
 def report_data(sweeps: list[Sweep], rows: int) -> dict:
-    names = [run_label(short_name(s.model), s.meta) for s in sweeps]
-    labels = [n if names.count(n) == 1 else f"{n} #{i + 1}" for i, n in enumerate(names)]
+    from probe.analysis.sweeps import TELLING, tell_apart
+
+    # the route is in run_label already; two runs alike but for their revision, random-head seed, ... are named by it
+    labels = tell_apart([run_label(short_name(s.model), s.meta) for s in sweeps], [s.meta for s in sweeps],
+                        TELLING[1:])
     data: dict = {"labels": labels, "models": [model_label(s.meta) for s in sweeps], "prompts": {}}
     for prompt, keys in shared_prompts(sweeps).items():
         frames = [s.prompt(k) for s, k in zip(sweeps, keys)]

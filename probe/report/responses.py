@@ -46,12 +46,10 @@ def build(run_dirs: list[str | Path], rows: int = 25, dictionary: str | None = N
     runs = [RunDir(p) for p in run_dirs]
     metas = [r.read_meta() for r in runs]
     tables = [r.read_table("scores.parquet") for r in runs]
-    labels = []
-    for m in metas:
-        label = run_label(model_label(m), m)
-        while label in labels:
-            label += "'"
-        labels.append(label)
+    from probe.analysis.sweeps import TELLING, tell_apart
+
+    # the route is in run_label already; two runs alike but for their revision, random-head seed, ... are named by it
+    labels = tell_apart([run_label(model_label(m), m) for m in metas], metas, TELLING[1:])
     keys = list(dict.fromkeys(k for m in metas for k in m["prompts"]))
     terms = identity_terms().with_columns(pl.col("term").str.to_lowercase().alias("key"))
     value_ranks = None

@@ -86,6 +86,13 @@ def model_settings(loaded, revision: str | None, mode: str, head) -> dict:
     return out | reference_settings(loaded)
 
 
+def device_setting(loaded) -> dict:
+    """The device type, for the settings of a command that did not record it (social, GCG): only where it is not
+    the CPU, so that their CPU runs made before keep their fingerprints, while a run is never resumed on another kind
+    of device (a GPU's kernels round otherwise, its batches mixed with the CPU's in one run)."""
+    return {"device_type": loaded.device.type} if loaded.device.type != "cpu" else {}
+
+
 def reference_settings(loaded) -> dict:
     """An implicit reward's reference model and beta, or a pairwise model's reference response, for a run's
     settings (empty otherwise, so that runs made before these existed keep their fingerprints)."""

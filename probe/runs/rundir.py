@@ -317,7 +317,8 @@ def find_resumable(root: str | Path, model: str, experiment: str, fp: str, compl
 # settings -> the flag that sets them, for the advice when a resume does not match
 SETTING_FLAGS = {"n_tokens": "--limit", "shard_size": "--shard-size", "date": "--date", "mode": "--score",
                  "dtype": "--dtype", "input_method": "--input-method", "revision": "--revision", "spec": "--spec",
-                 "label_index": "--label-index", "model": "--rm"}
+                 "label_index": "--label-index", "model": "--rm", "seed": "--seed",
+                 "weights.random_head.seed": "--seed", "batch_size": "--batch-size", "device_type": "--device"}
 
 
 def _short(value, width: int = 48) -> str:
@@ -325,8 +326,22 @@ def _short(value, width: int = 48) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def _flat(settings: dict, above: str = "") -> dict:
+    """Nested settings (the weights' identity, a reference model's) as dotted names, so that what differs is named
+    down to the value (``weights.random_head.seed``); the prompts' ids stay one setting."""
+    out = {}
+    for k, v in settings.items():
+        name = f"{above}{k}"
+        if isinstance(v, dict) and v and name != "prompts":
+            out.update(_flat(v, name + "."))
+        else:
+            out[name] = v
+    return out
+
+
 def settings_diff(stored: dict, now: dict) -> list[str]:
     """One phrase per setting that differs: its name (and flag), the run's value and this command's."""
+    stored, now = _flat(stored), _flat(now)
     keys = sorted(k for k in set(stored) | set(now)
                   if json.dumps(stored.get(k), default=str, sort_keys=True) != json.dumps(now.get(k), default=str,
                                                                                          sort_keys=True))
@@ -415,6 +430,21 @@ def open_or_resume(root: str | Path, model: str, experiment: str, settings: dict
     run.write_meta(meta)
     _ACTIVE[:] = [run]
     return run, meta
+
+
+def kept_batch_size(given, meta: dict, say: bool = True):
+    """The rows per forward of a social or GCG run: a resumed run keeps the batch size it was started with (its
+    meta.json's config; not part of its fingerprint), so that what it scores now is batched as what it kept (on a
+    GPU in bf16 the batch changes the numbers); another ``--batch-size`` is said (``say``) and set aside."""
+    config = meta.get("config") or {}
+    if "batch_size" not in config or config["batch_size"] == given:
+        return given
+    stored = config["batch_size"]
+    if say:
+        print(f"--resume keeps the run's batch size {stored if stored is not None else '(the default)'} (not "
+              f"--batch-size {given if given is not None else '(the default)'}), so that its parts are all batched "
+              "alike", file=sys.stderr)
+    return stored
 
 
 # the run this process is writing (open_or_resume), for what an interrupt says and leaves behind

@@ -18,6 +18,7 @@ import polars as pl
 from probe.config import ScoreMode, ScoringOptions
 from probe.core.engine import pad_rows
 from probe.core.paper_method import common_prefix
+from probe.core.responses import second_order_from_text
 from probe.core.scoring import AdaptiveBatcher, build_scorer, check_rows, conversation, make_head
 from probe.models.loading import LoadedModel
 from probe.social.items import Item
@@ -47,6 +48,8 @@ def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: Scori
         if scored.setdefault(tuple(prefix), k) != k:
             raise ProbeError(f"item {item.item_id}: two prompts share a prefix but not its scored part")
         for j, f in enumerate(full):
+            if loaded.pairwise is not None:  # the second order rendered from the option's text, not its ids moved
+                second_order_from_text(loaded, build, prefix, item.options[j], f[len(prefix):])
             groups[tuple(prefix)].append((i, j, f[len(prefix):]))
     return groups, scored
 
