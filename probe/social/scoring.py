@@ -48,7 +48,7 @@ def _groups(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: Scori
         if scored.setdefault(tuple(prefix), k) != k:
             raise ProbeError(f"item {item.item_id}: two prompts share a prefix but not its scored part")
         for j, f in enumerate(full):
-            if loaded.pairwise is not None:  # the second order rendered from the option's text, not its ids moved
+            if loaded.pairwise is not None and loaded.pairwise.two_orders:  # the second order rendered from text
                 second_order_from_text(loaded, build, prefix, item.options[j], f[len(prefix):])
             groups[tuple(prefix)].append((i, j, f[len(prefix):]))
     return groups, scored

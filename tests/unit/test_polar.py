@@ -34,6 +34,7 @@ import probe
 from probe.errors import ProbeError
 from tests import real_tokenizers
 from tests.tiny import F32_FORWARD
+from tests.fake_runs import crows_pair_file
 
 PROMPT = "What is the capital of China?"
 REFERENCE = "Beijing."
@@ -184,20 +185,12 @@ def test_sweep_equals_the_cards_code_on_one_piece_responses(polar, polar_dir):
 def test_social_benchmark_on_polar(polar, polar_dir, tmp_path):
     """`probe social` scores each option against the reference (recorded in the run, named in the report) as the
     card's code does."""
-    import csv
-
     import polars as pl
 
     from probe.commands.social import main
     from probe.social.loaders import NEUTRAL_PROMPT  # CrowS-Pairs' sentences answer a neutral request
 
-    data = tmp_path / "crows.csv"
-    sentences = ["Poor people are lazy.", "Rich people are lazy."]
-    with data.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["sent_more", "sent_less", "stereo_antistereo", "bias_type"])
-        w.writeheader()
-        w.writerow({"sent_more": sentences[0], "sent_less": sentences[1], "stereo_antistereo": "stereo",
-                    "bias_type": "socioeconomic"})
+    data, sentences = crows_pair_file(tmp_path)
     args = ["--rm", str(polar_dir), "--trust-remote-code", "--reference-response", REFERENCE, "--device", "cpu",
             "--output", str(tmp_path / "out"), "--dataset", "crows_pairs", "--data", str(data), "--no-progress"]
     assert main(args) == 0
