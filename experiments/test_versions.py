@@ -108,7 +108,8 @@ def write(rows: dict, allowed: list[str], torch: str) -> None:
     lines = [f"# The engine-parity tests (`pytest -m \"{MARK}\"`) on every transformers minor release allowed",
              "", "`make test-versions` (experiments/test_versions.py): one fresh venv per release (its newest patch), "
              f"torch installed first (`{torch}`), rm-probe's dependencies as pip resolves them beside it, a model "
-             "cache of its own.", "",
+             "cache of its own. Seconds: the tests alone, on a machine whose 2 cores other jobs shared (not a "
+             "benchmark). A release `not run` has no row yet: `make test-versions ONLY=5.x` adds it.", "",
              "| transformers | torch | tokenizers | passed | failed | skipped | tests (s) | failures |",
              "|---|---|---|---|---|---|---|---|"]
     for version in allowed:
@@ -128,7 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torch", default=os.environ.get("TORCH", "torch==2.13.0"),
                         help="the torch requirement installed first in every venv (default: the Makefile's TORCH)")
     parser.add_argument("--only", nargs="*", help="minor releases to run (e.g. 5.2 5.17); default: every one")
+    parser.add_argument("--table-only", action="store_true", help="rewrite versions.md from versions.json, run nothing")
     args = parser.parse_args(argv)
+    if args.table_only:
+        data = json.loads(OUT.with_suffix(".json").read_text())
+        write(data["rows"], data["allowed"], data["torch_requested"])
+        return 0
     allowed = minor_releases(str(Path(sys.executable).with_name("pip")))
     by_minor = {".".join(v.split(".")[:2]): v for v in allowed}
     chosen = [by_minor[m] for m in args.only if m in by_minor] if args.only else allowed  # in the order given
