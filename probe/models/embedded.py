@@ -13,9 +13,9 @@ the libraries that shape its contents (`made_by`: transformers, tokenizers, gguf
 which it also records (made_by.json, checked on every read): a folder another version made is never read, that
 version converts its own. It is built in a temporary directory, checked (`check_tokenizer`: each control token one
 id, a known sentence its known ids) and only then renamed into place, so an interrupted or wrong conversion never
-leaves a folder that looks complete. Gemma 3's tokenizer is built by rm-probe itself from the GGUF's metadata
-(probe/models/gguf_tokenizer.py: transformers below 5.18 converts it without merges or control tokens), SmolLM2's
-by transformers. A GGUF without a chat template (Gemma 3's) gets the family's official one from
+leaves a folder that looks complete. Both tokenizers are built by rm-probe itself from the GGUF's metadata
+(probe/models/gguf_tokenizer.py: transformers below 5.18 converts Gemma's without merges or control tokens, 5.2
+SmolLM2's with every space an unknown token), the weights by transformers. A GGUF without a chat template (Gemma 3's) gets the family's official one from
 probe/data/chat_templates.
 
 They are language models, not reward models: they are scored by the ``logprob`` (or ``judge``) proxy, and the
@@ -139,13 +139,13 @@ def cache_root() -> Path:
 
 
 # rm-probe's own rules for what it converts (bump when they change what a folder holds: old folders are then not read)
-RULES = 1
+RULES = 2
 MANIFEST = "made_by.json"
 
 
 def made_by() -> dict:
     """The libraries whose versions shape a converted folder's contents: transformers (the weights' conversion, the
-    config, SmolLM2's tokenizer), tokenizers (the tokenizer file), gguf (the file reader) and rm-probe's own rules."""
+    config), tokenizers (the tokenizer file), gguf (the file reader) and rm-probe's own rules."""
     def have(dist):
         try:
             return version(dist)
@@ -237,8 +237,8 @@ def packaged_tokenizer_dir(name: str | None = None) -> Path:
 
 
 def _write_tokenizer(model: PackagedModel, src: Path, out: Path) -> None:
-    """The tokenizer of the GGUF ``src`` into ``out``: rm-probe's own build where it has one (Gemma's), else
-    transformers' conversion; then checked (`check_tokenizer`)."""
+    """The tokenizer of the GGUF ``src`` into ``out``: rm-probe's own build where it has one (both packaged
+    models'), else transformers' conversion; then checked (`check_tokenizer`)."""
     from probe.models import gguf_tokenizer
 
     template = None

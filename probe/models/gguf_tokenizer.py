@@ -1,4 +1,4 @@
-"""A SentencePiece-style GGUF's tokenizer (Gemma 3's) as a Hugging Face folder, built by rm-probe itself.
+"""A GGUF's tokenizer (the packaged Gemma 3's and SmolLM2's) as a Hugging Face folder, built by rm-probe itself.
 
 transformers converts a GGUF's tokenizer differently from release to release. Below 5.18 it builds Gemma's as a
 Unigram model over the file's scores and adds none of its control tokens; the folder it saves reloads (as
@@ -20,6 +20,11 @@ The rules (what the GGUF stores and what Gemma's tokenizer is):
 - Tokens the file types CONTROL (3) are special added tokens; USER_DEFINED (4) ones plain added tokens (matched whole),
   except those made of spaces (their respelling is in the vocabulary already).
 - BOS is put in front of a text where the file's ``add_bos_token`` says (Gemma: yes); EOS where ``add_eos_token``.
+
+SmolLM2's byte-level vocabulary (transformers 5.2 converts it with every space the unknown token: "What, in one
+word" 22 ids where it is 12) is GPT-2's: the file's tokens (spelled in GPT-2's byte alphabet) and merges, the
+byte-level split and decoder, CONTROL tokens special. Both builds equal transformers 5.24's own conversion, file
+contents and ids.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ CONTROL, USER_DEFINED = 3, 4
 SPECIAL_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
                "pad_token": "padding_token_id"}
 GEMMA_MASK = "<mask>"
-# the architectures whose SentencePiece vocabulary this module builds (the GGUF's general.architecture)
+# the architectures whose SentencePiece vocabulary this module builds (the GGUF's general.architecture), and the
+# byte-level vocabularies (tokenizer.ggml.pre) whose text split is GPT-2's own (SmolLM2's)
 BUILT = ("gemma", "gemma2", "gemma3")
+BYTE_LEVEL_PRE = ("smollm",)
 
 
 # GGUF's value types (the file format, version 2 and 3): struct codes of the fixed-size ones; 8 string, 9 array
@@ -93,6 +100,7 @@ def read_metadata(path: Path) -> dict:
     """The tokenizer's metadata of a GGUF file: architecture, tokens, token types, special tokens and flags."""
     fields = read_fields(path)
     out = {"architecture": fields.get("general.architecture"), "model": fields.get("tokenizer.ggml.model"),
+           "pre": fields.get("tokenizer.ggml.pre"), "merges": fields.get("tokenizer.ggml.merges"),
            "tokens": fields["tokenizer.ggml.tokens"], "token_type": fields["tokenizer.ggml.token_type"],
            "add_bos_token": fields.get("tokenizer.ggml.add_bos_token"),
            "add_eos_token": fields.get("tokenizer.ggml.add_eos_token"),
@@ -105,7 +113,8 @@ def read_metadata(path: Path) -> dict:
 
 def builds(metadata: dict) -> bool:
     """Whether this module builds the tokenizer this metadata describes (else transformers' converter does)."""
-    return metadata["model"] == "llama" and metadata["architecture"] in BUILT
+    return ((metadata["model"] == "llama" and metadata["architecture"] in BUILT)
+            or (metadata["model"] == "gpt2" and metadata["pre"] in BYTE_LEVEL_PRE))
 
 
 def respell(token: str) -> str:
@@ -125,9 +134,20 @@ def merges(tokens: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def backend(metadata: dict):
-    """The ``tokenizers.Tokenizer`` these rules make of the file's metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's printable spelling of each byte: printable Latin-1 bytes as themselves, the rest as U+0100 on."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+            *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    spelled, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in spelled:
+            spelled[b] = chr(256 + extra)
+            extra += 1
+    return spelled
+
+
+def _sentencepiece(metadata: dict):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     tokens = [respell(t) for t in metadata["tokens"]]
     vocab = {token: i for i, token in enumerate(tokens)}
@@ -141,6 +161,34 @@ def backend(metadata: dict):
                             for t, kind in zip(metadata["tokens"], types) if kind == CONTROL])
     tok.add_tokens([AddedToken(t, normalized=False, special=False)
                     for t, kind in zip(metadata["tokens"], types) if kind == USER_DEFINED and respell(t) == t])
+    return tok, vocab
+
+
+def _byte_level(metadata: dict):
+    """GPT-2's byte-level BPE with the file's merges; a token not spelled in the byte alphabet is respelled from its
+    UTF-8 bytes, and a CONTROL token that is not (a mislabel) is not added."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    spelled = _byte_alphabet()
+    alphabet = set(spelled.values())
+    vocab = {t if set(t) <= alphabet else "".join(spelled[b] for b in t.encode("utf-8")): i
+             for i, t in enumerate(metadata["tokens"])}
+    pairs = [tuple(m.split(" ")) for m in metadata["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, continuing_subword_prefix="", end_of_word_suffix="",
+                               fuse_unk=False, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                            for t, kind in zip(metadata["tokens"], metadata["token_type"])
+                            if kind == CONTROL and set(t) <= alphabet])
+    return tok, vocab
+
+
+def backend(metadata: dict):
+    """The ``tokenizers.Tokenizer`` these rules make of the file's metadata."""
+    from tokenizers import processors
+
+    tok, vocab = (_byte_level if metadata["model"] == "gpt2" else _sentencepiece)(metadata)
     bos, eos = metadata["bos_token"], metadata["eos_token"]
     lead = [bos] if metadata["add_bos_token"] else []
     tail = [eos] if metadata["add_eos_token"] else []
@@ -155,16 +203,19 @@ def backend(metadata: dict):
 
 
 def write_folder(metadata: dict, out: Path, chat_template: str | None = None) -> Path:
-    """``tokenizer.json`` and ``tokenizer_config.json`` (class ``GemmaTokenizer``, as Gemma's own repositories and
-    transformers' conversion name it) into ``out``."""
+    """``tokenizer.json`` and ``tokenizer_config.json`` into ``out``: class ``GemmaTokenizer`` for a SentencePiece
+    vocabulary (as Gemma's own repositories and transformers' conversion name it; ``<mask>`` its mask token), the
+    plain fast tokenizer for a byte-level one (its BOS/EOS written by the template, not added)."""
     if not builds(metadata):
         raise ModelLoadError(f"rm-probe builds no {metadata['model']!r} tokenizer for {metadata['architecture']!r}")
     out.mkdir(parents=True, exist_ok=True)
     backend(metadata).save(str(out / "tokenizer.json"))
-    config = {"tokenizer_class": "GemmaTokenizer", **{k: metadata[k] for k in SPECIAL_IDS},
-              "mask_token": GEMMA_MASK if GEMMA_MASK in metadata["tokens"] else None,
-              "add_bos_token": bool(metadata["add_bos_token"]), "add_eos_token": bool(metadata["add_eos_token"]),
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **{k: metadata[k] for k in SPECIAL_IDS},
               "clean_up_tokenization_spaces": False, "model_max_length": 1000000000000000019884624838656}
+    if metadata["model"] == "llama":
+        config.update(tokenizer_class="GemmaTokenizer", mask_token=GEMMA_MASK if GEMMA_MASK in metadata["tokens"]
+                      else None, add_bos_token=bool(metadata["add_bos_token"]),
+                      add_eos_token=bool(metadata["add_eos_token"]))
     template = metadata["chat_template"] or chat_template
     if template:
         config["chat_template"] = template

@@ -2,8 +2,9 @@
 conversion is checked before it is cached, and a cache folder is read only by the versions that made it (issue 55).
 
 Golden ids (tests/testdata/packaged_tokenizer_ids.json, `write_golden`) are the newest transformers' own conversion
-of each GGUF: below 5.18 transformers converts Gemma's without merges or control tokens, so rm-probe builds that one
-itself (probe/models/gguf_tokenizer.py) and must give the same file's contents and ids there as 5.18+ gives.
+of each GGUF. Older releases convert them wrongly (below 5.18 Gemma's without merges or control tokens; 5.2 SmolLM2's
+with every space an unknown token), so rm-probe builds both itself (probe/models/gguf_tokenizer.py) and must give the
+newest's file contents and ids on every release.
 """
 
 from __future__ import annotations
@@ -82,10 +83,11 @@ def test_the_packaged_tokenizer_reads_the_newest_transformers_ids(name):
     assert _ids(tok, name) == {k: v for k, v in _golden()["models"][name].items() if k != "content"}
 
 
-def test_rm_probes_gemma_tokenizer_is_the_newest_transformers_conversion(tmp_path):
+@pytest.mark.parametrize("name", list(PACKAGED))
+def test_rm_probes_tokenizer_is_the_newest_transformers_conversion(tmp_path, name):
     """The file rm-probe builds from the GGUF has the contents of the newest transformers' own conversion (the
     golden digest), whatever transformers is installed: it is built with ``tokenizers`` alone."""
-    model = PACKAGED["gemma3-270m"]
+    model = PACKAGED[name]
     folder = gguf_tokenizer.write_folder(gguf_tokenizer.read_metadata(gguf_file(model, tmp_path)), tmp_path / "tok")
     assert content(json.loads((folder / "tokenizer.json").read_text())) == _golden()["models"][model.name]["content"]
 
