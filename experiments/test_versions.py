@@ -118,6 +118,9 @@ def write(rows: dict, allowed: list[str], torch: str) -> None:
             lines.append(f"| {version} | not run | | | | | | |")
         elif "error" in r:
             lines.append(f"| {version} | | | | | | | {r['error']} |")
+        elif r["exit"] not in (0, 1):  # pytest stopped before its tests (a collection or session-start error)
+            lines.append(f"| {version} | {r['torch']} | {r['tokenizers']} | | | | | pytest stopped (exit {r['exit']}) "
+                         "before its tests: see the log |")
         else:
             lines.append(f"| {version} | {r['torch']} | {r['tokenizers']} | {r['passed']} | {r['failed']} | "
                          f"{r['skipped']} | {r['tests_s']} | {', '.join(r['failures']) or '-'} |")
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"test-versions: {json.dumps(rows[version])}", flush=True)
         write(rows, allowed, args.torch)
     write(rows, allowed, args.torch)
-    return 0 if all(r.get("failed") == 0 and "error" not in r for r in rows.values()) else 1
+    return 0 if all(r.get("exit") == 0 and "error" not in r for r in rows.values()) else 1
 
 
 if __name__ == "__main__":

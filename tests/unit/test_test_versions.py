@@ -23,3 +23,14 @@ def test_pytests_closing_line_and_failures():
         "passed": 190, "failed": 3, "skipped": 63,
         "failures": ["tests/unit/test_a.py::test_x[gemma3]", "tests/unit/test_b.py::test_y"]}
     assert test_versions.summary("7 passed in 1.0s\n")["failed"] == 0
+
+
+def test_a_run_that_stopped_before_its_tests_is_not_a_pass(tmp_path, monkeypatch):
+    """pytest's exit 3 (a session-start error: 5.2's wrong SmolLM2 conversion was one) has no counts: the table says
+    it stopped, never 0 failed."""
+    monkeypatch.setattr(test_versions, "OUT", tmp_path / "versions")
+    row = {"transformers": "5.2.0", "torch": "2.13.0+cpu", "tokenizers": "0.22.2", "tests_s": 45, "exit": 3,
+           **test_versions.summary("INTERNALERROR> ModelLoadError\n")}
+    test_versions.write({"5.2.0": row}, ["5.2.0", "5.3.0"], "torch==2.13.0")
+    table = (tmp_path / "versions.md").read_text()
+    assert "| 5.2.0 | 2.13.0+cpu | 0.22.2 | | | | | pytest stopped (exit 3)" in table and "| 5.3.0 | not run |" in table
