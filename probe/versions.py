@@ -2,7 +2,8 @@
 
 CI runs the engine-parity tests (every family x head x path against the model's own forward) on three version sets
 (README, "Where it runs"; the sets are `.ci/matrix/*.txt`): the lowest that ``pyproject.toml`` allows, the GPU
-machine's, and the newest CI installs. A version outside the span from the lowest to the newest tested series runs,
+machine's, and the newest CI installs; `make test-versions` runs them on every transformers minor release in the
+range (experiments/results/versions.md). A version outside the span from the lowest to the newest tested series runs,
 but nothing has checked it: the model's own forward still checks every run (the self-check), but a version may pick
 another attention implementation or cache layout (transformers 5.17 runs Gemma 2 with SDPA, which drops its
 soft-cap: probe/models/attention.py), so it is said once per process.

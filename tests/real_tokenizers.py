@@ -81,9 +81,9 @@ def _qwen(folder: Path, family: str) -> Path:
 
 
 def _gemma(folder: Path, family: str) -> Path:
-    from probe.models.embedded import packaged_dir
+    from probe.models.embedded import packaged_tokenizer_dir
 
-    src = packaged_dir("gemma3-270m")
+    src = packaged_tokenizer_dir("gemma3-270m")
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(src / name, folder / name)
