@@ -131,13 +131,15 @@ _SOCIAL_CUT = "tests/unit/test_first_hour.py::test_social_resume_keeps_the_chunk
 ROUND_4 = [
   ("deal: cheapest first", "probe/runs/distributed.py", "key=lambda i: (-costs[i], i))", "key=lambda i: (costs[i], i))", f"{_DEAL} {_MISC}"),
   ("deal: a rank's load not added up", "probe/runs/distributed.py", "load[r] += costs[i]", "load[r] = costs[i]", f"{_DEAL} {_MISC}"),
-  ("batch queue skips job 0", "probe/runs/distributed.py", 'return self.store.add("next", 1) - 1', 'return self.store.add("next", 1)', _NODES),
+  ("batch queue skips job 0", "probe/runs/distributed.py", 'return self.store.add("next", 1) - 1', 'return self.store.add("next", 1)', "tests/unit/test_batch_parallel.py::test_two_ranks_write_what_one_process_writes_and_skip_on_a_rerun "
+   f"{_NODES}::test_two_nodes_take_every_job_of_a_batch_once"),
   ("social deals chunk positions, not chunk numbers", "probe/social/scoring.py", "mine = [left[k] for k in deal(costs, dist.world)[dist.rank]]", "mine = deal(costs, dist.world)[dist.rank]", f"{_SOCIAL_CUT} {_RESUME}"),
   ("social kept chunks scored again", "probe/social/scoring.py", "if c not in kept] if dist.main else None)", "] if dist.main else None)", f"{_SOCIAL_CUT} {_RESUME}"),
   ("social last chunks of a process not kept", "probe/social/scoring.py", "    if keep and pending:", "    if keep and not pending:", f"{_SOCIAL_CUT} {_RESUME}"),
   ("social short last chunk's file thrown away", "probe/social/scoring.py", "[len(part) for _, part in chunks]) if keep", "[256 for _ in chunks]) if keep", f"{_SOCIAL_CUT} {_RESUME}"),
   ("trace unit drops its chunk's last response", "probe/commands/trace.py", "rs[s : s + CHUNK], True)", "rs[s : s + CHUNK - 1], True)", "tests/unit/test_trace.py::test_the_units_of_work_are_one_processs_batches " + _MISC),
-  ("trace ids pieces read from the text units", "probe/commands/trace.py", "enumerate(units) if not text)", "enumerate(units) if text)", _NODES),
+  ("trace ids pieces read from the text units", "probe/commands/trace.py", "enumerate(units) if not text)", "enumerate(units) if text)", "tests/unit/test_rows_torchrun.py::test_two_ranks_trace_into_one_folder "
+   f"{_NODES}::test_two_nodes_trace_into_one_folder"),
   ("batch --shard I/N takes part I+1", "probe/commands/batch.py", "order = largest_first(jobs)[i - 1::n]", "order = largest_first(jobs)[i::n]", "tests/unit/test_batch_parallel.py::test_shard_parts_together_are_the_whole_batch " + _RESUME),
   ("batch smallest job first", "probe/commands/batch.py", "key=lambda k: -sizes[k])", "key=lambda k: sizes[k])", "tests/unit/test_batch_parallel.py::test_job_size_is_rows_times_prompts " + _MISC),
   ("batch resumes the oldest partial run", "probe/commands/batch.py", "partial = partial or run_path", "partial = run_path", f"tests/unit/test_batch.py {_RESUME}"),
