@@ -185,18 +185,29 @@ def failing_without_a_bug(copy: Path, tests: str, env: dict) -> tuple[str, ...]:
 ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3), 4: (ROUND_4, BEFORE_ROUND_4)}
 
 
-def before_and_after(env: dict, number: int, only: tuple[str, ...] = ()) -> int:
+def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
+    """A results file's rows by bug name."""
+    done = {}
+    for line in out.read_text().splitlines() if out.is_file() else ():
+        if not line.startswith("| ") or line.startswith("| bug |"):
+            continue
+        n, p, t, b, a = (c.strip().strip("`") for c in line.strip("|").split(" | "))
+        done[n] = (n, p, t, b, a)
+    return done
+
+
+def before_and_after(env: dict, number: int, only: tuple[str, ...] = (), out: Path | None = None,
+                     join: tuple[Path, ...] = ()) -> int:
     """Each bug of round ``number`` on a copy, its test files run as they were before the round and as they are
-    now; ``only``: just the bugs of these names, the other rows kept as the results file has them."""
+    now; ``only``: just the bugs of these names, the other rows kept as the results file (``out``) has them;
+    ``join``: no runs, the rows of these files (parts run at once) written into ``out``."""
     bugs, before_rev = ROUNDS[number]
-    out = RESULTS / f"planted_bugs_round{number}.md"
-    done = {}  # name -> row, from the last run
-    if only and out.is_file():
-        for line in out.read_text().splitlines():
-            if not line.startswith("| ") or line.startswith("| bug |"):
-                continue
-            n, p, t, b, a = (c.strip().strip("`") for c in line.strip("|").split(" | "))
-            done[n] = (n, p, t, b, a)
+    out = out or RESULTS / f"planted_bugs_round{number}.md"
+    done = read_rows(out) if only or join else {}  # name -> row, from the last run
+    for part in join:
+        done |= read_rows(part)
+    if join:
+        only = ("(none: rows joined from parts run at the same time)",)
     baseline: dict[tuple[str, str], tuple[str, ...]] = {}  # (when, file or node id) -> tests failing without a bug
     rows = []
     for name, path, old, new, tests in bugs:
@@ -239,7 +250,9 @@ def before_and_after(env: dict, number: int, only: tuple[str, ...] = ()) -> int:
              "are left out of both runs, so that a bug counts as caught only by a test it makes fail.", "",
              f"Caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}.", "",
              "| bug | file | test files | before | after |", "|---|---|---|---|---|"]
-    if only:
+    if join:
+        lines[5:5] = ["", "Joined (--join) from parts of the round run at the same time, each on its own rows."]
+    elif only:
         lines[5:5] = ["", f"Rerun alone (--only) after the last full run: {', '.join(only)}."]
     lines += [f"| {n} | `{p}` | `{t}` | {b} | {a} |" for n, p, t, b, a in rows]
     out.write_text("\n".join(lines) + "\n")
@@ -263,12 +276,17 @@ def main() -> int:
     parser.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1)
     parser.add_argument("--only", action="append", default=[], metavar="BUG",
                         help="rounds 2-4: rerun this bug (by name) alone, keeping the results file's other rows")
+    parser.add_argument("--results", type=Path, help="rounds 2-4: the results file (default: "
+                        "experiments/results/planted_bugs_round<N>.md); several parts of a round may run at once, each "
+                        "with --only and a file of its own, then be joined by --join")
+    parser.add_argument("--join", type=Path, action="append", default=[], metavar="FILE",
+                        help="rounds 2-4: write these parts' rows into the results file, running nothing")
     args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RM_PROBE_SOCIAL_DATA": os.environ.get("RM_PROBE_SOCIAL_DATA", str(SHARED / "social")),
            "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release")),
            "RM_PROBE_VALUES_RELEASE": os.environ.get("RM_PROBE_VALUES_RELEASE", str(SHARED / "values-release"))}
     if args.round in ROUNDS:
-        return before_and_after(env, args.round, tuple(args.only))
+        return before_and_after(env, args.round, tuple(args.only), args.results, tuple(args.join))
     rows, missed = [], 0
     for name, path, old, new, tests in MUTS:
         with tempfile.TemporaryDirectory() as tmp:
