@@ -163,8 +163,15 @@ def test_a_social_run_cut_inside_a_data_set_scores_only_the_chunks_it_lacks(tiny
     (cut,) = (tmp_path / "cut").glob("*/social_*")
     kept = {p.name: len(np.load(p)["scores"]) for p in (cut / "checkpoints" / "000").glob("chunks_*.npz")}
     assert kept == {"chunks_000000.npz": 256, "chunks_000001.npz": 6}
-    monkeypatch.setattr("probe.core.scoring.AdaptiveBatcher.run", original)
+    rows = []  # the rows each chunk scored on resume (the record of rows_scored is counted, not measured)
+
+    def counted(self, fn, cont, *a, **k):
+        rows.append(len(cont))
+        return original(self, fn, cont, *a, **k)
+
+    monkeypatch.setattr("probe.core.scoring.AdaptiveBatcher.run", counted)
     assert main([*social_args(tiny_dirs, data, tmp_path / "cut"), "--resume"]) == 0
+    assert rows == [2 * 3]
     assert pl.read_parquet(cut / "scores.parquet").equals(pl.read_parquet(run / "scores.parquet"))
     assert json.loads((cut / "meta.json").read_text())["timing"][-1]["rows_scored"] == 2 * 3
 
