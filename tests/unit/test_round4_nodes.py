@@ -33,7 +33,8 @@ def free_port() -> int:
 def two_nodes(module: str, args: list[str], timeout: int = 600) -> list[str]:
     """``python -m module args`` as the one worker of each of two nodes; every worker's stdout. This process plays
     torchrun's agent on node 0: it hosts the store at MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE) until both workers
-    have exited, as the agents' exit barrier keeps it."""
+    have exited, as the agents' exit barrier keeps it. (Without it rank 0 hosts JobQueue's store and may exit while
+    the other rank still polls it in ``finish``: "Failed to recv" on that rank, seen here; not torchrun's case.)"""
     import torch.distributed as dist
 
     port = free_port()
