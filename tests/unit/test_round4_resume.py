@@ -26,6 +26,10 @@ COMMON = [("--revision", "main", "revision"), ("--input-method", "rewardbench", 
           ("--date", "02 Feb 2020", "date")]
 
 
+def short_id(value) -> str:
+    return str(value).split()[0][:12]
+
+
 def unfinished(run: Path, root: Path, lost: list[str]) -> Path:
     """A copy of the finished ``run`` as a kill would have left it: ``lost`` files and the results gone."""
     cut = root / run.parent.name / run.name
@@ -67,7 +71,7 @@ def response_run(tiny_dirs, tmp_path_factory):
 
 
 @pytest.mark.parametrize("flag, value, names", [*COMMON, ("--shard-size", "4", "shard_size"),
-                                                ("--system", "Answer briefly.", "prompts")], ids=lambda v: str(v).split()[0][:12])
+                                                ("--system", "Answer briefly.", "prompts")], ids=short_id)
 def test_a_response_run_refuses_a_resume_with_other_settings(tiny_dirs, response_run, tmp_path, flag, value, names,
                                                              capsys):
     from probe.commands.score import main
@@ -139,7 +143,7 @@ def social_run(tiny_dirs, tmp_path_factory):
 
 
 @pytest.mark.parametrize("flag, value, names", [*COMMON, ("--system", "Answer briefly.", "system"),
-                                                ("--chat-template", None, "chat_template")], ids=lambda v: str(v).split()[0][:12])
+                                                ("--chat-template", None, "chat_template")], ids=short_id)
 def test_a_social_run_refuses_a_resume_with_other_settings(tiny_dirs, social_run, tmp_path, flag, value, names,
                                                            capsys):
     from probe.commands.social import main
@@ -190,7 +194,7 @@ def sweep_run(tiny_dirs, tmp_path_factory):
 
 
 @pytest.mark.parametrize("flag, value, names", [*COMMON[:2], ("--system", "Answer briefly.", "prompts")],
-                         ids=lambda v: str(v).split()[0][:12])
+                         ids=short_id)
 def test_a_sweep_refuses_a_resume_with_other_settings(tiny_dirs, sweep_run, tmp_path, flag, value, names, capsys):
     """(A sweep records the date and its template by the prompt ids they give: this template writes no date.)"""
     from probe.commands.score import main
