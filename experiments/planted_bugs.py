@@ -138,8 +138,8 @@ ROUND_4 = [
   ("social last chunks of a process not kept", "probe/social/scoring.py", "    if keep and pending:", "    if keep and not pending:", f"{_SOCIAL_CUT} {_RESUME}"),
   ("social short last chunk's file thrown away", "probe/social/scoring.py", "[len(part) for _, part in chunks]) if keep", "[256 for _ in chunks]) if keep", f"{_SOCIAL_CUT} {_RESUME}"),
   ("trace unit drops its chunk's last response", "probe/commands/trace.py", "rs[s : s + CHUNK], True)", "rs[s : s + CHUNK - 1], True)", "tests/unit/test_trace.py::test_the_units_of_work_are_one_processs_batches " + _MISC),
-  ("trace ids pieces read from the text units", "probe/commands/trace.py", "enumerate(units) if not text)", "enumerate(units) if text)", "tests/unit/test_rows_torchrun.py::test_two_ranks_trace_into_one_folder "
-   f"{_NODES}::test_two_nodes_trace_into_one_folder"),
+  ("trace ids pieces read from the text units", "probe/commands/trace.py", "enumerate(units) if not text)", "enumerate(units) if text)", f"{_MISC}::test_a_piece_given_as_ids_is_traced_as_those_ids "
+   "tests/unit/test_rows_torchrun.py::test_two_ranks_trace_into_one_folder"),
   ("batch --shard I/N takes part I+1", "probe/commands/batch.py", "order = largest_first(jobs)[i - 1::n]", "order = largest_first(jobs)[i::n]", "tests/unit/test_batch_parallel.py::test_shard_parts_together_are_the_whole_batch " + _RESUME),
   ("batch smallest job first", "probe/commands/batch.py", "key=lambda k: -sizes[k])", "key=lambda k: sizes[k])", "tests/unit/test_batch_parallel.py::test_job_size_is_rows_times_prompts " + _MISC),
   ("batch resumes the oldest partial run", "probe/commands/batch.py", "partial = partial or run_path", "partial = run_path", f"tests/unit/test_batch.py {_RESUME}"),

@@ -167,3 +167,22 @@ def test_a_pair_judges_prompt_is_filled_in_one_pass():
         "Q: Say {response_a}\nA: I say {response_b}\nB: B {prompt}")
     rating = JudgePrompt("r", "rating", "test", "{prompt} -> {response}", ratings=(1, 9))
     assert rating.fill("{response}?", "{prompt}!") == "{response}? -> {prompt}!"
+
+
+# --- probe trace: a piece given as ids gets its own trace, beside text pieces --------------------------------------
+def test_a_piece_given_as_ids_is_traced_as_those_ids(tiny_models):
+    """The units' traces are put back in the pieces' order: each ids piece (a GCG result whose text does not
+    encode back to its ids) gets the trace of its own ids, never a text unit's."""
+    from probe.commands.trace import _trace_pieces
+    from probe.config import ScoringOptions
+    from probe.core.trace import trace_ids
+    from probe.runs.distributed import Dist
+
+    loaded = tiny_models["llama-rm"]
+    pieces = [("--response", "A?", "Love", {}), ("--gcg", "A?", [70, 71, 72], {}), ("--response", "A?", "Peace", {}),
+              ("--gcg", "B?", [80], {})]
+    df = _trace_pieces(loaded, "reward", pieces, ScoringOptions(), None, Dist())
+    for k, ids in ((2, [70, 71, 72]), (4, [80])):
+        got = df.filter(pl.col("trace").str.starts_with(f"trace_{k:02d}"))
+        want = trace_ids(loaded, "reward", pieces[k - 1][1], ids)
+        assert got.select(want.columns).equals(want)
