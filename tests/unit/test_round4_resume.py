@@ -97,13 +97,14 @@ def test_a_response_run_refuses_its_responses_in_another_order(tiny_dirs, respon
 def test_a_resumed_response_run_keeps_the_batch_size_it_started_with(tiny_dirs, response_run, tmp_path,
                                                                      monkeypatch):
     """Started at --batch-size 4, resumed with --batch-size 3: the shards left are batched 4 at a time, as one
-    uninterrupted run batches them (same scores, bitwise), and meta.json still says 4."""
+    uninterrupted run batches them (same scores, bitwise), and meta.json still says 4; the self-checks are the
+    run's own (of each prompt's first shard), not run again on a later shard."""
     from probe.commands.score import main
     from probe.core.scoring import AdaptiveBatcher
 
     root, run = response_run
     cut = unfinished(run, tmp_path, ["checkpoints/greatest_ever_one/shard_000002.npy",
-                                     "checkpoints/worst_ever_one/shard_000000.npy"])
+                                     "checkpoints/worst_ever_one/shard_000001.npy"])
     sizes, original = [], AdaptiveBatcher.run
 
     def spy(self, fn, *rows, **kw):
@@ -116,6 +117,8 @@ def test_a_resumed_response_run_keeps_the_batch_size_it_started_with(tiny_dirs, 
     assert sizes and set(sizes) == {4}
     meta = json.loads((cut / "meta.json").read_text())
     assert meta["batch_size"] == 4 and meta["timing"]["sessions"][-1]["responses_scored"] == 2 + 5
+    # each prompt's self-check is the one of its first shard, kept; none run again on the shards left
+    assert meta["self_check"] == json.loads((run / "meta.json").read_text())["self_check"]
     assert pl.read_parquet(cut / "scores.parquet").equals(pl.read_parquet(run / "scores.parquet"))
 
 
