@@ -4,6 +4,7 @@ time, and check that the tests named beside each fail on it.
     python -m experiments.planted_bugs          # about 2 minutes; writes experiments/results/planted_bugs.md
     python -m experiments.planted_bugs --round 2  # issue 33's: before/after, experiments/results/planted_bugs_round2.md
     python -m experiments.planted_bugs --round 3  # issue 46's: the same, experiments/results/planted_bugs_round3.md
+    python -m experiments.planted_bugs --round 4  # issue 57's: the same, experiments/results/planted_bugs_round4.md
     python -m experiments.planted_bugs --round 3 --only "DPO split one id late"  # that row again, the others kept
 
 Each row: the bug, the file, the line as it is, the line as planted, and the tests that must fail.
@@ -117,6 +118,54 @@ ROUND_3 = [
 ]
 
 
+# Round 4 (issue 57): the code of the last two rounds (torchrun's deals: responses, social, trace, batch; chunk
+# checkpoints and resume; response and social fingerprints; soft-cap switching, version checks, the control-token
+# rule, card inputs and the glued slot, persona movers, judges' fill, random head seeding). Not the two the issue
+# names (units dealt by the local rank; a resumed response run's batch size): tests/unit/test_round4_*.py test both.
+# Test targets are narrow (a test file's node ids where the file is slow): a row takes well under a minute.
+BEFORE_ROUND_4 = "7266beb"
+_NODES, _RESUME, _MISC = ("tests/unit/test_round4_nodes.py", "tests/unit/test_round4_resume.py",
+                          "tests/unit/test_round4_misc.py")
+_DEAL = "tests/unit/test_batch_parallel.py::test_deal_balances_costs_and_gives_every_item_once"
+_SOCIAL_CUT = "tests/unit/test_first_hour.py::test_social_resume_keeps_the_chunks_of_a_data_set_cut_short"
+ROUND_4 = [
+  ("deal: cheapest first", "probe/runs/distributed.py", "key=lambda i: (-costs[i], i))", "key=lambda i: (costs[i], i))", f"{_DEAL} {_MISC}"),
+  ("deal: a rank's load not added up", "probe/runs/distributed.py", "load[r] += costs[i]", "load[r] = costs[i]", f"{_DEAL} {_MISC}"),
+  ("batch queue skips job 0", "probe/runs/distributed.py", 'return self.store.add("next", 1) - 1', 'return self.store.add("next", 1)', "tests/unit/test_batch_parallel.py::test_two_ranks_write_what_one_process_writes_and_skip_on_a_rerun "
+   f"{_NODES}::test_two_nodes_take_every_job_of_a_batch_once"),
+  ("social deals chunk positions, not chunk numbers", "probe/social/scoring.py", "mine = [left[k] for k in deal(costs, dist.world)[dist.rank]]", "mine = deal(costs, dist.world)[dist.rank]", f"{_SOCIAL_CUT} {_RESUME}"),
+  ("social kept chunks scored again", "probe/social/scoring.py", "if c not in kept] if dist.main else None)", "] if dist.main else None)", f"{_SOCIAL_CUT} {_RESUME}"),
+  ("social last chunks of a process not kept", "probe/social/scoring.py", "    if keep and pending:", "    if keep and not pending:", f"{_SOCIAL_CUT} {_RESUME}"),
+  ("social short last chunk's file thrown away", "probe/social/scoring.py", "[len(part) for _, part in chunks]) if keep", "[256 for _ in chunks]) if keep", f"{_SOCIAL_CUT} {_RESUME}"),
+  ("trace unit drops its chunk's last response", "probe/commands/trace.py", "rs[s : s + CHUNK], True)", "rs[s : s + CHUNK - 1], True)", "tests/unit/test_trace.py::test_the_units_of_work_are_one_processs_batches " + _MISC),
+  ("trace ids pieces read from the text units", "probe/commands/trace.py", "enumerate(units) if not text)", "enumerate(units) if text)", f"{_MISC}::test_a_piece_given_as_ids_is_traced_as_those_ids "
+   "tests/unit/test_rows_torchrun.py::test_two_ranks_trace_into_one_folder"),
+  ("batch --shard I/N takes part I+1", "probe/commands/batch.py", "order = largest_first(jobs)[i - 1::n]", "order = largest_first(jobs)[i::n]", "tests/unit/test_batch_parallel.py::test_shard_parts_together_are_the_whole_batch " + _RESUME),
+  ("batch smallest job first", "probe/commands/batch.py", "key=lambda k: -sizes[k])", "key=lambda k: sizes[k])", "tests/unit/test_batch_parallel.py::test_job_size_is_rows_times_prompts " + _MISC),
+  ("batch resumes the oldest partial run", "probe/commands/batch.py", "partial = partial or run_path", "partial = run_path", f"tests/unit/test_batch.py {_RESUME}"),
+  ("response resume self-checks a checked prompt again", "probe/commands/responses.py", '- set(meta["self_check"])}', "}", "tests/unit/test_responses.py " + _RESUME),
+  ("response identity ignores their order", "probe/commands/responses.py", "json.dumps(responses, ensure_ascii=False)", "json.dumps(sorted(responses), ensure_ascii=False)", "tests/unit/test_responses.py " + _RESUME),
+  ("response shard size not fingerprinted", "probe/commands/responses.py", '"responses_sha256": digest, "shard_size": config.shard_size,', '"responses_sha256": digest,', "tests/unit/test_responses.py " + _RESUME),
+  ("response input method not fingerprinted", "probe/commands/responses.py", '**({"input_method": config.input_method} if config.input_method != "ids" else {}),', "", "tests/unit/test_responses.py " + _RESUME),
+  ("model revision not fingerprinted", "probe/runs/meta.py", '"weights": weights_identity(loaded), "revision": revision,', '"weights": weights_identity(loaded), "revision": None,', f"tests/unit/test_sweep.py::test_resume_refuses_other_settings {_RESUME}"),
+  ("social chat template not fingerprinted", "probe/commands/social.py", '("revision", "spec", "label_index", "chat_template")', '("revision", "spec", "label_index")', "tests/unit/test_first_hour.py::test_social_resume " + _RESUME),
+  ("social system prompt not fingerprinted", "probe/commands/social.py", '"system": cfg.system, "date"', '"date"', "tests/unit/test_first_hour.py::test_social_resume " + _RESUME),
+  ("social input method not fingerprinted", "probe/commands/social.py", '**({"input_method": mcfg.input_method} if getattr(mcfg, "input_method", "ids") != "ids" else {})}', "}", "tests/unit/test_first_hour.py::test_social_resume " + _RESUME),
+  ("SDPA counted as applying the soft-cap", "probe/models/attention.py", 'frozenset({"eager",', 'frozenset({"sdpa", "eager",', "tests/unit/test_softcap.py " + _MISC),
+  ("attention record: transformers always chose", "probe/models/attention.py", 'out["chosen_by"] = "rm-probe" if choice else "transformers"', 'out["chosen_by"] = "transformers"', "tests/unit/test_softcap.py " + _MISC),
+  ("newest tested series compared whole", "probe/versions.py", "have.release[: len(series)] > series", "have.release > series", "tests/unit/test_where_it_runs.py::test_the_tested_span " + _MISC),
+  ("lowest tested version warned about", "probe/versions.py", "have < Version(low)", "have <= Version(low)", "tests/unit/test_where_it_runs.py::test_the_tested_span " + _MISC),
+  ("control tokens matched shortest first", "probe/core/control_tokens.py", "return tuple(sorted(set(found), key=len, reverse=True))", "return tuple(sorted(set(found)))", "tests/unit/test_control_tokens.py " + _MISC),
+  ("white-space added tokens counted as control tokens", "probe/core/control_tokens.py", "(not t.content.isspace() and any(", "(any(", "tests/unit/test_control_tokens.py " + _MISC),
+  ("a piece's space marker read as nothing", "probe/core/template.py", 'piece.replace("\\u2581", " ")', 'piece.replace("\\u2581", "")', "tests/unit/test_card_inputs.py " + _MISC),
+  ("a card's dialogue format loses to the tokenizer's template", "probe/models/loading.py", "    return spec.chat_template, card", "    return spec.chat_template, False", "tests/unit/test_card_inputs.py::test_probe_load_reads_eurus_by_its_card_although_its_tokenizer_has_a_template " + _MISC),
+  ("random head ignores the traced run's seed", "probe/models/loading.py", 'torch.manual_seed(int(seed if seed is not None else get("seed", 0) or 0))', 'torch.manual_seed(int(get("seed", 0) or 0))', "tests/unit/test_gcg.py::test_a_random_head_is_drawn_from_the_seed_and_trace_agrees " + _MISC),
+  ("random head seeding leaks into the caller's state", "probe/models/loading.py", "with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):", "with torch.random.fork_rng(devices=[], enabled=False):", "tests/unit/test_api.py::test_a_random_head_is_drawn_from_the_seed_whatever_the_global_state " + _MISC),
+  ("persona movers: unmoved strings called rising", "probe/analysis/personas.py", 'ordered.filter(pl.col("dz") > 0)', 'ordered.filter(pl.col("dz") >= 0)', "tests/unit/test_personas.py " + _MISC),
+  ("judge pair prompt filled in three passes", "probe/core/judges.py", "return fill(self.user, prompt=prompt, response_a=first, response_b=second)", 'return self.user.replace("{prompt}", prompt).replace("{response_a}", first).replace("{response_b}", second)', "tests/unit/test_judges.py::test_judges_fill_their_prompts_in_one_pass " + _MISC),
+]
+
+
 def run_tests(copy: Path, tests: str, env: dict, deselect: tuple[str, ...] = ()) -> tuple[bool, str]:
     skip = " ".join(f"--deselect '{t}'" for t in deselect)
     proc = subprocess.run(f"{sys.executable} -m pytest -q -x -p no:cacheprovider {skip} {tests}", shell=True, cwd=copy,
@@ -133,22 +182,50 @@ def failing_without_a_bug(copy: Path, tests: str, env: dict) -> tuple[str, ...]:
     return tuple(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED "))
 
 
-ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3)}
+ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3), 4: (ROUND_4, BEFORE_ROUND_4)}
+
+# what a results file says below its table: round 4's check of the two bugs issue 57 names, planted by hand
+NOTES = {4: [
+  "The two bugs issue 57 names (not rows above), each planted by hand on a copy and run against this round's tests:",
+  "",
+  "| bug, as planted | test | result |", "|---|---|---|",
+  "| responses: `todo[dist.local_rank :: dist.world]` | `test_round4_nodes.py -k responses` | 1 failed |",
+  "| social: `deal(costs, dist.world)[dist.local_rank]` | `test_round4_nodes.py -k social` | 1 failed |",
+  "| sweeps and trace: `Dist.owns` by `self.local_rank` | `test_round4_nodes.py -k 'sweep or trace'` | 1 failed |",
+  "| trace: `u % dist.world == dist.local_rank` | `test_round4_nodes.py -k trace` | 1 failed |",
+  "| batch: `launched()` reads `LOCAL_RANK` as the rank | `test_round4_nodes.py -k batch` | 1 failed |",
+  "| `init()` returns `Dist(local_rank, ...)` | `test_round4_nodes.py -k responses` | 1 failed |",
+  "| a resumed response run's `meta[\"batch_size\"] = batch_size` (this session's) | "
+  "`test_round4_resume.py -k batch_size_it_started` | 1 failed |",
+  "| its batcher from `config.batch_size or meta[\"batch_size\"]` | `test_round4_resume.py -k batch_size_it_started` "
+  "| 1 failed |"]}
 
 
-def before_and_after(env: dict, number: int, only: tuple[str, ...] = ()) -> int:
+def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
+    """A results file's rows by bug name."""
+    done = {}
+    for line in out.read_text().splitlines() if out.is_file() else ():
+        if not line.startswith("| ") or line.startswith("| bug |"):
+            continue
+        cells = [c.strip().strip("`") for c in line.strip("|").split(" | ")]
+        if len(cells) == 5:  # a bug's row (not the notes' table)
+            done[cells[0]] = tuple(cells)
+    return done
+
+
+def before_and_after(env: dict, number: int, only: tuple[str, ...] = (), out: Path | None = None,
+                     join: tuple[Path, ...] = ()) -> int:
     """Each bug of round ``number`` on a copy, its test files run as they were before the round and as they are
-    now; ``only``: just the bugs of these names, the other rows kept as the results file has them."""
+    now; ``only``: just the bugs of these names, the other rows kept as the results file (``out``) has them;
+    ``join``: no runs, the rows of these files (parts run at once) written into ``out``."""
     bugs, before_rev = ROUNDS[number]
-    out = RESULTS / f"planted_bugs_round{number}.md"
-    done = {}  # name -> row, from the last run
-    if only and out.is_file():
-        for line in out.read_text().splitlines():
-            if not line.startswith("| ") or line.startswith("| bug |"):
-                continue
-            n, p, t, b, a = (c.strip().strip("`") for c in line.strip("|").split(" | "))
-            done[n] = (n, p, t, b, a)
-    baseline: dict[tuple[str, str], tuple[str, ...]] = {}  # (when, files) -> tests failing without a bug
+    out = out or RESULTS / f"planted_bugs_round{number}.md"
+    done = read_rows(out) if only or join else {}  # name -> row, from the last run
+    for part in join:
+        done |= read_rows(part)
+    if join:
+        only = ("(none: rows joined from parts run at the same time)",)
+    baseline: dict[tuple[str, str], tuple[str, ...]] = {}  # (when, file or node id) -> tests failing without a bug
     rows = []
     for name, path, old, new, tests in bugs:
         if only and name not in only:
@@ -158,21 +235,27 @@ def before_and_after(env: dict, number: int, only: tuple[str, ...] = ()) -> int:
         for when in ("before", "after"):
             with tempfile.TemporaryDirectory() as tmp:
                 copy = Path(tmp) / "repo"
-                shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".venv", ".git", "results", "__pycache__",
-                                                                          "figures"))
-                (copy / "probe" / "kernels").symlink_to(copy / "kernels")
+                shutil.copytree(ROOT, copy, symlinks=True, ignore=shutil.ignore_patterns(
+                    ".venv", ".git", "results", "__pycache__", "figures"))
+                if not (copy / "probe" / "kernels").exists():  # a worktree has it already, as a link
+                    (copy / "probe" / "kernels").symlink_to(copy / "kernels")
                 if when == "before":  # the test folder as it was, the code as it is
                     shutil.rmtree(copy / "tests")
                     archive = subprocess.run(["git", "archive", before_rev, "tests"], cwd=ROOT, capture_output=True,
                                              check=True).stdout
                     subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
-                files = " ".join(f for f in tests.split() if (copy / f).is_file())
-                if files and (when, files) not in baseline:
-                    baseline[when, files] = failing_without_a_bug(copy, files, env)
+                files = " ".join(f for f in tests.split() if (copy / f.split("::")[0]).is_file())  # a file or a node id
+                fresh = [f for f in files.split() if (when, f) not in baseline]
+                if fresh:  # each file or node id's failures without a bug, found once per run of this script
+                    failing = failing_without_a_bug(copy, " ".join(fresh), env)
+                    for f in fresh:
+                        baseline[when, f] = tuple(t for t in failing if t == f or t.startswith(
+                            f + ("[" if "::" in f else "::")))
                 if not plant(copy, path, old, new):
                     results.append((False, "the line to change is not there: update this list"))
                     continue
-                results.append(run_tests(copy, files, env, baseline[when, files]) if files
+                results.append(run_tests(copy, files, env, tuple(x for f in files.split() for x in baseline[when, f]))
+                               if files
                                else (False, "no such test file then"))
         rows.append((name, path, tests, *(("caught: " if ok else "NOT CAUGHT: ") + last for ok, last in results)))
         print(" | ".join(rows[-1]), flush=True)
@@ -184,9 +267,12 @@ def before_and_after(env: dict, number: int, only: tuple[str, ...] = ()) -> int:
              "are left out of both runs, so that a bug counts as caught only by a test it makes fail.", "",
              f"Caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}.", "",
              "| bug | file | test files | before | after |", "|---|---|---|---|---|"]
-    if only:
+    if join:
+        lines[5:5] = ["", "Joined (--join) from parts of the round run at the same time, each on its own rows."]
+    elif only:
         lines[5:5] = ["", f"Rerun alone (--only) after the last full run: {', '.join(only)}."]
     lines += [f"| {n} | `{p}` | `{t}` | {b} | {a} |" for n, p, t, b, a in rows]
+    lines += ["", *NOTES[number]] if number in NOTES else []
     out.write_text("\n".join(lines) + "\n")
     print(f"caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}")
     return 0 if after_caught == len(rows) else 1
@@ -205,15 +291,20 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--round", type=int, choices=(1, 2, 3), default=1)
+    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1)
     parser.add_argument("--only", action="append", default=[], metavar="BUG",
-                        help="rounds 2-3: rerun this bug (by name) alone, keeping the results file's other rows")
+                        help="rounds 2-4: rerun this bug (by name) alone, keeping the results file's other rows")
+    parser.add_argument("--results", type=Path, help="rounds 2-4: the results file (default: "
+                        "experiments/results/planted_bugs_round<N>.md); several parts of a round may run at once, each "
+                        "with --only and a file of its own, then be joined by --join")
+    parser.add_argument("--join", type=Path, action="append", default=[], metavar="FILE",
+                        help="rounds 2-4: write these parts' rows into the results file, running nothing")
     args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RM_PROBE_SOCIAL_DATA": os.environ.get("RM_PROBE_SOCIAL_DATA", str(SHARED / "social")),
            "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release")),
            "RM_PROBE_VALUES_RELEASE": os.environ.get("RM_PROBE_VALUES_RELEASE", str(SHARED / "values-release"))}
     if args.round in ROUNDS:
-        return before_and_after(env, args.round, tuple(args.only))
+        return before_and_after(env, args.round, tuple(args.only), args.results, tuple(args.join))
     rows, missed = [], 0
     for name, path, old, new, tests in MUTS:
         with tempfile.TemporaryDirectory() as tmp:
