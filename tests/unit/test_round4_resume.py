@@ -19,6 +19,7 @@ import yaml
 from tests.unit.test_first_hour import _interrupt_after
 from tests.unit.test_responses import ITEMS
 from tests.unit.test_responses import _args as response_args
+from tests.unit.test_rows_torchrun import killed_copy
 
 # a setting of each kind that changes a number, at a value other than the run's: (flag, value, what the refusal
 # names). The chat template is the tokenizer's own text from a file (the same ids): the setting alone differs.
@@ -32,15 +33,7 @@ def short_id(value) -> str:
 
 def unfinished(run: Path, root: Path, lost: list[str]) -> Path:
     """A copy of the finished ``run`` as a kill would have left it: ``lost`` files and the results gone."""
-    cut = root / run.parent.name / run.name
-    shutil.copytree(run, cut)
-    for name in lost + ["scores.parquet", "summary.json"]:
-        (cut / name).unlink(missing_ok=True)
-    meta = json.loads((cut / "meta.json").read_text())
-    meta["status"] = "running"
-    meta.pop("finished", None)
-    (cut / "meta.json").write_text(json.dumps(meta))
-    return cut
+    return killed_copy(run, root, lost)[0]
 
 
 def with_flag(args: list[str], flag: str, value: str) -> list[str]:
