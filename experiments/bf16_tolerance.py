@@ -76,10 +76,10 @@ def measure(loaded, mode: str, n: int) -> dict:
     prefix = split.prefix_ids
 
     def own(lm):
-        return FullSequenceScorer(lm.model, make_head(lm, mode), prefix).score(rows, lengths).numpy().astype(float)
+        return FullSequenceScorer(lm.model, make_head(lm, mode), prefix).score(rows, lengths).cpu().numpy().astype(float)
 
     truth, own16 = own(loaded), own(half)
-    fast16 = PrefixScorer(half.model, make_head(half, mode), prefix).score(rows, lengths).numpy().astype(float)
+    fast16 = PrefixScorer(half.model, make_head(half, mode), prefix).score(rows, lengths).cpu().numpy().astype(float)
     noise = rounding_noise(half.model, lambda: own(half), own16)
     noise_few = rounding_noise(half.model, lambda: own(half)[:2], own16[:2])  # what the social check sees
     half.model.set_attn_implementation("eager")

@@ -94,7 +94,7 @@ def test_gradients_flow_through_embeddings(tiny_models):
     lm, head, split = _setup(tiny_models, "armo-like", "reward")
     scorer = PrefixScorer(lm.model, head, split.prefix_ids)
     love = lm.tokenizer.encode("Love", add_special_tokens=False)
-    rows = torch.tensor([love + list(split.suffix_ids)] * 3)
+    rows = torch.tensor([love + list(split.suffix_ids)] * 3, device=lm.model.device)
     emb = lm.model.get_input_embeddings()(rows).detach().requires_grad_(True)
     out = scorer.score_embeds(emb, rows)
     out.sum().backward()

@@ -52,7 +52,7 @@ def test_reported_score_equals_an_independent_full_forward(tiny_models, name, mo
     lm = tiny_models[name]
     res = run(lm, _cfg(score=mode, steps=4))
     split = prompt_split(lm, mode, PROMPT, None, ScoringOptions(), len(lm.tokenizer))
-    ids = torch.tensor([list(split.prefix_ids) + res.best_ids + list(split.suffix_ids)])
+    ids = torch.tensor([list(split.prefix_ids) + res.best_ids + list(split.suffix_ids)], device=lm.model.device)
     with torch.no_grad():
         out = lm.model(input_ids=ids)
     if mode == "reward":

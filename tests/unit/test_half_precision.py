@@ -54,11 +54,11 @@ def _rows(lm, mode, n, seed=0):
 def _own(lm, mode, prefix, rows, lengths) -> np.ndarray:
     """The model's own forward, one sequence at a time (no cache, no shared prefix)."""
     head = make_head(lm, mode)
-    return FullSequenceScorer(lm.model, head, prefix).score(rows, lengths).numpy().astype(np.float64)
+    return FullSequenceScorer(lm.model, head, prefix).score(rows, lengths).cpu().numpy().astype(np.float64)
 
 
 def _fast(lm, mode, prefix, rows, lengths) -> np.ndarray:
-    return PrefixScorer(lm.model, make_head(lm, mode), prefix).score(rows, lengths).numpy().astype(np.float64)
+    return PrefixScorer(lm.model, make_head(lm, mode), prefix).score(rows, lengths).cpu().numpy().astype(np.float64)
 
 
 @pytest.mark.parametrize("name,mode", [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("qwen3-rm", "reward"),
@@ -109,7 +109,7 @@ def test_shared_prefix_attention_accumulates_half_precision_in_float32():
 
 def test_simulated_rounding_is_seeded_one_unit_roundoff_and_removed(tiny_models):
     lm = _bf16(tiny_models["llama-rm"])
-    ids = torch.tensor([[1, 2, 3, 4]])
+    ids = torch.tensor([[1, 2, 3, 4]], device=lm.model.device)
     plain = lm.model(input_ids=ids).logits
     with simulated_rounding(lm.model, seed=3):
         a = lm.model(input_ids=ids).logits
@@ -172,10 +172,10 @@ def test_bf16_self_check_stops_a_wrong_reader(tiny_models):
     assert check.rounding_noise > 0 and check.max_abs_diff <= check.tolerance
     wrong_column = PrefixScorer(lm.model, LinearRewardHead(lm.model, label_index=0), prefix).score(rows, lengths)
     with pytest.raises(ProbeError, match="self-check failed"):
-        check_rows(lm, right, prefix, scorer, rows, lengths, names, got=wrong_column.numpy())
+        check_rows(lm, right, prefix, scorer, rows, lengths, names, got=wrong_column.cpu().numpy())
     earlier = scorer.score(rows, lengths - 1)  # the last suffix token not read: pooled one position early
     with pytest.raises(ProbeError, match="self-check failed"):
-        check_rows(lm, right, prefix, scorer, rows, lengths, names, got=earlier.numpy())
+        check_rows(lm, right, prefix, scorer, rows, lengths, names, got=earlier.cpu().numpy())
 
 
 def test_bf16_logprob_self_check_stops_a_dropped_token(tiny_models):
@@ -185,7 +185,7 @@ def test_bf16_logprob_self_check_stops_a_dropped_token(tiny_models):
     scorer = PrefixScorer(lm.model, head, prefix)
     names = [f"token {t}" for t in ids]
     assert check_rows(lm, head, prefix, scorer, rows, lengths, names).rounding_noise > 0
-    without_last = PrefixScorer(lm.model, LogprobHead(lm.model), prefix).score(rows[:, :-1]).numpy()
+    without_last = PrefixScorer(lm.model, LogprobHead(lm.model), prefix).score(rows[:, :-1]).cpu().numpy()
     with pytest.raises(ProbeError, match="self-check failed"):
         check_rows(lm, head, prefix, scorer, rows, lengths, names, got=without_last)
 
@@ -237,10 +237,10 @@ def test_bf16_fused_logprob_head_equals_the_plain_one(tiny_dirs):
     for name, lm in (("full", full), ("half", half)):
         for fused in (True, False):
             head = LogprobHead(lm.model, "sum", fused=fused)
-            scores[name, fused] = PrefixScorer(lm.model, head, prefix).score(rows).float().numpy()
+            scores[name, fused] = PrefixScorer(lm.model, head, prefix).score(rows).float().cpu().numpy()
     # in bf16 the two heads read the same bf16 hidden states: only their float32 accumulation order differs
     np.testing.assert_allclose(scores["half", True], scores["half", False], rtol=1e-3, atol=1e-3)
-    own = {name: FullSequenceScorer(lm.model, LogprobHead(lm.model), prefix).score(rows).numpy()
+    own = {name: FullSequenceScorer(lm.model, LogprobHead(lm.model), prefix).score(rows).cpu().numpy()
            for name, lm in (("full", full), ("half", half))}
     own_err = np.abs(own["half"] - own["full"]).max()
     assert 0 < np.abs(scores["half", True] - scores["full", True]).max() <= AS_ACCURATE * own_err

@@ -71,7 +71,7 @@ def test_shared_prefix_attention_gradients(tiny_models):
 
     lm = tiny_models["gemma2-rm"]
     split = prompt_split(lm, "reward", "What is best?", None, ScoringOptions(), len(lm.tokenizer))
-    rows = torch.tensor([[5, 6, *split.suffix_ids]] * 2)
+    rows = torch.tensor([[5, 6, *split.suffix_ids]] * 2, device=lm.model.device)
     grads = []
     for shared in (False, True):
         sc = PrefixScorer(lm.model, make_head(lm, "reward"), split.prefix_ids, shared_attention=shared)
