@@ -276,6 +276,17 @@ ALLENAI_RM_INPUT = TEMPLATE_IDS_CARD.format(
     "doubled BOS masked: the same ids", "the score logits[0][0]")
 
 
+NEMOTRON_QWEN_INPUT = TEMPLATE_IDS_CARD.format(
+    "nvidia/Qwen-2.5-Nemotron-32B-Reward and nvidia/Qwen-3-Nemotron-32B-Reward, stored pages: 'Model Class: "
+    "AutoModelForSequenceClassification', one float for the last assistant turn of a user-assistant dialogue; their "
+    "usage blocks are not readable offline, so the call is the one NVIDIA's Llama Nemotron cards make, on the "
+    "checkpoint's own template (Qwen 2.5's adds its default system turn). Qwen 3's: trained with a 'nothink' "
+    "instruction; its template writes the empty thinking block '<think>\\n\\n</think>\\n\\n' before the last "
+    "assistant turn (the non-thinking form, as enable_thinking=False does), read as that instruction; a '/nothink' "
+    "text in the user turn would differ and is unverified",
+    "the classifier's score at the last token (logits[0][0])")
+
+
 def _allenai_rm(name: str, family: str = "Llama 3.1") -> RewardModelSpec:
     return RewardModelSpec(name, family=family, input_source=ALLENAI_RM_INPUT,
                            notes="a sequence classifier (allenai's open-instruct reward model; RewardBench 2)")
@@ -359,6 +370,12 @@ REGISTRY: dict[str, RewardModelSpec] = {
                                   ("Llama-3.2-3B", "Llama 3.2", "Llama"), ("Llama-3.2-1B", "Llama 3.2", "Llama"),
                                   ("Qwen3-8B", "Qwen3", "Qwen3"), ("Qwen3-4B", "Qwen3", "Qwen3"),
                                   ("Qwen3-1.7B", "Qwen3", "Qwen3"), ("Qwen3-0.6B", "Qwen3", "Qwen3"))],
+        # NVIDIA's Qwen-based Nemotron rewards (2025): sequence classifiers, unlike the Llama ones above
+        RewardModelSpec("nvidia/Qwen-2.5-Nemotron-32B-Reward", family="Qwen 2.5", input_source=NEMOTRON_QWEN_INPUT,
+                        notes="Qwen2ForSequenceClassification (Bradley-Terry on HelpSteer3; Qwen-2.5-32B-Instruct)"),
+        RewardModelSpec("nvidia/Qwen-3-Nemotron-32B-Reward", family="Qwen3", input_source=NEMOTRON_QWEN_INPUT,
+                        notes="Qwen3ForSequenceClassification (Bradley-Terry on HelpSteer3 with a 'nothink' "
+                              "instruction; Qwen3-32B)"),
         # allenai's RewardBench 2 reward models (the RB2 collection's repositories and the Tulu 3 RM): plain sequence
         # classifiers; the training runs RewardBench 2's leaderboard lists as allenai/open_instruct_dev-rm_* are found
         # by that prefix (PREFIX_SPECS)

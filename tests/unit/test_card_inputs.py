@@ -19,7 +19,7 @@ import pytest
 from probe.core.template import render, response_conversation
 from probe.models.chat_templates import chat_template_text
 from probe.models.loading import _set_input_call, family_template, load_tokenizer
-from probe.models.registry import REGISTRY
+from probe.models.registry import DEFAULT, REGISTRY
 from tests import real_tokenizers
 from tests.real_tokenizers import mistral_v1, mistral_v1_json
 
@@ -228,6 +228,8 @@ CHAT_CARDS = {
     "Skywork/Skywork-Reward-V2-Llama-3.1-8B": ("llama3.1", _skywork_v2),
     "Skywork/Skywork-Reward-V2-Llama-3.2-1B": ("llama3.2", _skywork_v2),
     "Skywork/Skywork-Reward-V2-Qwen3-8B": ("qwen3-latest", _skywork_v2),
+    "nvidia/Qwen-2.5-Nemotron-32B-Reward": ("qwen2.5", _template_ids),
+    "nvidia/Qwen-3-Nemotron-32B-Reward": ("qwen3-latest", _template_ids),
     "infly/INF-ORM-Llama3.1-70B": ("llama3.1", _template_ids),
     "ShikaiChen/LDL-Reward-Gemma-2-27B-v0.1": ("gemma2", _template_ids),
 }
@@ -277,6 +279,26 @@ def test_chat_families_read_their_model_cards_ids(chat_folders, spec_name):
     assert n_bos == in_template + (adds if card in (_encode_plus_text, _tokenizer_text, _skywork_v1) else 0) == (
         1 if card is _skywork_v1 else n_bos)
     assert fam == "llama3" or fam.startswith("qwen") or adds == 1
+
+
+def test_qwen3_nemotron_reads_the_non_thinking_form_of_its_template(chat_folders):
+    """nvidia/Qwen-3-Nemotron-32B-Reward was trained with a "nothink" instruction (its card); rm-probe reads the
+    checkpoint's own template, whose last assistant turn carries the empty thinking block, the form
+    ``enable_thinking=False`` gives: the same ids with or without it, the block right before the response, and
+    the response's slot after it (so a swept token is the whole answer, not a thought)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_folders["qwen3-latest"])
+    conv = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "Love"}]
+    text = tok.apply_chat_template(conv, tokenize=False)
+    assert text == tok.apply_chat_template(conv, tokenize=False, enable_thinking=False)
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nLove<|im_end|>\n")
+    spec = REGISTRY["nvidia/Qwen-3-Nemotron-32B-Reward"]
+    assert spec.reader == DEFAULT.reader and "nothink" in spec.input_source and "unverified" in spec.input_source
+    family, replaces = family_template(spec, "ids")
+    lm_tok = load_tokenizer(str(chat_folders["qwen3-latest"]), None, False, family_template=family,
+                            family_replaces=replaces)
+    assert render(lm_tok, response_conversation(PROMPT), "Love") == tok(text)["input_ids"]
 
 
 def test_the_pair_preference_model_reads_its_readmes_input(chat_folders):

@@ -609,23 +609,45 @@ def test_allenai_rb2_ids_and_open_instruct_runs_resolve_to_the_classifier_spec()
     assert lookup("allenai/some-other-model")[1] == "default"
 
 
-def test_allenai_rb2_scores_sweep_and_social_equal_the_cards_classifier(tmp_path):
+def test_nvidia_qwen_nemotron_ids_resolve_to_their_classifier_specs():
+    """nvidia/Qwen-2.5- and Qwen-3-Nemotron-32B-Reward: sequence classifiers by their cards, not the Llama Nemotron
+    logit reader; each names what its input is read from."""
+    for name in ("nvidia/Qwen-2.5-Nemotron-32B-Reward", "nvidia/Qwen-3-Nemotron-32B-Reward"):
+        spec, match = lookup(name)
+        assert match == "id" and spec.name == name and spec.reader == "linear" and spec.unsupported is None
+        assert "AutoModelForSequenceClassification" in spec.input_source
+
+
+# (spec, base tokenizer, tiny config, its pad id): the classifiers read as their cards' AutoModelForSequenceClassification
+CLASSIFIERS = {RB2: ("llama3.1", "llama_config", 128004),
+               "nvidia/Qwen-2.5-Nemotron-32B-Reward": ("qwen2.5", "qwen2_config", None),
+               "nvidia/Qwen-3-Nemotron-32B-Reward": ("qwen3-latest", "qwen3_config", None)}
+
+
+@pytest.mark.parametrize("spec_name", list(CLASSIFIERS))
+def test_classifier_scores_sweep_and_social_equal_the_cards_classifier(tmp_path, spec_name):
+    """A tiny classifier of the family's architecture on its base's real tokenizer, read with the spec: whole
+    responses, a sweep and `probe social` equal ``AutoModelForSequenceClassification`` on the card's ids (the
+    checkpoint's template as ids, ``logits[0][0]``)."""
     import polars as pl
-    from transformers import AutoModelForSequenceClassification, LlamaForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
     from probe.commands.social import main
     from probe.social.loaders import NEUTRAL_PROMPT
     from tests import real_tokenizers, tiny
 
-    folder = tmp_path / "rb2"
-    tok = real_tokenizers.load("llama3.1", tmp_path / "tok")
+    base, config, pad = CLASSIFIERS[spec_name]
+    folder = tmp_path / "rm"
+    tok = real_tokenizers.load(base, tmp_path / "tok")
     torch.manual_seed(0)
-    model = LlamaForSequenceClassification(tiny.llama_config(tok, pad_token_id=128004)).eval()
+    cfg = getattr(tiny, config)(tok, pad_token_id=pad if pad is not None else tok.pad_token_id)
+    cfg.num_labels = 1
+    model = AutoModelForSequenceClassification.from_config(cfg).eval()
     with torch.no_grad():
         model.score.weight.normal_(0, 1.0)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    lm = probe.load(str(folder), device="cpu", spec=RB2)
+    lm = probe.load(str(folder), device="cpu", spec=spec_name)
     card = AutoModelForSequenceClassification.from_pretrained(folder).eval()
 
     def card_score(prompt: str, response: str) -> float:
@@ -648,7 +670,7 @@ def test_allenai_rb2_scores_sweep_and_social_equal_the_cards_classifier(tmp_path
     got = dict(zip(sweep["token_id"].to_list(), sweep["score"].to_numpy()))
     np.testing.assert_allclose([got[t] for t in ids], want, rtol=1e-4, atol=1e-4)
     data, sentences = crows_pair_file(tmp_path)
-    assert main(["--rm", str(folder), "--spec", RB2, "--device", "cpu", "--output", str(tmp_path / "out"),
+    assert main(["--rm", str(folder), "--spec", spec_name, "--device", "cpu", "--output", str(tmp_path / "out"),
                  "--dataset", "crows_pairs", "--data", str(data), "--no-progress"]) == 0
     (run,) = list((tmp_path / "out").glob("*/social_*"))
     scores = pl.read_parquet(run / "scores.parquet")
