@@ -30,7 +30,7 @@ PROMPTS = 3
 MEASURED = {"llama": "llama-3.1-8b", "gemma2": "gemma-2-27b"}
 
 
-def main() -> int:
+def main(out_path: Path = OUT) -> int:
     from transformers import AutoModelForSequenceClassification
 
     from probe.models.shapes import PAPER_RM_SHAPES, SHAPES, config_for
@@ -58,13 +58,13 @@ def main() -> int:
         rows.append(row)
     out = {"source": str(BENCH.relative_to(ROOT)), "device": bench["device"], "prompts": PROMPTS, "rows": rows,
            "total_s": totals, "speedup": totals["uncached"] / totals["shared"]}
-    OUT.with_suffix(".json").write_text(json.dumps(out, indent=1))
+    out_path.with_suffix(".json").write_text(json.dumps(out, indent=1))
     lines = ["| model | shape | vocabulary | shared prefix s/prompt | uncached s/prompt |", "|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['shape']} | {r['vocab']:,} | {r['shared_s_per_prompt']:.1f} | "
               f"{r['uncached_s_per_prompt']:.1f} |" for r in rows]
     lines.append(f"\nTen models x {PROMPTS} prompts: shared prefix {totals['shared'] / 60:.1f} min, uncached (the paper's "
                  f"method) {totals['uncached'] / 3600:.2f} h ({out['speedup']:.1f}x), weights' loading not counted.")
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -167,3 +167,26 @@ def test_the_result_page_names_every_number(tmp_path):
                  "benchmark `social` failed: RuntimeError: x",
                  "| llama-3.1-8b | shared | 4,096 | 2048 vs 683, 512 | 0.0625 | 31 | True | False | False |"):
         assert text in page, text
+
+
+def test_the_paper_study_projection_reproduces_the_measured_sweeps(tmp_path):
+    """experiments/project_paper_study.py projects each of the paper's ten models from the GPU run's bench.json: for
+    the two shapes the run measured (Llama-3.1-8B, Gemma-2-27B) the projection must give back the measured seconds
+    (FLOPs, vocabulary and new tokens per row as the benchmark counted them), and the totals are the rows' sums."""
+    import json
+
+    from experiments import project_paper_study as proj
+
+    proj.main(tmp_path / "projection")
+    out = json.loads((tmp_path / "projection.json").read_text())
+    bench = json.loads(proj.BENCH.read_text())["results"]["sweep"]
+    by = {r["hub_id"]: r for r in out["rows"]}
+    assert len(by) == 10
+    for hub, shape in (("Skywork/Skywork-Reward-Llama-3.1-8B-v0.2", "llama-3.1-8b"),
+                       ("Skywork/Skywork-Reward-Gemma-2-27B", "gemma-2-27b")):
+        for path in ("shared", "uncached"):
+            assert by[hub][f"{path}_s_per_prompt"] == pytest.approx(bench[shape]["paths"][path]["seconds"], rel=1e-6)
+    for path in ("shared", "uncached"):
+        assert out["total_s"][path] == pytest.approx(3 * sum(r[f"{path}_s_per_prompt"] for r in out["rows"]))
+    small = by["Ray2333/GRM-Llama3.2-3B-rewardmodel-ft"]["shared_s_per_prompt"]
+    assert 0 < small < by["Skywork/Skywork-Reward-Llama-3.1-8B-v0.2"]["shared_s_per_prompt"]
