@@ -179,3 +179,28 @@ def test_a_tokenizer_without_the_separator_is_one_line(folder, tmp_path):
     lm = probe.load(str(other), device="cpu", trust_remote_code=True)
     with pytest.raises(ProbeError, match="step separator '<extra_0>' is not one token"):
         probe.score_responses(lm, None, QUERY, ["12"])
+
+
+def test_trace_is_the_cards_step_reward_of_each_cut_response(lm, card):
+    """``probe trace`` of a process reward model: each prefix row is the card's step reward of the response cut
+    there, the separator appended after the cut (the step it would be); the complete row is the whole response's.
+    Old code read each prefix on the plain one-forward path, whose rows hold no separator: an error, no trace."""
+    from probe.core.trace import trace
+
+    text = "She has 18 - 6 = 12 flamingos left."
+    df, _ = trace(lm, "reward", QUERY, [text])
+    prefix = df.filter(pl.col("kind") == "prefix")
+    assert set(df["method"].to_list()) == {"each prefix closed"}
+    tok = card.tokenizer
+    ids = prefix["token_id"].to_list()
+    checked = 0
+    for k in range(1, len(ids) + 1):
+        cut = tok.decode(ids[:k])
+        if tok.encode(cut, add_special_tokens=False) != ids[:k]:
+            continue
+        (want,) = card(QUERY, [cut])
+        assert prefix["score"][k - 1] == pytest.approx(want, **F32_FORWARD), (k, cut)
+        checked += 1
+    assert checked >= 8 and prefix["score"].std() > 1e-4
+    complete = df.filter(pl.col("kind") == "complete")["score"][0]
+    assert complete == pytest.approx(card(QUERY, [text])[0], **F32_FORWARD)
