@@ -316,3 +316,26 @@ def test_the_principle_models_trace_asks_the_principle_after_each_cut_response(f
     assert complete == pytest.approx(card_principle_reward(model, tok, PROMPT, text, "conciseness"),
                                      **tiny.F32_FORWARD)
     assert prefix["score"][-1] == pytest.approx(complete, **tiny.F32_FORWARD)  # the whole response, cut nowhere
+
+
+def test_the_paper_route_asks_the_principle(folders, tmp_path):
+    """``probe score --input-method paper`` on the principle model: each token's row is the paper's decode-render-
+    re-tokenize input of the card's conversation, the principle question asked after the response, read as the card
+    reads it (Yes minus No at the last position). Old code rendered the paper's texts without the question (the
+    conversation built without the model), read after the assistant's end of turn."""
+    from probe.commands.score import main
+
+    assert main(["--rm", str(folders[PRINCIPLE]), "--prompt", PROMPT, "--input-method", "paper", "--limit", "24",
+                 "--principle", "brevity", "--device", "cpu", "--output", str(tmp_path), "--no-progress"]) == 0
+    (scores,) = list(tmp_path.glob("*/*/scores.parquet"))
+    df = pl.read_parquet(scores)
+    model, tok = _card_model(folders[PRINCIPLE])
+    question = REGISTRY[PRINCIPLE].principle_question.replace("{principle}", "brevity")
+    for tid, score in df.select("token_id", "score").head(6).iter_rows():
+        messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": tok.decode([tid])},
+                    {"role": "user", "content": question}]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = torch.tensor([tok(text)["input_ids"]])  # the paper's route: the text through tokenizer(text)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, -1]
+        assert score == pytest.approx(float(logits[9642] - logits[2822]), **tiny.F32_FORWARD), tid
