@@ -82,6 +82,8 @@ class TraceConfig(ModelOptions):
             raise ValueError("--input-method is ids or rewardbench")
         if self.score not in ("auto", "reward", "logprob"):
             raise ValueError(f"--score {self.score}: {NO_JUDGE}")
+        if self.unit_test is not None:  # a unit-test judge's criterion: read as a rating, which has no trace
+            raise ValueError(f"--unit-test goes with a unit-test judge (LMUnit), read as a rating: {NO_JUDGE}")
         if self.date is not None:
             resolve_date(self.date)
 
