@@ -204,3 +204,16 @@ def test_trace_is_the_cards_step_reward_of_each_cut_response(lm, card):
     assert checked >= 8 and prefix["score"].std() > 1e-4
     complete = df.filter(pl.col("kind") == "complete")["score"][0]
     assert complete == pytest.approx(card(QUERY, [text])[0], **F32_FORWARD)
+
+
+def test_the_rewardbench_route_is_refused_in_one_line(folder):
+    """RewardBench 0.1.4 has no pipeline for a process reward model (its default would load a sequence classifier's
+    random head on the checkpoint), so ``--input-method rewardbench`` has nothing to reproduce: one line, before the
+    weights load. Old code scored a third input, neither RewardBench's nor the card's: the step head without the
+    card's system prompt (the template's default system turn; tiny model, response '12': 0.703 against the card's
+    0.274)."""
+    import probe
+    from probe.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="--input-method rewardbench: RewardBench 0.1.4 has no pipeline"):
+        probe.load(str(folder), device="cpu", trust_remote_code=True, input_method="rewardbench")
