@@ -7,7 +7,9 @@
 
 For each response: the score of every prefix of it (the assistant turn cut after each token, without the
 end-of-turn ids) and of the complete response. Reward heads and log-probabilities take one forward per response;
-the families whose score is the model's own forward (encoders, remote code) re-score every prefix, and say so.
+the families whose score is the model's own forward (encoders, remote code) re-score every prefix, and say so; a
+principle model and a process reward model score every prefix closed as a whole response (its principle asked, its
+step separator appended after it), and say so.
 
 With ``--gcg`` or ``--social`` the trace is scored as the run was: its model (from the run's own model record,
 checked by its weights), score mode, log-probability reduction, input method, reference model and beta, system
@@ -82,6 +84,8 @@ class TraceConfig(ModelOptions):
             raise ValueError("--input-method is ids or rewardbench")
         if self.score not in ("auto", "reward", "logprob"):
             raise ValueError(f"--score {self.score}: {NO_JUDGE}")
+        if self.unit_test is not None:  # a unit-test judge's criterion: read as a rating, which has no trace
+            raise ValueError(f"--unit-test goes with a unit-test judge (LMUnit), read as a rating: {NO_JUDGE}")
         if self.date is not None:
             resolve_date(self.date)
 

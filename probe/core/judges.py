@@ -189,6 +189,10 @@ class AnswerPrefix(WrappedConversation):
         ids = render(tokenizer, self.build, response)
         return ids + (tokenizer.encode(self.text, add_special_tokens=False) if self.text else [])
 
+    @property
+    def text_after(self) -> str:
+        return self.text
+
 
 def rating_conversation(judge: JudgePrompt, prompt: str, system: str | None, date_string: str):
     """The rating layout: one user turn with the prompt and the response, the assistant's turn opened."""

@@ -33,10 +33,11 @@ def rendered_texts(tokenizer, build: ConversationBuilder, responses: Sequence[st
     """Each response rendered into the conversation as text (no per-item function call: this runs over whole
     vocabularies)."""
     kwargs = template_kwargs(build)
+    after = getattr(build, "text_after", "")  # a judge's answer prefix: the answer starts there
     out = []
     for response in responses:
         messages, gen = build(response)
-        out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kwargs))
+        out.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen, **kwargs) + after)
     return out
 
 

@@ -106,8 +106,9 @@ class VocabSweep:
 
         if self.loaded.pairwise is not None:
             raise ProbeError("--input-method text re-tokenizes a chat template; a pairwise model's input is not one")
+        # the model's own conversation (a principle model's question after the response, a card's system prompt)
         build = conversation(self.config.mode, prompt.text, prompt.system_or(self.config.system),
-                             self.config.scoring_options())
+                             self.config.scoring_options(), self.loaded)
         source = PaperRows(self.loaded.tokenizer, build, self.token_ids, split)
         self.paper_info[prompt.key] = {"prefix_ids": source.prefix_ids,
                                        "prefix_text": self.loaded.tokenizer.decode(source.prefix_ids),

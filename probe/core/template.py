@@ -115,6 +115,12 @@ class WrappedConversation:
     def template_kwargs(self) -> dict[str, str]:
         return template_kwargs(self.build)
 
+    @property
+    def text_after(self) -> str:
+        """Text that follows the template's rendering as text (a judge's answer prefix), for the routes that render
+        text, not ids (the paper's: probe/core/paper_method.py)."""
+        return ""
+
 
 def response_conversation(prompt: str, system: str | None = None, date_string: str = DEFAULT_DATE) -> Conversation:
     """The reward-model and log-probability layout: the response is the assistant turn."""

@@ -10,6 +10,10 @@ ended). The last row, ``complete``, is the response's ordinary score, closing id
   log-probability trace is the cumulative sum (or running mean) of the response's token log-probabilities.
 * Families whose score is the model's own forward (encoders, remote code): every prefix re-scored through it
   (``method`` says "re-scored"), one forward per prefix.
+* Families whose score is read after the response's turn is closed (a principle model asks its principle after it; a
+  process reward model reads the step separator appended after it): every prefix closed as a whole response would be
+  (``r[:k]`` + the template's closing ids), each the card's score of the response cut there (``method`` says "each
+  prefix closed"), on the fast path, ``CHUNK`` prefixes a batch.
 * Pairwise models and the judge wrap the response in a question: a cut response would be another question; refused.
 
 `trace` takes whole responses (text), ``CHUNK`` at a time (`trace_chunk`); `trace_ids` takes ids (a GCG result's).
@@ -30,6 +34,7 @@ from probe.errors import ProbeError
 from probe.models.loading import LoadedModel
 
 CHUNK = 64  # responses per forward: the complete responses' batch and the prefixes' batch alike
+CLOSED = "each prefix closed"  # the trace method of a score read after the response's closing ids
 
 
 def trace_method(loaded: LoadedModel, mode: ScoreMode) -> str:
@@ -41,6 +46,8 @@ def trace_method(loaded: LoadedModel, mode: ScoreMode) -> str:
         raise ProbeError("a pairwise model scores a response against another one: a cut response has no trace here")
     if loaded.ref is not None:
         return "one forward per model"
+    if mode == "reward" and (loaded.principle is not None or loaded.spec.reader == "step"):
+        return CLOSED  # read after a question, or a separator, that follows the response: not at its k-th token
     return "one forward" if mode == "logprob" or loaded.spec.reader != "forward" else "re-scored"
 
 
@@ -58,7 +65,8 @@ def trace_ids(loaded: LoadedModel, mode: ScoreMode, prompt: str, response_ids: S
     head = make_head(loaded, mode, opts, response_in_prefix=split.scored_in_prefix)
     complete = float(build_scorer(loaded, head, list(split.prefix_ids)).score([ids + list(split.suffix_ids)])[0])
     scorers = _scorers(loaded, mode, opts, split.prefix_ids, split.scored_in_prefix, method)
-    return _rows(loaded, ids, _prefix_scores(loaded, scorers, [ids], method)[0], complete, method, label)
+    scores = _prefix_scores(loaded, scorers, [ids], method, split.suffix_ids)[0]
+    return _rows(loaded, ids, scores, complete, method, label)
 
 
 def _rows(loaded, ids: list[int], scores, full: float, method: str, label: str | None) -> pl.DataFrame:
@@ -80,17 +88,24 @@ def _scorers(loaded, mode, opts, prefix_ids, scored_in_prefix: int, method) -> l
     head = make_head(loaded, mode, opts, response_in_prefix=scored_in_prefix)
     if method == "re-scored":
         return [FullSequenceScorer(loaded.model, head, prefix, batch_size=1)]
+    if method == CLOSED:
+        return [build_scorer(loaded, head, prefix)]
     scorers = [PrefixScorer(loaded.model, head, prefix)]
     if loaded.ref is not None:
         scorers.append(PrefixScorer(loaded.ref.model, reference_head(loaded, head), prefix))
     return scorers
 
 
-def _prefix_scores(loaded, scorers, responses: list[list[int]], method) -> list[torch.Tensor]:
-    """Each response's prefix scores: re-scored one prefix at a time, or read from one batched forward per model
-    (batches of ``CHUNK`` responses)."""
+def _prefix_scores(loaded, scorers, responses: list[list[int]], method, suffix=()) -> list[torch.Tensor]:
+    """Each response's prefix scores: re-scored one prefix at a time; each prefix followed by the closing ids
+    ``suffix`` (`CLOSED`), ``CHUNK`` prefixes a batch; or read from one batched forward per model (batches of
+    ``CHUNK`` responses)."""
     if method == "re-scored":
         return [torch.stack([scorers[0].score([ids[: j + 1]])[0] for j in range(len(ids))]) for ids in responses]
+    if method == CLOSED:
+        closed = [[ids[: j + 1] + list(suffix) for j in range(len(ids))] for ids in responses]
+        return [torch.cat([scorers[0].score(rows[s : s + CHUNK]) for s in range(0, len(rows), CHUNK)])
+                for rows in closed]
     out = []
     for s in range(0, len(responses), CHUNK):
         part = [sc.score_prefixes(responses[s : s + CHUNK]) for sc in scorers]
@@ -126,6 +141,6 @@ def trace_chunk(loaded: LoadedModel, mode: ScoreMode, prompt: str, responses: Se
     scorers = _scorers(loaded, mode, opts, rows.prefix_ids, rows.scored_in_prefix, method)  # the split prepare made
     complete = score_rows(loaded, mode, rows, opts=opts, batch_size=CHUNK, verify=0)  # the whole responses, batched
     ids = [list(cont[:n]) for cont, n in zip(rows.continuations, rows.n_tokens)]
-    prefix_scores = _prefix_scores(loaded, scorers, ids, method)
+    prefix_scores = _prefix_scores(loaded, scorers, ids, method, rows.suffix_ids)
     return pl.concat([_rows(loaded, r, s, float(full), method, text)
                       for text, r, s, full in zip(rows.responses, ids, prefix_scores, complete)])

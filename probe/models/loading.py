@@ -382,6 +382,10 @@ def load_model(
         raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline that reads {model_id}'s "
                              "reward from its language-model logits (its default would load a sequence classifier's "
                              "random head); the model card's input is the default (--input-method ids)")
+    if input_method == "rewardbench" and kind == "reward" and spec.reader == "step":
+        raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline for {model_id} (a process "
+                             "reward model: its default would load a sequence classifier's random head); the model "
+                             "card's input is the default (--input-method ids)")
     if input_method == "rewardbench" and kind == "reward" and spec.chat_template == "text-pair":
         # an encoder: run_rm.py's raw concatenation (a language model takes run_dpo.py's inputs: _set_input_call)
         spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")

@@ -244,3 +244,19 @@ def test_unit_test_for_a_model_that_takes_none_is_one_line(capsys, tmp_path, rm,
     code = main(["--rm", rm, "--prompt", QUERY, "--output", str(tmp_path), "--device", "cpu", *args])
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and "--unit-test" in lines[0] and "Traceback" not in lines[0], lines
+
+
+def test_paper_route_keeps_the_outputs_start(family, tmp_path):
+    """``--input-method paper``: each token decoded, LMUnit's messages rendered as text, the output's start
+    ``{"score": `` after it, the whole text through the tokenizer (vLLM's call on the prompt, then the start as the
+    model writes it): each row equals LMUnit's reading. Old code dropped the answer prefix from the paper's texts and
+    read the rating right after the assistant's header, where LMUnit's model writes '{"' (a score of 0 there)."""
+    from probe.commands.score import main
+
+    _, folder, model, tok = family
+    assert main(["--rm", str(folder), "--prompt", QUERY, "--input-method", "paper", "--limit", "24", "--device", "cpu",
+                 "--output", str(tmp_path), "--no-progress"]) == 0
+    (scores,) = list(tmp_path.glob("*/*/scores.parquet"))
+    rows = pl.read_parquet(scores).sort("token_id").head(8)
+    want = [card_score(model, tok, prepare(tok, QUERY, tok.decode([t]))) for t in rows["token_id"].to_list()]
+    np.testing.assert_allclose(rows["score"].to_numpy(), want, rtol=F32_FORWARD["rel"], atol=F32_FORWARD["abs"])

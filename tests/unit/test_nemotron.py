@@ -288,3 +288,54 @@ def test_social_with_a_principle_and_its_trace_keep_the_principle(folders, socia
     assert trace_main(["--social", str(run), "--limit", "1", "--device", "cpu", "--out", str(tmp_path / "t")]) == 0
     traced = json.loads((tmp_path / "t" / "trace.json").read_text())["run_scores"]
     assert traced["n"] >= 1 and traced["equal_within_float32_tolerance"] is True, traced
+
+
+def test_the_principle_models_trace_asks_the_principle_after_each_cut_response(folders):
+    """Each prefix row of a principle model's trace is the card's Yes-minus-No reward of the response cut there, the
+    principle asked after it (the cut closes the assistant's turn; the question and the generation prompt follow). Old
+    code read the 'Yes' and 'No' logits at the cut response's last token, with no question asked: the model's next
+    token of the response, no score of the card's."""
+    from probe.core.trace import trace
+
+    lm = probe.load(str(folders[PRINCIPLE]), device="cpu", principle="conciseness")
+    model, tok = _card_model(folders[PRINCIPLE])
+    text = "Strawberry has three letters r in it."
+    df, _ = trace(lm, "reward", PROMPT, [text])
+    prefix = df.filter(pl.col("kind") == "prefix")
+    ids = prefix["token_id"].to_list()
+    checked = 0
+    for k in range(1, len(ids) + 1):
+        cut = tok.decode(ids[:k])
+        if cut != cut.strip() or tok.encode(cut, add_special_tokens=False) != ids[:k]:
+            continue  # the card re-encodes the text (the template trims it): compare where it gives these ids
+        want = card_principle_reward(model, tok, PROMPT, cut, "conciseness")
+        assert prefix["score"][k - 1] == pytest.approx(want, **tiny.F32_FORWARD), (k, cut)
+        checked += 1
+    assert checked >= 5
+    complete = df.filter(pl.col("kind") == "complete")["score"][0]
+    assert complete == pytest.approx(card_principle_reward(model, tok, PROMPT, text, "conciseness"),
+                                     **tiny.F32_FORWARD)
+    assert prefix["score"][-1] == pytest.approx(complete, **tiny.F32_FORWARD)  # the whole response, cut nowhere
+
+
+def test_the_paper_route_asks_the_principle(folders, tmp_path):
+    """``probe score --input-method paper`` on the principle model: each token's row is the paper's decode-render-
+    re-tokenize input of the card's conversation, the principle question asked after the response, read as the card
+    reads it (Yes minus No at the last position). Old code rendered the paper's texts without the question (the
+    conversation built without the model), read after the assistant's end of turn."""
+    from probe.commands.score import main
+
+    assert main(["--rm", str(folders[PRINCIPLE]), "--prompt", PROMPT, "--input-method", "paper", "--limit", "24",
+                 "--principle", "brevity", "--device", "cpu", "--output", str(tmp_path), "--no-progress"]) == 0
+    (scores,) = list(tmp_path.glob("*/*/scores.parquet"))
+    df = pl.read_parquet(scores)
+    model, tok = _card_model(folders[PRINCIPLE])
+    question = REGISTRY[PRINCIPLE].principle_question.replace("{principle}", "brevity")
+    for tid, score in df.select("token_id", "score").head(6).iter_rows():
+        messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": tok.decode([tid])},
+                    {"role": "user", "content": question}]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = torch.tensor([tok(text)["input_ids"]])  # the paper's route: the text through tokenizer(text)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, -1]
+        assert score == pytest.approx(float(logits[9642] - logits[2822]), **tiny.F32_FORWARD), tid

@@ -179,3 +179,41 @@ def test_a_tokenizer_without_the_separator_is_one_line(folder, tmp_path):
     lm = probe.load(str(other), device="cpu", trust_remote_code=True)
     with pytest.raises(ProbeError, match="step separator '<extra_0>' is not one token"):
         probe.score_responses(lm, None, QUERY, ["12"])
+
+
+def test_trace_is_the_cards_step_reward_of_each_cut_response(lm, card):
+    """``probe trace`` of a process reward model: each prefix row is the card's step reward of the response cut
+    there, the separator appended after the cut (the step it would be); the complete row is the whole response's.
+    Old code read each prefix on the plain one-forward path, whose rows hold no separator: an error, no trace."""
+    from probe.core.trace import trace
+
+    text = "She has 18 - 6 = 12 flamingos left."
+    df, _ = trace(lm, "reward", QUERY, [text])
+    prefix = df.filter(pl.col("kind") == "prefix")
+    assert set(df["method"].to_list()) == {"each prefix closed"}
+    tok = card.tokenizer
+    ids = prefix["token_id"].to_list()
+    checked = 0
+    for k in range(1, len(ids) + 1):
+        cut = tok.decode(ids[:k])
+        if tok.encode(cut, add_special_tokens=False) != ids[:k]:
+            continue
+        (want,) = card(QUERY, [cut])
+        assert prefix["score"][k - 1] == pytest.approx(want, **F32_FORWARD), (k, cut)
+        checked += 1
+    assert checked >= 8 and prefix["score"].std() > 1e-4
+    complete = df.filter(pl.col("kind") == "complete")["score"][0]
+    assert complete == pytest.approx(card(QUERY, [text])[0], **F32_FORWARD)
+
+
+def test_the_rewardbench_route_is_refused_in_one_line(folder):
+    """RewardBench 0.1.4 has no pipeline for a process reward model (its default would load a sequence classifier's
+    random head on the checkpoint), so ``--input-method rewardbench`` has nothing to reproduce: one line, before the
+    weights load. Old code scored a third input, neither RewardBench's nor the card's: the step head without the
+    card's system prompt (the template's default system turn; tiny model, response '12': 0.703 against the card's
+    0.274)."""
+    import probe
+    from probe.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="--input-method rewardbench: RewardBench 0.1.4 has no pipeline"):
+        probe.load(str(folder), device="cpu", trust_remote_code=True, input_method="rewardbench")

@@ -676,3 +676,23 @@ def test_classifier_scores_sweep_and_social_equal_the_cards_classifier(tmp_path,
     scores = pl.read_parquet(run / "scores.parquet")
     np.testing.assert_allclose(sorted(scores["score"].to_numpy()),
                                sorted(card_score(NEUTRAL_PROMPT, s) for s in sentences), rtol=1e-4, atol=1e-4)
+
+
+def test_worldpm_paper_route_keeps_the_cards_empty_system_turn(worldpm_dir, tmp_path):
+    """``--input-method paper`` renders WorldPM's own conversation (its card's empty system turn) before re-tokenizing:
+    each token's row equals the card's get_score on the decoded token's text. Old code rendered the paper's texts
+    without the model, so Qwen's default system prompt stood in the card's empty turn."""
+    from probe.commands.score import main
+
+    assert main(["--rm", str(worldpm_dir), "--spec", WORLDPM, "--trust-remote-code", "--prompt", PROMPT,
+                 "--input-method", "paper", "--limit", "12", "--device", "cpu", "--output", str(tmp_path),
+                 "--no-progress"]) == 0
+    import polars as pl
+    from transformers import AutoTokenizer
+
+    (scores,) = list(tmp_path.glob("*/*/scores.parquet"))
+    rows = pl.read_parquet(scores).head(4)
+
+    tok = AutoTokenizer.from_pretrained(worldpm_dir)
+    want = _worldpm_card(worldpm_dir, [_with_empty_system(PROMPT, tok.decode([t])) for t in rows["token_id"]])
+    np.testing.assert_allclose(rows["score"].to_numpy(), want, rtol=1e-4, atol=1e-4)

@@ -163,3 +163,15 @@ def test_the_units_of_work_are_one_processs_batches():
     assert [(p, len(w), text) for p, w, text in units] == [("A?", CHUNK, True), ("A?", CHUNK, True), ("A?", 2, True),
                                                           ("C?", 1, True), ("B?", 2, False)]
     assert [r for p, w, text in units[:3] for r in w] == many
+
+
+def test_a_unit_test_is_refused_by_trace_in_one_line(tiny_dirs, capsys, tmp_path):
+    """``--unit-test`` goes with a unit-test judge (LMUnit), read as a rating, which a trace refuses: one line, nothing
+    written. Old code accepted the option and traced the model without it (a trace that looked rated against it)."""
+    from probe.commands.trace import main as trace_main
+
+    capsys.readouterr()
+    assert trace_main(["--rm", tiny_dirs["rm"], "--response", "Love", "--unit-test", "Is it kind?",
+                       "--allow-random-head", "--device", "cpu", "--out", str(tmp_path / "t")]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "--unit-test" in err[0] and not (tmp_path / "t").exists()
