@@ -1,0 +1,114 @@
+"""Planted bugs, round 5 (experiments/planted_bugs.py --round 5): tests for the bugs the earlier tests let through in
+the newest families and features. Each is small and runs without a model where the rule it checks needs none."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+import torch
+
+from tests import rewardbench_code
+
+
+class _TextTokenizer:
+    """A tokenizer that keeps the texts it is given (what a pipeline's text is, before any vocabulary)."""
+
+    def __init__(self):
+        self.texts = []
+
+    def encode(self, text, max_length=None, truncation=None, **_):
+        self.texts.append(text)
+        return [0]
+
+
+def test_steamshp_post_is_every_turn_before_the_response_joined_by_spaces():
+    """SHPPipeline's post (its ``_extract_conversation``): the texts of the turns before the response, a system text
+    included, joined by single spaces; rm-probe's text is the pipeline's, in both orders."""
+    from probe.core.pairwise import Pairwise, PairwiseConversation
+
+    shp = rewardbench_code.load("shp").SHPPipeline
+    prompt, system, reference = "What is the best thing?", "Answer in one word.", "Nothing."
+    conv = [{"role": "system", "content": system}, {"role": "user", "content": prompt},
+            {"role": "assistant", "content": "Love"}]
+    post = shp._extract_conversation(None, conv, conv)
+    assert post == f"{system} {prompt}"
+    for order, (a, b) in enumerate((("Love", reference), (reference, "Love"))):
+        want = f"POST: {post}\n\n RESPONSE A: {a}\n\n RESPONSE B: {b}\n\n Which response is better? RESPONSE"
+        tok = _TextTokenizer()
+        PairwiseConversation(prompt, Pairwise("shp", reference), system, order).render_ids(tok, "Love")
+        assert tok.texts == [want]
+
+
+def test_starling7b_backbone_read_from_either_name_and_transformer_wins(tmp_path):
+    """GPTRewardModel saves its backbone twice (``model.model.`` and ``transformer.``, one module): a file holding
+    either name loads; where both are saved, ``transformer.``'s tensors are the ones kept (the card's
+    ``load_state_dict`` assigns both names to the one module, ``transformer`` last); the LM head is dropped."""
+    from probe.models.families import starling7b_state_dict
+
+    a, b, v = torch.zeros(2, 2), torch.ones(2, 2), torch.full((1, 2), 3.0)
+    torch.save({"model.model.layers.0.w": a, "transformer.layers.0.w": b, "v_head.weight": v,
+                "model.lm_head.weight": torch.ones(4, 2)}, tmp_path / "model.pt")
+    out = starling7b_state_dict(tmp_path)
+    assert set(out) == {"transformer.layers.0.w", "v_head.weight"}
+    assert torch.equal(out["transformer.layers.0.w"], b) and torch.equal(out["v_head.weight"], v)
+    only = tmp_path / "only"
+    only.mkdir()
+    torch.save({"model.model.layers.0.w": a, "v_head.weight": v}, only / "model.pt")
+    assert torch.equal(starling7b_state_dict(only)["transformer.layers.0.w"], a)
+
+
+def test_made_by_records_the_installed_version_of_every_library_that_shapes_a_folder():
+    """The cache's manifest (and so its folder name) names the installed transformers, tokenizers and gguf and
+    rm-probe's rules: a tokenizers upgrade that changes tokenizer.json's contents makes a new folder."""
+    from probe.models import embedded
+
+    def have(dist):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    assert embedded.made_by() == {"transformers": have("transformers"), "tokenizers": have("tokenizers"),
+                                  "gguf": have("gguf"), "rules": embedded.RULES}
+
+
+def _gemma_like(add_bos: bool, add_eos: bool) -> dict:
+    tokens = ["<pad>", "<eos>", "<bos>", "<unk>", "a", "b", "ab", "  ", "<mark>"]
+    return {"architecture": "gemma3", "model": "llama", "pre": "default", "merges": None, "tokens": tokens,
+            "token_type": [3, 3, 3, 2, 1, 1, 1, 4, 4], "add_bos_token": add_bos, "add_eos_token": add_eos,
+            "chat_template": None, "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>",
+            "pad_token": "<pad>"}
+
+
+@pytest.mark.parametrize("add_bos,add_eos", [(True, True), (True, False), (False, True)])
+def test_gguf_tokenizer_adds_bos_and_eos_as_the_file_says(add_bos, add_eos):
+    """BOS before a text where the file's ``add_bos_token`` says, EOS after it where ``add_eos_token`` says (the
+    packaged models' files set no EOS: a small SentencePiece-kind vocabulary stands in); a user-defined token is
+    matched whole, one made of spaces is not added (its respelling is in the vocabulary)."""
+    from probe.models.gguf_tokenizer import backend
+
+    tok = backend(_gemma_like(add_bos, add_eos))
+    assert tok.encode("ab<mark>").ids == [2] * add_bos + [6, 8] + [1] * add_eos
+    assert [t.content for t in tok.get_added_tokens_decoder().values() if not t.special] == ["<mark>"]
+
+
+def test_invariance_batches_make_the_third_odd():
+    """The odd size is a third of the batch made odd (its last batch a remainder), also where the third is even."""
+    from experiments.gpu_bench import invariance_batches
+
+    assert invariance_batches(300, 4096) == [300, 101, 75, 18]
+    assert all(b % 2 for b in (invariance_batches(n, 4096)[1] for n in (24, 96, 192, 600)))
+
+
+def test_batch_invariance_counts_a_tie_made_by_rounding_as_a_rank_change():
+    """Ranks as a sweep ranks them (``min`` on ties): a batch size whose rounding ties row 5 with row 4 moves row 5
+    up one rank; ties broken by position (``ordinal``) would count no change."""
+    from experiments.gpu_bench import batch_invariance
+
+    def score(x: torch.Tensor) -> torch.Tensor:
+        return -x[:, 0].float() + (x.shape[0] % 2) * (x[:, 0] == 5).float()
+
+    odd, even = batch_invariance(score, torch.arange(40).reshape(-1, 1), [20, 13, 10])["against"]
+    assert (odd["batch"], odd["max_abs_diff"], odd["rank_changes"], odd["bitwise"]) == (13, 1.0, 1, False)
+    assert (even["rank_changes"], even["bitwise"]) == (0, True)
