@@ -185,7 +185,7 @@ ROUND_5 = [
   ("logit reader drops logit_minus", "probe/core/scoring.py", "LogitRewardHead(model, spec.label_index, spec.logit_minus)", "LogitRewardHead(model, spec.label_index)", f"{_NEMO}::test_principle_scores_and_sweep_equal_the_cards_generate {_R5}"),
   ("logit reader accepts the id one past the vocabulary", "probe/core/heads.py", "if i is not None and not 0 <= i < vocab:", "if i is not None and not 0 <= i <= vocab:", f"{_NEMO}::test_the_reference_path_is_the_models_own_logit_and_a_bad_index_is_refused {_R5}"),
   ("--principle ignored for the card's", "probe/core/scoring.py", "question = fill(loaded.spec.principle_question, principle=loaded.principle)", "question = fill(loaded.spec.principle_question, principle=loaded.spec.principle)", f"{_NEMO}::test_principle_scores_and_sweep_equal_the_cards_generate {_R5}"),
-  ("principle not fingerprinted", "probe/config.py", '            key |= {"principle": self.principle}\n', "            pass\n", f"{_NEMO}::test_the_principle_is_recorded_in_meta_fingerprint_and_report {_R5}"),
+  ("principle not in the batch job key", "probe/config.py", '            key |= {"principle": self.principle}\n', "            pass\n", f"{_NEMO}::test_the_principle_is_recorded_in_meta_fingerprint_and_report {_R5}"),
   ("POLAR prompt cut from the right", "probe/core/pairwise.py", "p_ids = p_ids[-room:]", "p_ids = p_ids[:room]", f"{_POLAR}::test_long_inputs_are_cut_as_the_cards_client_cuts_them {_R5}"),
   ("POLAR candidate cut one id short", "probe/core/pairwise.py", "r2_ids[:POLAR_MAX_RESPONSE]\n", "r2_ids[:POLAR_MAX_RESPONSE - 1]\n", f"{_POLAR}::test_long_inputs_are_cut_as_the_cards_client_cuts_them {_R5}"),
   ("POLAR system text dropped", "probe/core/pairwise.py", 'prompt = self.prompt if not self.system else f"{self.system}\\n{self.prompt}"', "prompt = self.prompt", f"{_POLAR}::test_another_reference_and_a_system_text_follow_the_card {_R5}"),
@@ -210,7 +210,7 @@ ROUND_5 = [
   ("invariance: rank changes ranked ordinal", "experiments/gpu_bench.py", 'np.sum(rankdata(-s, method="min") != base_rank)', 'np.sum(rankdata(-s, method="ordinal") != base_rank)', f"{_INV}::test_batch_invariance_counts_what_moves {_R5}"),
   ("--list-models drops the default entry", "probe/commands/models.py", 'for spec in [*specs, REGISTRY["default"]]:', "for spec in specs:", f"tests/unit/test_list_models.py::test_every_entry_is_listed_with_its_input_source_or_its_refusal {_R5}"),
   ("labels name settings that do not differ", "probe/analysis/sweeps.py", "for k, q in enumerate(names) if q == n}) > 1", "for k, q in enumerate(names) if q == n}) >= 1", f"{_WR2}::test_labels_tell_runs_of_one_model_apart_by_what_differs {_R5}"),
-  ("random head seed not in the sweep key", "probe/config.py", 'key |= {"allow_random_head": True, "seed": self.seed}', 'key |= {"allow_random_head": True}', f"{_WR2}::test_a_sweep_with_another_seed_is_not_resumed {_R5}"),
+  ("random head seed not in the batch job key", "probe/config.py", 'key |= {"allow_random_head": True, "seed": self.seed}', 'key |= {"allow_random_head": True}', f"{_WR2}::test_a_batch_job_with_another_seed_is_not_skipped_as_done {_R5}"),
   ("weights identity drops the random head", "probe/models/loading.py", 'return replace(loaded, random_head={**loaded.random_head, "seed": drawn_from}) if loaded.random_head else loaded', "return loaded", f"{_WR2}::test_a_response_run_is_not_resumed_with_another_seeds_random_head {_R5}"),
 ]
 

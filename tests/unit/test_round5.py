@@ -4,6 +4,7 @@ the newest families and features. Each is small and runs without a model where t
 from __future__ import annotations
 
 import importlib.metadata
+import json
 
 import pytest
 import torch
@@ -112,3 +113,13 @@ def test_batch_invariance_counts_a_tie_made_by_rounding_as_a_rank_change():
     odd, even = batch_invariance(score, torch.arange(40).reshape(-1, 1), [20, 13, 10])["against"]
     assert (odd["batch"], odd["max_abs_diff"], odd["rank_changes"], odd["bitwise"]) == (13, 1.0, 1, False)
     assert (even["rank_changes"], even["bitwise"]) == (0, True)
+
+
+def test_a_principle_is_part_of_the_batch_job_key():
+    """Two principles are two batch jobs (a job done under one is not skipped as done under another), as two
+    unit tests are; without one, the key is the one it was before principles existed."""
+    from probe.config import ScoreVocabConfig
+
+    keys = [ScoreVocabConfig(rm="m", prompt=("Hi",), principle=p).job_key() for p in (None, "honesty", "brevity")]
+    assert keys[1]["principle"] == "honesty" and "principle" not in keys[0]
+    assert len({json.dumps(k, sort_keys=True) for k in keys}) == 3
