@@ -123,3 +123,18 @@ def test_a_principle_is_part_of_the_batch_job_key():
     keys = [ScoreVocabConfig(rm="m", prompt=("Hi",), principle=p).job_key() for p in (None, "honesty", "brevity")]
     assert keys[1]["principle"] == "honesty" and "principle" not in keys[0]
     assert len({json.dumps(k, sort_keys=True) for k in keys}) == 3
+
+
+def test_lmunit_counts_a_rating_that_is_exactly_the_kth_most_likely_token():
+    """LMUnit's postprocess reads the ratings among vLLM's top k log-probabilities: the k-th token is one of them
+    (k = 3: the best token a rating, a word second, a rating third; the fourth, a rating, left out)."""
+    import math
+
+    from probe.core.heads import RatingHead
+
+    head = RatingHead(torch.nn.Identity(), [1, 2, 3], [1, 2, 3])
+    head.top_k = 3
+    logits = torch.full((1, 8), -10.0)
+    logits[0, 1], logits[0, 5], logits[0, 2], logits[0, 3] = 5.0, 4.0, 3.0, 1.0
+    want = (1 * math.exp(5) + 2 * math.exp(3)) / (math.exp(5) + math.exp(3))
+    assert head._top_k_rating(logits).item() == pytest.approx(want, rel=1e-6)
