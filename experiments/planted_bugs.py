@@ -248,7 +248,15 @@ NOTES = {4: [
   "| a resumed response run's `meta[\"batch_size\"] = batch_size` (this session's) | "
   "`test_round4_resume.py -k batch_size_it_started` | 1 failed |",
   "| its batcher from `config.batch_size or meta[\"batch_size\"]` | `test_round4_resume.py -k batch_size_it_started` "
-  "| 1 failed |"]}
+  "| 1 failed |"],
+  5: ["Each column's baseline (the tests failing without a bug) comes from one pytest run of every row's targets, not "
+      "one per row. The before column's first four rows ran before that change, the rest with `--only`; "
+      "the job-key rows were named for a fingerprint at first and the seed's row then aimed at the sweep's resume "
+      "test, not the batch runner's: rerun alone with the batch runner's test.",
+      "",
+      "A real bug found on the way (fixed, tested in test_batch_invariance.py::test_invariance_batches, which fails "
+      "on the old code): `experiments/gpu_bench.py`'s `invariance_batches` compared a batch of 3 against a batch "
+      "halved to 1 or 2 by memory, a batch that may not fit."]}
 
 
 def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
