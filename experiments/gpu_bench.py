@@ -133,9 +133,11 @@ TOP = 20
 
 def invariance_batches(ran: int, n: int) -> list[int]:
     """The batch sizes a batch-invariance check compares: the batch that ran (at most ``n``), a quarter and a
-    sixteenth of it, and an odd size (a third of it, made odd: its last batch is a remainder), largest first."""
+    sixteenth of it, and an odd size (a third of it, made odd: its last batch is a remainder), largest first; none
+    above the batch that ran (after halving on an out-of-memory error it may be 1 or 2: a batch of 3 may not fit)."""
     base = max(1, min(ran, n))
-    return sorted({base, max(1, base // 4), max(1, base // 16), max(3, base // 3) | 1}, reverse=True)
+    sizes = {base, max(1, base // 4), max(1, base // 16), max(3, base // 3) | 1}
+    return sorted((b for b in sizes if b <= base), reverse=True)
 
 
 def batch_invariance(score, rows: torch.Tensor, batches: list[int]) -> dict:

@@ -5,6 +5,8 @@ time, and check that the tests named beside each fail on it.
     python -m experiments.planted_bugs --round 2  # issue 33's: before/after, experiments/results/planted_bugs_round2.md
     python -m experiments.planted_bugs --round 3  # issue 46's: the same, experiments/results/planted_bugs_round3.md
     python -m experiments.planted_bugs --round 4  # issue 57's: the same, experiments/results/planted_bugs_round4.md
+    python -m experiments.planted_bugs --round 5  # the newest families and features: planted_bugs_round5.md
+    python -m experiments.planted_bugs --round 5 --side after  # the after column again, the before one kept
     python -m experiments.planted_bugs --round 3 --only "DPO split one id late"  # that row again, the others kept
 
 Each row: the bug, the file, the line as it is, the line as planted, and the tests that must fail.
@@ -166,6 +168,53 @@ ROUND_4 = [
 ]
 
 
+# Round 5: the newest families and features, which no earlier round planted bugs in: the Nemotron logit reader and
+# its principle, POLAR's pairwise text, the PRM step reader, LMUnit's top-k rating, the Starling-7B, SteamSHP,
+# Better-PairRM and WorldPM readers, rm-probe's own GGUF tokenizer, the versioned model cache (made_by.json), the GPU
+# benchmark's batch invariance, --list-models, run labels (two runs of one id) and the seed in the fingerprint.
+BEFORE_ROUND_5 = "1d9bff0"
+_NEMO, _POLAR, _PRM, _LMU, _REF = ("tests/unit/test_nemotron.py", "tests/unit/test_polar.py", "tests/unit/test_prm.py",
+                                   "tests/unit/test_lmunit.py", "tests/unit/test_refused_families.py")
+_PACK, _INV, _WR2 = ("tests/unit/test_packaged_tokenizers.py", "tests/unit/test_batch_invariance.py",
+                     "tests/unit/test_wrong_results2.py")
+_R5 = "tests/unit/test_round5.py"
+_GGUF = (f"{_PACK}::test_merges_rule_on_a_small_vocabulary {_PACK}::test_rm_probes_tokenizer_is_the_newest_transformers_"
+         f"conversion {_R5}")
+ROUND_5 = [
+  ("logit reader adds the minus id's logit", "probe/core/heads.py", "else logits[:, 0] - logits[:, 1]", "else logits[:, 0] + logits[:, 1]", f"{_NEMO}::test_principle_scores_and_sweep_equal_the_cards_generate {_R5}"),
+  ("logit reader drops logit_minus", "probe/core/scoring.py", "LogitRewardHead(model, spec.label_index, spec.logit_minus)", "LogitRewardHead(model, spec.label_index)", f"{_NEMO}::test_principle_scores_and_sweep_equal_the_cards_generate {_R5}"),
+  ("logit reader accepts the id one past the vocabulary", "probe/core/heads.py", "if i is not None and not 0 <= i < vocab:", "if i is not None and not 0 <= i <= vocab:", f"{_NEMO}::test_the_reference_path_is_the_models_own_logit_and_a_bad_index_is_refused {_R5}"),
+  ("--principle ignored for the card's", "probe/core/scoring.py", "question = fill(loaded.spec.principle_question, principle=loaded.principle)", "question = fill(loaded.spec.principle_question, principle=loaded.spec.principle)", f"{_NEMO}::test_principle_scores_and_sweep_equal_the_cards_generate {_R5}"),
+  ("principle not in the batch job key", "probe/config.py", '            key |= {"principle": self.principle}\n', "            pass\n", f"{_NEMO}::test_the_principle_is_recorded_in_meta_fingerprint_and_report {_R5}"),
+  ("POLAR prompt cut from the right", "probe/core/pairwise.py", "p_ids = p_ids[-room:]", "p_ids = p_ids[:room]", f"{_POLAR}::test_long_inputs_are_cut_as_the_cards_client_cuts_them {_R5}"),
+  ("POLAR candidate cut one id short", "probe/core/pairwise.py", "r2_ids[:POLAR_MAX_RESPONSE]\n", "r2_ids[:POLAR_MAX_RESPONSE - 1]\n", f"{_POLAR}::test_long_inputs_are_cut_as_the_cards_client_cuts_them {_R5}"),
+  ("POLAR system text dropped", "probe/core/pairwise.py", 'prompt = self.prompt if not self.system else f"{self.system}\\n{self.prompt}"', "prompt = self.prompt", f"{_POLAR}::test_another_reference_and_a_system_text_follow_the_card {_R5}"),
+  ("POLAR scored in two orders", "probe/core/pairwise.py", '        return self.format != "polar"\n', "        return True\n", f"{_POLAR}::test_responses_equal_the_cards_code {_R5}"),
+  ("PRM reads one id before the separator", "probe/core/heads.py", "        return len(self.prefix_ids) + found\n", "        return len(self.prefix_ids) + found - 1\n", f"{_PRM}::test_sweep_equals_the_card_on_each_token {_R5}"),
+  ("PRM reads the negative class", "probe/core/heads.py", "        return torch.softmax(logits, -1)[:, 1]\n", "        return torch.softmax(logits, -1)[:, 0]\n", f"{_PRM}::test_score_responses_equal_the_cards_step_reward {_R5}"),
+  ("PRM separator after the end of turn", "probe/core/scoring.py", "return ids[: len(ids) - n] + [self.sep_id] + ids[len(ids) - n:]", "return ids + [self.sep_id]", f"{_PRM}::test_score_responses_equal_the_cards_step_reward {_R5}"),
+  ("WorldPM's empty system turn dropped", "probe/core/scoring.py", "opts.date_string, keep_empty_system=True)", "opts.date_string, keep_empty_system=False)", f"{_REF}::test_worldpm_scores_equal_the_cards_get_score {_R5}"),
+  ("LMUnit drops the k-th token", "probe/core/heads.py", "kept = rated >= kth", "kept = rated > kth", f"{_LMU}::test_the_top_k_reading_is_lmunits_postprocess {_R5}"),
+  ("LMUnit greedy rule dropped", "probe/core/heads.py", "torch.where(greedy & kept.any(-1), out,", "torch.where(kept.any(-1), out,", f"{_LMU}::test_the_top_k_reading_is_lmunits_postprocess {_R5}"),
+  ("LMUnit top-k reading dropped", "probe/core/heads.py", 'self.top_k = getattr(judge, "top_logprobs", None)', "self.top_k = None", f"{_LMU}::test_score_responses_equal_lmunits_code {_R5}"),
+  ("Starling-7B's model.model. wins over transformer.", "probe/models/families.py", "for prefix in reversed(STARLING7B_BACKBONES):", "for prefix in STARLING7B_BACKBONES:", f"{_REF}::test_starling7b_scores_equal_the_cards_code {_R5}"),
+  ("SteamSHP's labels swapped", "probe/core/scoring.py", 'single_ids(loaded.tokenizer, ["A", "B"], "SteamSHP', 'single_ids(loaded.tokenizer, ["B", "A"], "SteamSHP', f"{_REF}::test_steamshp_scores_sweep_and_social_equal_the_cards_generate {_R5}"),
+  ("SteamSHP's post joined by newlines", "probe/core/pairwise.py", 'post = " ".join(m["content"] for m in self(first)[0][:-1])', 'post = "\\n".join(m["content"] for m in self(first)[0][:-1])', f"{_REF}::test_steamshp_scores_sweep_and_social_equal_the_cards_generate {_R5}"),
+  ("Better-PairRM source cut on the right", "probe/core/pairwise.py", 'BETTER_PAIRRM_SOURCE_MAX - len(src), "left")', 'BETTER_PAIRRM_SOURCE_MAX - len(src), "right")', f"{_REF}::test_better_pairrm_scores_equal_its_pipeline {_R5}"),
+  ("GGUF merges shorter left piece first", "probe/models/gguf_tokenizer.py", "for cut in range(len(token) - 1, 0, -1):", "for cut in range(1, len(token)):", _GGUF),
+  ("GGUF space tokens added whole", "probe/models/gguf_tokenizer.py", "if kind == USER_DEFINED and respell(t) == t])", "if kind == USER_DEFINED])", _GGUF),
+  ("GGUF add_eos_token ignored", "probe/models/gguf_tokenizer.py", 'tail = [eos] if metadata["add_eos_token"] else []', "tail = []", _GGUF),
+  ("cache manifest not checked", "probe/models/embedded.py", "return manifest == made_by() and all(", "return all(", f"{_PACK}::test_a_cache_made_by_another_version_is_not_read {_R5}"),
+  ("cache key without the tokenizers version", "probe/models/embedded.py", '"tokenizers": have("tokenizers"), ', "", f"{_PACK}::test_the_folder_name_follows_every_version_that_shapes_it {_R5}"),
+  ("invariance batches: the odd size even", "experiments/gpu_bench.py", "max(3, base // 3) | 1}", "max(3, base // 3)}", f"{_INV}::test_invariance_batches {_R5}"),
+  ("invariance: rank changes ranked ordinal", "experiments/gpu_bench.py", 'np.sum(rankdata(-s, method="min") != base_rank)', 'np.sum(rankdata(-s, method="ordinal") != base_rank)', f"{_INV}::test_batch_invariance_counts_what_moves {_R5}"),
+  ("--list-models drops the default entry", "probe/commands/models.py", 'for spec in [*specs, REGISTRY["default"]]:', "for spec in specs:", f"tests/unit/test_list_models.py::test_every_entry_is_listed_with_its_input_source_or_its_refusal {_R5}"),
+  ("labels name settings that do not differ", "probe/analysis/sweeps.py", "for k, q in enumerate(names) if q == n}) > 1", "for k, q in enumerate(names) if q == n}) >= 1", f"{_WR2}::test_labels_tell_runs_of_one_model_apart_by_what_differs {_R5}"),
+  ("random head seed not in the batch job key", "probe/config.py", 'key |= {"allow_random_head": True, "seed": self.seed}', 'key |= {"allow_random_head": True}', f"{_WR2}::test_a_batch_job_with_another_seed_is_not_skipped_as_done {_R5}"),
+  ("weights identity drops the random head", "probe/models/loading.py", 'return replace(loaded, random_head={**loaded.random_head, "seed": drawn_from}) if loaded.random_head else loaded', "return loaded", f"{_WR2}::test_a_response_run_is_not_resumed_with_another_seeds_random_head {_R5}"),
+]
+
+
 def run_tests(copy: Path, tests: str, env: dict, deselect: tuple[str, ...] = ()) -> tuple[bool, str]:
     skip = " ".join(f"--deselect '{t}'" for t in deselect)
     proc = subprocess.run(f"{sys.executable} -m pytest -q -x -p no:cacheprovider {skip} {tests}", shell=True, cwd=copy,
@@ -182,7 +231,8 @@ def failing_without_a_bug(copy: Path, tests: str, env: dict) -> tuple[str, ...]:
     return tuple(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED "))
 
 
-ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3), 4: (ROUND_4, BEFORE_ROUND_4)}
+ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3), 4: (ROUND_4, BEFORE_ROUND_4),
+          5: (ROUND_5, BEFORE_ROUND_5)}
 
 # what a results file says below its table: round 4's check of the two bugs issue 57 names, planted by hand
 NOTES = {4: [
@@ -198,7 +248,15 @@ NOTES = {4: [
   "| a resumed response run's `meta[\"batch_size\"] = batch_size` (this session's) | "
   "`test_round4_resume.py -k batch_size_it_started` | 1 failed |",
   "| its batcher from `config.batch_size or meta[\"batch_size\"]` | `test_round4_resume.py -k batch_size_it_started` "
-  "| 1 failed |"]}
+  "| 1 failed |"],
+  5: ["Each column's baseline (the tests failing without a bug) comes from one pytest run of every row's targets, not "
+      "one per row. The before column's first four rows ran before that change, the rest with `--only`; "
+      "the job-key rows were named for a fingerprint at first and the seed's row then aimed at the sweep's resume "
+      "test, not the batch runner's: rerun alone with the batch runner's test.",
+      "",
+      "A real bug found on the way (fixed, tested in test_batch_invariance.py::test_invariance_batches, which fails "
+      "on the old code): `experiments/gpu_bench.py`'s `invariance_batches` compared a batch of 3 against a batch "
+      "halved to 1 or 2 by memory, a batch that may not fit."]}
 
 
 def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
@@ -214,18 +272,31 @@ def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
 
 
 def before_and_after(env: dict, number: int, only: tuple[str, ...] = (), out: Path | None = None,
-                     join: tuple[Path, ...] = ()) -> int:
+                     join: tuple[Path, ...] = (), side: str = "both") -> int:
     """Each bug of round ``number`` on a copy, its test files run as they were before the round and as they are
     now; ``only``: just the bugs of these names, the other rows kept as the results file (``out``) has them;
-    ``join``: no runs, the rows of these files (parts run at once) written into ``out``."""
+    ``join``: no runs, the rows of these files (parts run at once) written into ``out``; ``side``: ``before`` or
+    ``after`` runs that column only, the other kept as ``out`` has it (the before column, run while the round's
+    tests are written, need not be run again)."""
     bugs, before_rev = ROUNDS[number]
     out = out or RESULTS / f"planted_bugs_round{number}.md"
-    done = read_rows(out) if only or join else {}  # name -> row, from the last run
+    done = read_rows(out) if only or join or side != "both" else {}  # name -> row, from the last run
     for part in join:
         done |= read_rows(part)
     if join:
         only = ("(none: rows joined from parts run at the same time)",)
     baseline: dict[tuple[str, str], tuple[str, ...]] = {}  # (when, file or node id) -> tests failing without a bug
+    if number >= 5:  # every row's baseline in one pytest run per column (module fixtures built once, not per row)
+        targets = list(dict.fromkeys(f for name, *_, tests in bugs if not only or name in only for f in tests.split()))
+        for when in (w for w in ("before", "after") if side in ("both", w)):
+            with tempfile.TemporaryDirectory() as tmp:
+                copy = _copy(Path(tmp), when, before_rev)
+                there = [f for f in targets if (copy / f.split("::")[0]).is_file()]
+                failing = failing_without_a_bug(copy, " ".join(there), env) if there else ()
+                for f in there:
+                    baseline[when, f] = tuple(t for t in failing if t == f or t.startswith(
+                        f + ("[" if "::" in f else "::")))
+            print(f"{when}: failing without a bug: {[t for f in there for t in baseline[when, f]]}", flush=True)
     rows = []
     for name, path, old, new, tests in bugs:
         if only and name not in only:
@@ -233,17 +304,13 @@ def before_and_after(env: dict, number: int, only: tuple[str, ...] = (), out: Pa
             continue
         results = []
         for when in ("before", "after"):
+            if side not in ("both", when):  # this column as the last run left it
+                kept = done.get(name, (name, path, tests, "NOT CAUGHT: not run", "NOT CAUGHT: not run"))
+                results.append((kept[3 if when == "before" else 4].startswith("caught"),
+                                kept[3 if when == "before" else 4].split(": ", 1)[-1]))
+                continue
             with tempfile.TemporaryDirectory() as tmp:
-                copy = Path(tmp) / "repo"
-                shutil.copytree(ROOT, copy, symlinks=True, ignore=shutil.ignore_patterns(
-                    ".venv", ".git", "results", "__pycache__", "figures"))
-                if not (copy / "probe" / "kernels").exists():  # a worktree has it already, as a link
-                    (copy / "probe" / "kernels").symlink_to(copy / "kernels")
-                if when == "before":  # the test folder as it was, the code as it is
-                    shutil.rmtree(copy / "tests")
-                    archive = subprocess.run(["git", "archive", before_rev, "tests"], cwd=ROOT, capture_output=True,
-                                             check=True).stdout
-                    subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
+                copy = _copy(Path(tmp), when, before_rev)
                 files = " ".join(f for f in tests.split() if (copy / f.split("::")[0]).is_file())  # a file or a node id
                 fresh = [f for f in files.split() if (when, f) not in baseline]
                 if fresh:  # each file or node id's failures without a bug, found once per run of this script
@@ -271,11 +338,28 @@ def before_and_after(env: dict, number: int, only: tuple[str, ...] = (), out: Pa
         lines[5:5] = ["", "Joined (--join) from parts of the round run at the same time, each on its own rows."]
     elif only:
         lines[5:5] = ["", f"Rerun alone (--only) after the last full run: {', '.join(only)}."]
+    if side != "both":
+        lines[5:5] = ["", f"This run ran the {side} column; the other is the last run's (--side)."]
     lines += [f"| {n} | `{p}` | `{t}` | {b} | {a} |" for n, p, t, b, a in rows]
     lines += ["", *NOTES[number]] if number in NOTES else []
     out.write_text("\n".join(lines) + "\n")
     print(f"caught before: {before_caught} of {len(rows)}; after: {after_caught} of {len(rows)}")
     return 0 if after_caught == len(rows) else 1
+
+
+def _copy(tmp: Path, when: str, before_rev: str) -> Path:
+    """The repository copied under ``tmp``; ``when == "before"``: its test folder as it was at ``before_rev``."""
+    copy = tmp / "repo"
+    shutil.copytree(ROOT, copy, symlinks=True, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "results", "__pycache__", "figures"))
+    if not (copy / "probe" / "kernels").exists():  # a worktree has it already, as a link
+        (copy / "probe" / "kernels").symlink_to(copy / "kernels")
+    if when == "before":  # the test folder as it was, the code as it is
+        shutil.rmtree(copy / "tests")
+        archive = subprocess.run(["git", "archive", before_rev, "tests"], cwd=ROOT, capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
+    return copy
 
 
 def plant(copy: Path, path: str, old: str, new: str) -> bool:
@@ -291,20 +375,22 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4), default=1)
+    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5), default=1)
     parser.add_argument("--only", action="append", default=[], metavar="BUG",
-                        help="rounds 2-4: rerun this bug (by name) alone, keeping the results file's other rows")
-    parser.add_argument("--results", type=Path, help="rounds 2-4: the results file (default: "
+                        help="rounds 2-5: rerun this bug (by name) alone, keeping the results file's other rows")
+    parser.add_argument("--results", type=Path, help="rounds 2-5: the results file (default: "
                         "experiments/results/planted_bugs_round<N>.md); several parts of a round may run at once, each "
                         "with --only and a file of its own, then be joined by --join")
     parser.add_argument("--join", type=Path, action="append", default=[], metavar="FILE",
-                        help="rounds 2-4: write these parts' rows into the results file, running nothing")
+                        help="rounds 2-5: write these parts' rows into the results file, running nothing")
+    parser.add_argument("--side", choices=("both", "before", "after"), default="both",
+                        help="rounds 2-5: run only this column, keeping the other as the results file has it")
     args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RM_PROBE_SOCIAL_DATA": os.environ.get("RM_PROBE_SOCIAL_DATA", str(SHARED / "social")),
            "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release")),
            "RM_PROBE_VALUES_RELEASE": os.environ.get("RM_PROBE_VALUES_RELEASE", str(SHARED / "values-release"))}
     if args.round in ROUNDS:
-        return before_and_after(env, args.round, tuple(args.only), args.results, tuple(args.join))
+        return before_and_after(env, args.round, tuple(args.only), args.results, tuple(args.join), args.side)
     rows, missed = [], 0
     for name, path, old, new, tests in MUTS:
         with tempfile.TemporaryDirectory() as tmp:

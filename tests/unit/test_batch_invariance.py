@@ -89,3 +89,6 @@ def test_invariance_batches():
     assert invariance_batches(256, 4096) == [256, 85, 64, 16]
     assert invariance_batches(8192, 4096) == [4096, 1365, 1024, 256]  # never above the rows compared
     assert invariance_batches(4, 4096) == [4, 3, 1]
+    # a batch halved to 1 or 2 by memory: nothing larger is tried (before: a batch of 3 compared against)
+    assert invariance_batches(2, 4096) == [2, 1] and invariance_batches(1, 4096) == [1]
+    assert all(invariance_batches(r, 4096)[0] == r == max(invariance_batches(r, 4096)) for r in range(1, 40))
