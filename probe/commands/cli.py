@@ -1,4 +1,4 @@
-"""The ``probe`` (or ``rm-probe``) console script: ``probe score | gcg | social | analyze | report | batch``.
+"""The ``probe`` (or ``rm-probe``) console script: ``probe score | gcg | social | trace | analyze | report | batch``.
 
 Each subcommand is also runnable alone (``python -m probe.exhaustive``, ``python -m probe.gcg``, ...). User errors
 print one line and exit with status 2; an interrupted run says how to resume.
