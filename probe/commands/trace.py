@@ -80,12 +80,15 @@ class TraceConfig(ModelOptions):
             raise ValueError("--logprob-reduce is sum or mean")
         if self.input_method not in (None, "ids", "rewardbench"):
             raise ValueError("--input-method is ids or rewardbench")
-        if self.score not in ("auto", "reward", "logprob"):
+        if self.score in JUDGES:
             raise ValueError(f"--score {self.score}: {NO_JUDGE}")
+        if self.score not in ("auto", "reward", "logprob"):
+            raise ValueError(f"--score {self.score}: not a score mode a trace takes (auto, reward or logprob)")
         if self.date is not None:
             resolve_date(self.date)
 
 
+JUDGES = ("judge", "rating", "judge-pair")
 NO_JUDGE = ("a trace cuts the response after each token, and a judge's question (judge, rating, judge-pair) or a "
             "pairwise model's comparison would be cut with it: trace a reward model or a log-probability")
 
