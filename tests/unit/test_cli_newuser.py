@@ -24,3 +24,31 @@ def test_trace_judge_modes_keep_their_reason(capsys, tmp_path, mode):
 
     assert main(["--score", mode, "--response", "Love", "--out", str(tmp_path / "t")]) == 2
     assert "judge's question" in _one_line(capsys)
+
+
+def test_a_hub_data_set_on_an_unreachable_hub_fails_at_once(tmp_path, monkeypatch):
+    """As for models: the Hub checked once (3 s), then `datasets` offline, not 30 s of retries before the line."""
+    import socket
+
+    import datasets
+    from huggingface_hub import constants
+
+    from probe.errors import DataFormatError
+    from probe.social import hub
+    from probe.social.loaders import load
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf"))
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(var, "0")  # restored after the test: the check sets them
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "_UNREACHABLE", False, raising=False)
+
+    def unreachable(*args, **kwargs):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    with pytest.raises(DataFormatError, match="the Hub cannot be reached, so only caches were looked at") as err:
+        load("crows_pairs", "hf:nyu-mll/crows_pairs")
+    assert "\n" not in str(err.value) and "hf:nyu-mll/crows_pairs" in str(err.value)
+    assert datasets.config.HF_HUB_OFFLINE is True
