@@ -52,3 +52,11 @@ def test_a_hub_data_set_on_an_unreachable_hub_fails_at_once(tmp_path, monkeypatc
         load("crows_pairs", "hf:nyu-mll/crows_pairs")
     assert "\n" not in str(err.value) and "hf:nyu-mll/crows_pairs" in str(err.value)
     assert datasets.config.HF_HUB_OFFLINE is True
+
+
+@pytest.mark.parametrize("rows", ["0", "-5"])
+def test_report_rows_below_one_is_refused_before_reading_runs(capsys, tmp_path, rows):
+    from probe.commands.report import main
+
+    assert main([str(tmp_path / "no-run"), "--rows", rows, "--out", str(tmp_path / "r.html")]) == 2
+    assert "--rows must be >= 1" in _one_line(capsys) and not (tmp_path / "r.html").exists()
