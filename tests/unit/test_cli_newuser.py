@@ -60,3 +60,16 @@ def test_report_rows_below_one_is_refused_before_reading_runs(capsys, tmp_path, 
 
     assert main([str(tmp_path / "no-run"), "--rows", rows, "--out", str(tmp_path / "r.html")]) == 2
     assert "--rows must be >= 1" in _one_line(capsys) and not (tmp_path / "r.html").exists()
+
+
+def test_list_models_takes_words_to_filter_by(capsys):
+    """``probe --list-models skywork`` was argparse's "invalid choice: 'skywork'" for COMMAND."""
+    from probe.commands.cli import main
+    from probe.models.registry import REGISTRY
+
+    assert main(["--list-models", "SKYWORK", "qwen3"]) == 0
+    heads = [ln.split("  [")[0] for ln in capsys.readouterr().out.splitlines() if not ln.startswith(" ")]
+    want = sorted(n for n, s in REGISTRY.items() if "skywork" in n.lower() and "qwen3" in f"{n} {s.family}".lower())
+    assert want and sorted(heads) == want
+    assert main(["--list-models", "no-such-family"]) == 2
+    assert "no registry entry's id, family or reader contains that" in _one_line(capsys)
