@@ -34,3 +34,8 @@ def test_boolean_switches_off_by_default_stay_quiet(capsys):
     out = _help(capsys, ["score", "--help"])
     trust = out.split("--trust-remote-code, --no-trust-remote-code ")[1].split(" --")[0]
     assert "default" not in trust, trust
+
+
+@pytest.mark.parametrize("command", ["score", "gcg", "social", "trace"])
+def test_every_command_that_loads_a_model_takes_verbose(capsys, command):
+    assert "-v, --verbose" in _help(capsys, [command, "--help"])
