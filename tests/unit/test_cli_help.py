@@ -39,3 +39,15 @@ def test_boolean_switches_off_by_default_stay_quiet(capsys):
 @pytest.mark.parametrize("command", ["score", "gcg", "social", "trace"])
 def test_every_command_that_loads_a_model_takes_verbose(capsys, command):
     assert "-v, --verbose" in _help(capsys, [command, "--help"])
+
+
+def test_chat_template_help_names_every_shipped_template():
+    import re
+
+    from probe.commands.score import make_parser
+    from probe.models.chat_templates import template_names
+
+    action = next(a for a in make_parser()._actions if "--chat-template" in a.option_strings)
+    words = set(re.split(r"[\s,;:()]+", action.help))
+    missing = [name for name in template_names() if name not in words]
+    assert not missing, missing
