@@ -295,7 +295,8 @@ class GCGConfig(ModelOptions):
     topk: int = field(default=256, metadata={"help": "tokens kept per position from the gradient"})
     n_replace: int = field(default=1, metadata={"help": "positions swapped per candidate"})
     buffer_size: int = field(default=1, metadata={"help": "best sequences kept; each step starts from the best"})
-    patience: int | None = field(default=None, metadata={"help": "stop a run after this many steps without gain"})
+    patience: int | None = field(default=None, metadata={
+        "help": "stop a run after this many steps in a row without gain (default: none, every --steps step runs)"})
     seed: int = field(default=0, metadata={
         "help": "random seed (run k uses seed + k), and the seed of a random head (--allow-random-head)"})
     runs: int = field(default=1, metadata={"help": "independent restarts"})
@@ -320,7 +321,7 @@ class GCGConfig(ModelOptions):
     def __post_init__(self) -> None:
         self.check_reference()
         check_at_least(self, 1, "length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs")
-        check_at_least(self, 1, "beam")
+        check_at_least(self, 1, "beam", "patience")
         if self.n_replace > self.length:
             raise ValueError("--n-replace cannot exceed --length")
         if self.mode not in ("reward", "logprob", "judge"):

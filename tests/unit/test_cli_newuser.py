@@ -73,3 +73,11 @@ def test_list_models_takes_words_to_filter_by(capsys):
     assert want and sorted(heads) == want
     assert main(["--list-models", "no-such-family"]) == 2
     assert "no registry entry's id, family or reader contains that" in _one_line(capsys)
+
+
+def test_gcg_patience_below_one_is_refused(capsys, tmp_path):
+    """``--patience 0`` ran one step and stopped, as if "no patience" meant "stop at once"."""
+    from probe.commands.gcg import main
+
+    assert main(["--patience", "0", "--output", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert "--patience must be >= 1" in _one_line(capsys) and not (tmp_path / "out").exists()
