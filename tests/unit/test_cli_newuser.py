@@ -81,3 +81,39 @@ def test_gcg_patience_below_one_is_refused(capsys, tmp_path):
 
     assert main(["--patience", "0", "--output", str(tmp_path / "out"), "--no-progress"]) == 2
     assert "--patience must be >= 1" in _one_line(capsys) and not (tmp_path / "out").exists()
+
+
+def _unfinished_run(root, command):
+    import json
+
+    from probe.runs.rundir import model_runs_dir
+
+    run = model_runs_dir(root, "org/m") / "exhaustive_2026-01-01T00-00-00Z"
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text(json.dumps({
+        "experiment": "exhaustive", "status": "interrupted", "fingerprint": "old", "settings": {"n_tokens": 20000},
+        "environment": {"command": command}}))
+    return run
+
+
+def test_a_resume_with_other_settings_gives_the_runs_own_command(tmp_path):
+    """The advice was "pass its settings (or --resume DIR)", but --resume DIR does not take the run's settings: it
+    is refused the same way. The run's own command line, from its meta.json, continues it."""
+    from probe.runs.rundir import RunDir, ResumeError, check_resumable, no_match_message
+
+    command = "python -m probe.exhaustive --limit 20000 --prompt 'Hi?'"
+    run = _unfinished_run(tmp_path, command)
+    msg = no_match_message(tmp_path, "org/m", "exhaustive", {"n_tokens": 25000})
+    assert "20000 in the run, 25000 now" in msg and f"its own command: {command} --resume;" in msg, msg
+    assert f"--resume {run}" not in msg
+    with pytest.raises(ResumeError) as err:
+        check_resumable(RunDir(run), "new", {"n_tokens": 25000})
+    assert f"its own command: {command} --resume;" in str(err.value)
+
+
+def test_a_batch_jobs_run_is_continued_by_the_batch(tmp_path):
+    from probe.runs.rundir import no_match_message
+
+    _unfinished_run(tmp_path, "python -m probe.batch jobs.yaml")
+    msg = no_match_message(tmp_path, "org/m", "exhaustive", {"n_tokens": 25000})
+    assert "run the batch again" in msg and "jobs.yaml --resume" not in msg, msg
