@@ -117,3 +117,40 @@ def test_a_batch_jobs_run_is_continued_by_the_batch(tmp_path):
     _unfinished_run(tmp_path, "python -m probe.batch jobs.yaml")
     msg = no_match_message(tmp_path, "org/m", "exhaustive", {"n_tokens": 25000})
     assert "run the batch again" in msg and "jobs.yaml --resume" not in msg, msg
+
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(tiny_dirs):
+    import probe
+
+    return probe.load(tiny_dirs["lm"], device="cpu", score="logprob")
+
+
+@pytest.mark.parametrize("call", ["sweep", "score_responses", "trace", "load"])
+def test_api_misspelt_score_mode_is_an_error(tiny_lm, tiny_dirs, call):
+    """``probe.sweep(lm, None, prompt, score="rewrd")`` returned scores of another head, silently."""
+    import probe
+    from probe.errors import ProbeError
+
+    with pytest.raises(ProbeError, match=r"score='rewrd': not a score mode \(use auto, reward, logprob"):
+        if call == "load":
+            probe.load(tiny_dirs["lm"], device="cpu", score="rewrd")
+        elif call == "sweep":
+            probe.sweep(tiny_lm, None, PROMPT, limit=4, verify=0, score="rewrd")
+        else:
+            getattr(probe, call)(tiny_lm, None, PROMPT, ["Love"], score="rewrd")
+
+
+@pytest.mark.parametrize("call", ["score_responses", "trace"])
+def test_api_a_lone_string_is_one_response_not_its_characters(tiny_lm, call):
+    """``probe.score_responses(lm, None, prompt, "Love")`` scored 'L', 'o', 'v' and 'e'."""
+    import probe
+
+    one = getattr(probe, call)(tiny_lm, None, PROMPT, "Love")
+    listed = getattr(probe, call)(tiny_lm, None, PROMPT, ["Love"])
+    assert set(one["response"].to_list()) == {"Love"}
+    assert one.drop(*[c for c in one.columns if c == "method"]).equals(listed.drop(
+        *[c for c in listed.columns if c == "method"]))
