@@ -121,10 +121,10 @@ def make_parser(argv: list[str] | None = None, prog: str = "probe") -> argparse.
     ``argv`` None: every subcommand's full parser."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="probe --list-models [WORD ...]: every reward-model family rm-probe reads (or refuses), "
-                                            "how it reads it, and where each family's input comes from (with "
-                                            "words: the entries whose id, family or reader contains each, e.g. "
-                                            "probe --list-models skywork)")
+                                     epilog="probe --list-models [WORD ...]: every reward-model family rm-probe reads "
+                                            "(or refuses), how it reads it, and where each family's input comes "
+                                            "from (with words: the entries whose id, family or reader contains "
+                                            "each, e.g. probe --list-models skywork)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name, (module, help_) in SUBCOMMANDS.items():
