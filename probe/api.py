@@ -27,6 +27,20 @@ from probe.core.template import DEFAULT_DATE, JUDGE_QUESTION, resolve_date
 from probe.errors import ProbeError
 
 
+def _check_score(score: str) -> None:
+    """A misspelt score mode is an error, never a silent other score (it fell through to another head)."""
+    import typing
+
+    modes = ("auto", *typing.get_args(ScoreMode))
+    if score not in modes:
+        raise ProbeError(f"score={score!r}: not a score mode (use {', '.join(modes)})")
+
+
+def _responses(responses: str | Sequence[str]) -> list[str]:
+    """A lone string is one response (as a lone prompt is one prompt), not a list of its characters."""
+    return [responses] if isinstance(responses, str) else list(responses)
+
+
 def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dtype: str = "auto",
          revision: str | None = None, trust_remote_code: bool = False, chat_template: str | None = None,
          spec: str | None = None, label_index: int | None = None, device_map: str | None = None,
@@ -53,6 +67,7 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
     from probe.config import ModelOptions, check_rewardbench_dpo, resolve_score_mode
     from probe.models.loading import load_for_config, with_judge_pair
 
+    _check_score(score)
     mode = resolve_score_mode(score, rm, ref)
     judge_pair = mode == "judge-pair"
 
@@ -80,6 +95,7 @@ def _loaded(model, tokenizer, score: str):
     from probe.models.attention import use_trained_attention
     from probe.versions import check_versions
 
+    _check_score(score)
     check_versions()
     if isinstance(model, LoadedModel):
         loaded = model if tokenizer is None else replace(model, tokenizer=tokenizer)
@@ -136,7 +152,8 @@ def sweep(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], *, 
     return pl.concat([ranked_table(p, vs.token_ids, vs.score_prompt(p), vocab) for p in prompts])
 
 
-def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], responses: Sequence[str], *,
+def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str],
+                    responses: str | Sequence[str], *,
                     score: str = "auto", batch_size: int | None = None, verify: int = 4, system: str | None = None,
                     date: str = DEFAULT_DATE, logprob_reduce: str = "sum",
                     judge_question: str = JUDGE_QUESTION, systems=None, control: str = CONTROL,
@@ -153,7 +170,7 @@ def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str,
     loaded, mode = _loaded(model, tokenizer, score)
     opts = ScoringOptions(logprob_reduce, judge_question, resolve_date(date),  # type: ignore[arg-type]
                           _judge_prompt(mode, judge_prompt, unit_test, loaded.model_id))
-    prepared = [prepare(loaded, mode, p.key, p.text, list(responses), opts, p.system_or(system))
+    prepared = [prepare(loaded, mode, p.key, p.text, _responses(responses), opts, p.system_or(system))
                 for p in _grid(prompt, systems, control, system)]
     size = batch_size or response_batch_size(loaded, mode, prepared)
     return pl.concat([ranked_responses(rows, score_rows(loaded, mode, rows, opts=opts, batch_size=size, verify=verify))
@@ -177,8 +194,8 @@ def _grid(prompt, systems, control: str, system: str | None):
     return prompts if grid is None else persona_grid(prompts, grid, control, "systems")
 
 
-def trace(model, tokenizer, prompt: str, responses: Sequence[str], *, score: str = "auto", system: str | None = None,
-          date: str = DEFAULT_DATE, logprob_reduce: str = "sum") -> pl.DataFrame:
+def trace(model, tokenizer, prompt: str, responses: str | Sequence[str], *, score: str = "auto",
+          system: str | None = None, date: str = DEFAULT_DATE, logprob_reduce: str = "sum") -> pl.DataFrame:
     """Per-token reward traces (probe/core/trace.py): for each response, the score of every prefix of it (the
     assistant turn cut after each token), one forward per response for reward heads and log-probabilities, and the
     complete response's score: ``response, position, token_id, token, text_so_far, score, kind, method``.
@@ -189,7 +206,7 @@ def trace(model, tokenizer, prompt: str, responses: Sequence[str], *, score: str
 
     loaded, mode = _loaded(model, tokenizer, score)
     opts = ScoringOptions(logprob_reduce, JUDGE_QUESTION, resolve_date(date))  # type: ignore[arg-type]
-    return run_trace(loaded, mode, prompt, list(responses), opts, system)[0]
+    return run_trace(loaded, mode, prompt, _responses(responses), opts, system)[0]
 
 
 def gcg(model, tokenizer, prompt: str, *, score: str = "auto", config: GCGConfig | None = None, **settings):

@@ -115,8 +115,12 @@ class ModelOptions:
     revision: str | None = field(default=None, metadata={"help": "model revision (branch, tag or commit)"})
     trust_remote_code: bool = field(default=False, metadata={"help": "allow the model's own modelling code"})
     chat_template: str | None = field(default=None, metadata={
-        "help": "chat template for tokenizers without one: a shipped family template (llama3, llama3.1, llama3.2, "
-                "gemma2, gemma3, qwen2.5, qwen3), a Jinja file, or a tokenizer_config.json", "metavar": "NAME|FILE"})
+        "help": "chat template in place of the tokenizer's own (needed for a tokenizer without one): a shipped one "
+                "(a family's: llama3, llama3.1, llama3.2, gemma2, gemma3, qwen2.5, qwen3; a model card's dialogue "
+                "format: ultrarm-card, beaver-card, ziya-card, eurus-card, starling7b-card; RewardBench's: openbmb, "
+                "pku-align, ziya, raw, text-pair), a Jinja file, or a tokenizer_config.json (default: the "
+                "tokenizer's own, or the registry's for a family whose card feeds another format or a tokenizer "
+                "without one)", "metavar": "NAME|FILE"})
     spec: str | None = field(default=None, metadata={"help": "registry entry to use instead of the looked-up one"})
     label_index: int | None = field(default=None, metadata={"help": "output column of a multi-output reward head"})
     allow_random_head: bool = field(default=False, metadata={
@@ -291,7 +295,8 @@ class GCGConfig(ModelOptions):
     topk: int = field(default=256, metadata={"help": "tokens kept per position from the gradient"})
     n_replace: int = field(default=1, metadata={"help": "positions swapped per candidate"})
     buffer_size: int = field(default=1, metadata={"help": "best sequences kept; each step starts from the best"})
-    patience: int | None = field(default=None, metadata={"help": "stop a run after this many steps without gain"})
+    patience: int | None = field(default=None, metadata={
+        "help": "stop a run after this many steps in a row without gain (default: none, every --steps step runs)"})
     seed: int = field(default=0, metadata={
         "help": "random seed (run k uses seed + k), and the seed of a random head (--allow-random-head)"})
     runs: int = field(default=1, metadata={"help": "independent restarts"})
@@ -316,7 +321,7 @@ class GCGConfig(ModelOptions):
     def __post_init__(self) -> None:
         self.check_reference()
         check_at_least(self, 1, "length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs")
-        check_at_least(self, 1, "beam")
+        check_at_least(self, 1, "beam", "patience")
         if self.n_replace > self.length:
             raise ValueError("--n-replace cannot exceed --length")
         if self.mode not in ("reward", "logprob", "judge"):

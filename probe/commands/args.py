@@ -38,7 +38,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
         flags = [md.get("flag", "--" + f.name.replace("_", "-"))] + ([md["short"]] if "short" in md else [])
         tp = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        help_ = md["help"] + ("" if default in (None, (), False) else f" (default: {default})")
+        quiet = default is None or default is False or default == ()  # not `in`: a default of 0 equals False
+        help_ = md["help"] + ("" if quiet else f" (default: {default})")
         kw: dict[str, Any] = dict(dest=f.name, help=help_, default=argparse.SUPPRESS)
         literal = [a for a in typing.get_args(hints[f.name]) if typing.get_origin(a) is typing.Literal]
         choices = md.get("choices") or (typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is typing.Literal

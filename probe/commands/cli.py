@@ -1,4 +1,4 @@
-"""The ``probe`` (or ``rm-probe``) console script: ``probe score | gcg | social | analyze | report | batch``.
+"""The ``probe`` (or ``rm-probe``) console script: ``probe score | gcg | social | trace | analyze | report | batch``.
 
 Each subcommand is also runnable alone (``python -m probe.exhaustive``, ``python -m probe.gcg``, ...). User errors
 print one line and exit with status 2; an interrupted run says how to resume.
@@ -121,8 +121,10 @@ def make_parser(argv: list[str] | None = None, prog: str = "probe") -> argparse.
     ``argv`` None: every subcommand's full parser."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="probe --list-models: every reward-model family rm-probe reads (or refuses), "
-                                            "how it reads it, and where each family's input comes from")
+                                     epilog="probe --list-models [WORD ...]: every reward-model family rm-probe reads "
+                                            "(or refuses), how it reads it, and where each family's input comes "
+                                            "from (with words: the entries whose id, family or reader contains "
+                                            "each, e.g. probe --list-models skywork)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name, (module, help_) in SUBCOMMANDS.items():
@@ -135,11 +137,14 @@ def make_parser(argv: list[str] | None = None, prog: str = "probe") -> argparse.
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv == ["--list-models"]:
+    if argv[:1] == ["--list-models"]:
         from probe.commands.models import list_models
 
         try:
-            list_models()
+            list_models(words=tuple(argv[1:]))
+        except ProbeError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         except BrokenPipeError:  # `probe --list-models | head`: the reader had enough
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (nothing more is written; the interpreter closes it)
         return 0

@@ -30,6 +30,10 @@ class ReportConfig:
         "help": "response runs: a value dictionary (Big Two nouns CSV or MFD 2.0 .dicx) whose categories' median "
                 "ranks the page shows", "metavar": "FILE"})
 
+    def __post_init__(self) -> None:
+        if self.rows < 1:
+            raise ValueError("--rows must be >= 1")
+
 
 def main_from_args(ns: argparse.Namespace) -> int:
     from probe.report import single

@@ -543,7 +543,7 @@ def make_parser(subparsers=None) -> argparse.ArgumentParser:
     from probe.commands.cli import command_parser
 
     return command_parser(subparsers, "social", "social-preference benchmark", "python -m probe.social", __doc__,
-                          SocialConfig, main_from_args, verbose=False)
+                          SocialConfig, main_from_args)
 
 
 def main(argv: list[str] | None = None) -> int:

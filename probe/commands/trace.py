@@ -82,14 +82,17 @@ class TraceConfig(ModelOptions):
             raise ValueError("--logprob-reduce is sum or mean")
         if self.input_method not in (None, "ids", "rewardbench"):
             raise ValueError("--input-method is ids or rewardbench")
-        if self.score not in ("auto", "reward", "logprob"):
+        if self.score in JUDGES:
             raise ValueError(f"--score {self.score}: {NO_JUDGE}")
         if self.unit_test is not None:  # a unit-test judge's criterion: read as a rating, which has no trace
             raise ValueError(f"--unit-test goes with a unit-test judge (LMUnit), read as a rating: {NO_JUDGE}")
+        if self.score not in ("auto", "reward", "logprob"):
+            raise ValueError(f"--score {self.score}: not a score mode a trace takes (auto, reward or logprob)")
         if self.date is not None:
             resolve_date(self.date)
 
 
+JUDGES = ("judge", "rating", "judge-pair")
 NO_JUDGE = ("a trace cuts the response after each token, and a judge's question (judge, rating, judge-pair) or a "
             "pairwise model's comparison would be cut with it: trace a reward model or a log-probability")
 

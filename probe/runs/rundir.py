@@ -380,13 +380,24 @@ def check_resume_target(resume: str | None, experiment: str) -> None:
                           f"--resume {resume}")
 
 
+def resume_advice(meta: dict) -> str:
+    """How to continue a run whose settings differ from the ones given: its own command line (meta.json records
+    it) with ``--resume``; ``--resume DIR`` picks the run but does not take its settings."""
+    command = (meta.get("environment") or {}).get("command") or ""
+    if not command:
+        return "Pass the run's settings with --resume to continue it"
+    if "probe.batch" in command or " batch " in f" {command} ":
+        return f"It is a batch job ({command}): run the batch again to continue it"
+    return f"Continue it with its own command: {command}" + ("" if "--resume" in command.split() else " --resume")
+
+
 def check_resumable(run: RunDir, fp: str, settings: dict) -> dict:
     meta = run.read_meta()
     if meta.get("fingerprint") != fp:
         stored = {k: v for k, v in meta.get("settings", {}).items() if k in settings}
         diff = settings_diff(stored, settings) or ["unknown settings"]
-        raise ResumeError(f"{run.path} was made with other settings: {'; '.join(diff)}. Pass the run's settings "
-                          "to resume it, or start a new run without --resume")
+        raise ResumeError(f"{run.path} was made with other settings: {'; '.join(diff)}. {resume_advice(meta)}; or "
+                          "start a new run without --resume")
     return meta
 
 
@@ -398,8 +409,8 @@ def no_match_message(root: str | Path, model: str, experiment: str, settings: di
             stored = {k: v for k, v in meta.get("settings", {}).items() if k in settings}
             diff = settings_diff(stored, settings)
             return (f"--resume: the newest unfinished {experiment} run of {model}, {path}, was made with other "
-                    f"settings: {'; '.join(diff) or 'unknown'}. Pass its settings (or --resume {path}) to continue "
-                    "it, or run without --resume to start a new one")
+                    f"settings: {'; '.join(diff) or 'unknown'}. {resume_advice(meta)}; or run without --resume to "
+                    "start a new one")
     return (f"--resume: no unfinished {experiment} run of {model} under {root}; run without --resume to start one")
 
 

@@ -283,6 +283,9 @@ def read_folder(folder: Path, sel: Selection = Selection(), origin: str | None =
     return parts
 
 
+_UNREACHABLE = False  # set once this process found the Hub unreachable and went offline
+
+
 # --- Hub ids --------------------------------------------------------------------------------------------------------
 def _offline() -> bool:
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
@@ -305,8 +308,27 @@ def cached_snapshot(spec: HubSpec) -> tuple[Path, str] | None:
     return path, path.name
 
 
+def _offline_unless_reachable() -> bool:
+    """Before `datasets` asks the Hub: where the Hub cannot be reached (checked in 3 s, as for models), turn
+    `datasets` and huggingface_hub offline for this process, so an id in no cache fails at once instead of after
+    about 30 s of retries. Returns whether this check turned them offline."""
+    import sys
+
+    if _offline():
+        return False
+    from probe.models.loading import hub_or_offline
+
+    if hub_or_offline():
+        return False
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    if "datasets" in sys.modules:  # `datasets` reads the variable at import
+        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
+    return True
+
+
 def _missing(spec: HubSpec, why: str) -> DataFormatError:
-    hint = ("HF_DATASETS_OFFLINE is set, so only caches were looked at" if _offline()
+    hint = ("the Hub cannot be reached, so only caches were looked at" if _UNREACHABLE
+            else "HF_DATASETS_OFFLINE is set, so only caches were looked at" if _offline()
             else "set HF_DATASETS_OFFLINE=1 to look only at caches")
     return DataFormatError(f"--data {spec}: could not be read ({why}), and no copy is in the datasets cache or the "
                            f"Hub cache; {hint}. Download it where the Hub is reachable "
@@ -315,6 +337,8 @@ def _missing(spec: HubSpec, why: str) -> DataFormatError:
 
 def read_hub(spec: HubSpec, sel: Selection = Selection()) -> list[Part]:
     """Parts of a Hub data set: through `datasets` (Hub or its cache), else the Hub cache's snapshot."""
+    global _UNREACHABLE
+    _UNREACHABLE = _offline_unless_reachable() or _UNREACHABLE
     try:
         import datasets  # noqa: F401
     except ImportError:
