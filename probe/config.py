@@ -220,7 +220,8 @@ class ScoreVocabConfig(ModelOptions):
         "help": "build the model from its config on the meta device (no weights), print the memory per batch "
                 "row and the batch size it would pick, and stop"})
     device_memory: float | None = field(default=None, metadata={
-        "help": "GiB of device memory for --dry-run (default: the visible GPU's, else 80)"})
+        "help": "GiB of device memory for --dry-run (default: the visible GPU's, 80 where none is visible; with "
+                "--device cpu, this machine's RAM)"})
     devices: int | None = field(default=None, metadata={
         "help": "GPUs that --device-map spreads the model over, for --dry-run (default: the visible ones, else 1)"})
 

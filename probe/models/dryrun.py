@@ -122,15 +122,28 @@ def describe(p: dict) -> str:
     return "\n".join(lines)
 
 
+def host_memory_gib() -> float:
+    """This machine's physical memory (what a CPU run's batches live in); 80 where the system does not say."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (AttributeError, ValueError, OSError):
+        return 80.0
+
+
 def plan_for_config(config) -> dict:
-    """The plan for a sweep's settings on the named device type, without needing that device: GPU memory is the
-    visible card's, else --device-memory, else 80 GiB; CPU plans against --device-memory (default 80)."""
+    """The plan for a sweep's settings on the named device type, without needing that device: --device-memory,
+    else the visible card's memory for a GPU plan (80 GiB where none is visible), and this machine's RAM for a CPU
+    plan."""
     from probe.core.prompts import grid_for
     from probe.models.loading import resolve_dtype
     from probe.models.registry import lookup
 
     wants_gpu = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
     memory = config.device_memory
+    if memory is None and not wants_gpu:
+        memory = host_memory_gib()
     if memory is None:
         memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
     spec, _ = lookup(config.rm or "embedded")

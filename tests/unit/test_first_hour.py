@@ -320,8 +320,15 @@ def test_hub_warnings_once_and_a_fast_offline_failure(monkeypatch, capfd):
 def test_dry_run_on_cpu_plans_the_cpu_batch(capsys):
     from probe.commands.score import main
 
+    from probe.models.dryrun import host_memory_gib
+
     assert main(["--dry-run", "--device", "cpu"]) == 0
-    assert "batch size 256" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "batch size 256" in out
+    # the CPU plan is against this machine's RAM (it said "80 GiB of cpu memory", the GPU default), or --device-memory
+    assert f"on {host_memory_gib():g} GiB of cpu memory" in out
+    assert main(["--dry-run", "--device", "cpu", "--device-memory", "12"]) == 0
+    assert "on 12 GiB of cpu memory" in capsys.readouterr().out
 
 
 def test_figures_after_a_limited_run(tmp_path, capsys):
