@@ -115,6 +115,19 @@ def _close_progress_bars() -> None:
         bar.close()
 
 
+def _versions() -> str:
+    """From the installed packages' metadata (nothing imported): what a bug report needs first."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"rm-probe {of('rm-probe')} (torch {of('torch')}, transformers {of('transformers')})"
+
+
 def make_parser(argv: list[str] | None = None, prog: str = "probe") -> argparse.ArgumentParser:
     """The console script's parser. Only the subcommand named in ``argv`` gets its full parser (its module is
     imported); the others are listed by name and help line, so ``probe --help`` imports no library code.
@@ -125,6 +138,8 @@ def make_parser(argv: list[str] | None = None, prog: str = "probe") -> argparse.
                                             "(or refuses), how it reads it, and where each family's input comes "
                                             "from (with words: the entries whose id, family or reader contains "
                                             "each, e.g. probe --list-models skywork)")
+    parser.add_argument("--version", action="version", version=_versions(),
+                        help="rm-probe's version and the torch and transformers it runs with")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     named = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name, (module, help_) in SUBCOMMANDS.items():

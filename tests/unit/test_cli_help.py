@@ -51,3 +51,16 @@ def test_chat_template_help_names_every_shipped_template():
     words = set(re.split(r"[\s,;:()]+", action.help))
     missing = [name for name in template_names() if name not in words]
     assert not missing, missing
+
+
+def test_probe_version_names_rm_probe_torch_and_transformers(capsys):
+    from importlib.metadata import version
+
+    from probe.commands.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out == (f"rm-probe {version('rm-probe')} (torch {version('torch')}, "
+                   f"transformers {version('transformers')})")
