@@ -83,7 +83,26 @@ class AnalysisConfig:
 
 def _out_dir(config: AnalysisConfig) -> Path:
     path = Path(config.out or Path("results") / "analysis" / f"{config.analysis.replace('-', '_')}_{utc_stamp()}")
+    _refuse_another_analysis(path, config)
     return writable_dir(path, "--out")
+
+
+def _refuse_another_analysis(path: Path, config: AnalysisConfig) -> None:
+    """An --out that holds another analysis (another kind, runs or setting) would mix its files with this one's and
+    lose its summary.json: refused in one line. The same analysis again rewrites its own files."""
+    import json
+
+    old = path / "summary.json"
+    if not old.is_file():
+        return
+    try:
+        before = json.loads(old.read_text()).get("config")
+    except (OSError, ValueError, AttributeError):
+        before = None
+    if before != json.loads(json.dumps(asdict(config))):
+        what = f"{before.get('analysis')} of {len(before.get('runs') or [])} run(s)" if isinstance(before, dict) else "?"
+        raise ProbeError(f"--out {path} holds another analysis ({what}, its summary.json): give a new folder, "
+                         "or none for a fresh one under results/analysis/")
 
 
 def _prompt_keys(sweeps: list, prompt: str | None) -> dict[str, list[str]]:

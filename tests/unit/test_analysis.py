@@ -404,3 +404,21 @@ def test_agreement_group_tests_are_exact_and_holm_adjusted_by_hand():
     assert res.groups["family"]["p_holm"] == pytest.approx(2 * 6 / 90, abs=1e-12)
     assert res.groups["developer"]["p_holm"] == pytest.approx(min(1.0, p["developer"]), abs=1e-12)
     assert all(g["n_tests"] == 2 for g in res.groups.values())
+
+
+def test_an_out_folder_holding_another_analysis_is_refused(tmp_path, capsys):
+    """`probe analyze X --out DIR` into a folder where another analysis (another kind, or other settings) wrote its
+    files would mix them and replace its summary.json: one line, exit 2, the other analysis untouched. The same
+    analysis again rewrites its own files."""
+    tokens = [f"w{i}" for i in range(30)]
+    run = str(write_fake_run(tmp_path / "runs", "org/m", tokens, PROMPTS).path)
+    out = tmp_path / "out"
+    assert analyze_main(["top", run, "--out", str(out), "--top", "5"]) == 0
+    summary = (out / "summary.json").read_text()
+    assert analyze_main(["top", run, "--out", str(out), "--top", "5"]) == 0  # the same analysis: rewritten
+    for other in (["top", run, "--out", str(out), "--top", "7"], ["exposure", run, "--out", str(out)]):
+        capsys.readouterr()
+        assert analyze_main(other) == 2
+        err = capsys.readouterr().err
+        assert "holds another analysis (top of 1 run(s)" in err and len(err.strip().splitlines()) == 1
+    assert json.loads((out / "summary.json").read_text()) == json.loads(summary)
