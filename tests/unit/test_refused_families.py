@@ -624,7 +624,8 @@ CLASSIFIERS = {RB2: ("llama3.1", "llama_config", 128004),
                "nvidia/Qwen-3-Nemotron-32B-Reward": ("qwen3-latest", "qwen3_config", None)}
 
 
-@pytest.mark.parametrize("spec_name", list(CLASSIFIERS))
+@pytest.mark.parametrize("spec_name", [name if name == RB2 else pytest.param(name, marks=pytest.mark.slow)
+                                       for name in CLASSIFIERS])  # the Qwen ones in `make test-all` (the quick loop's time)
 def test_classifier_scores_sweep_and_social_equal_the_cards_classifier(tmp_path, spec_name):
     """A tiny classifier of the family's architecture on its base's real tokenizer, read with the spec: whole
     responses, a sweep and `probe social` equal ``AutoModelForSequenceClassification`` on the card's ids (the
