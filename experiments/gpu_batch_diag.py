@@ -22,14 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.gpu_bench import PROMPT, random_model  # noqa: E402
+from experiments.gpu_bench import PROMPT, random_model, scores_at  # noqa: E402
 
 BATCHES = (4096, 2048, 1024, 512, 256, 128)
-
-
-def scores_at(scorer, rows: torch.Tensor, batch: int) -> np.ndarray:
-    parts = [scorer.score(rows[i : i + batch]).float().cpu() for i in range(0, rows.shape[0], batch)]
-    return torch.cat(parts).numpy().astype(np.float64)
 
 
 def main(argv=None) -> int:
@@ -64,13 +59,13 @@ def main(argv=None) -> int:
             scorer = PrefixScorer(lm.model, head, split.prefix_ids, use_cache=True, shared_attention=path == "shared")
             for reduced in (True, False):
                 matmul.allow_bf16_reduced_precision_reduction = reduced
-                by = {b: scores_at(scorer, rows[: args.ids], b) for b in BATCHES}
+                by = {b: scores_at(scorer.score, rows[: args.ids], b) for b in BATCHES}
                 base = by[BATCHES[0]]
                 timed = rows[: args.timed]
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 t0 = time.perf_counter()
-                scores_at(scorer, timed, BATCHES[0])
+                scores_at(scorer.score, timed, BATCHES[0])
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 seconds = time.perf_counter() - t0

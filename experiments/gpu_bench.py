@@ -140,6 +140,12 @@ def invariance_batches(ran: int, n: int) -> list[int]:
     return sorted((b for b in sizes if b <= base), reverse=True)
 
 
+def scores_at(score, rows: torch.Tensor, batch: int) -> np.ndarray:
+    """``rows`` scored by ``score`` one call per ``batch`` rows (no halving), as float64 on the host."""
+    parts = [score(rows[i : i + batch]).float().cpu() for i in range(0, rows.shape[0], batch)]
+    return torch.cat(parts).numpy().astype(np.float64)
+
+
 def batch_invariance(score, rows: torch.Tensor, batches: list[int]) -> dict:
     """``rows`` scored by ``score`` (one call per batch, no halving) at each size in ``batches``, each against the
     first: the largest absolute score difference, how many rows change rank (ranks as a sweep ranks: ``min`` on
@@ -147,16 +153,12 @@ def batch_invariance(score, rows: torch.Tensor, batches: list[int]) -> dict:
     are bitwise equal."""
     from scipy.stats import rankdata
 
-    def at(batch: int) -> np.ndarray:
-        parts = [score(rows[i : i + batch]).float().cpu() for i in range(0, rows.shape[0], batch)]
-        return torch.cat(parts).numpy().astype(np.float64)
-
-    base = at(batches[0])
+    base = scores_at(score, rows, batches[0])
     base_rank = rankdata(-base, method="min")
     order = np.argsort(-base, kind="stable")
     out = {"rows": int(rows.shape[0]), "base_batch": batches[0], "against": []}
     for batch in batches[1:]:
-        s = at(batch)
+        s = scores_at(score, rows, batch)
         o = np.argsort(-s, kind="stable")
         out["against"].append({
             "batch": batch, "max_abs_diff": float(np.max(np.abs(s - base))),

@@ -322,6 +322,12 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, cha
     return tok
 
 
+
+# readers RewardBench 0.1.4 has no pipeline for (its default loads a sequence classifier): what each reads
+NO_REWARDBENCH_PIPELINE = {"logit": "that reads {}'s reward from its language-model logits",
+                           "step": "for {}, a process reward model"}
+
+
 def load_model(
     ref: str | None,
     *,
@@ -378,14 +384,11 @@ def load_model(
         raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline for {model_id} (POLAR); "
                              "its card's own input is the default route")
     principle = _principle(model_id, spec, kind, principle)
-    if input_method == "rewardbench" and kind == "reward" and spec.reader == "logit":
-        raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline that reads {model_id}'s "
-                             "reward from its language-model logits (its default would load a sequence classifier's "
-                             "random head); the model card's input is the default (--input-method ids)")
-    if input_method == "rewardbench" and kind == "reward" and spec.reader == "step":
-        raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline for {model_id} (a process "
-                             "reward model: its default would load a sequence classifier's random head); the model "
-                             "card's input is the default (--input-method ids)")
+    if input_method == "rewardbench" and kind == "reward" and spec.reader in NO_REWARDBENCH_PIPELINE:
+        raise ModelLoadError(f"--input-method rewardbench: RewardBench 0.1.4 has no pipeline "
+                             f"{NO_REWARDBENCH_PIPELINE[spec.reader].format(model_id)} (its default would load a "
+                             "sequence classifier's random head); the model card's input is the default "
+                             "(--input-method ids)")
     if input_method == "rewardbench" and kind == "reward" and spec.chat_template == "text-pair":
         # an encoder: run_rm.py's raw concatenation (a language model takes run_dpo.py's inputs: _set_input_call)
         spec = replace(spec, chat_template="raw", rewardbench_pipeline="pipeline")
