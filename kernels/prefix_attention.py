@@ -54,8 +54,23 @@ def _working(x: Tensor) -> Tensor:
 
 def shared_prefix_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, scaling=None,
                             dropout: float = 0.0, softcap=None, sliding_window=None, rm_shared_prefix=None, **kwargs):
-    """query [B, H, n, d]; key/value [B, KVH, n, d] of the new tokens only. Returns ([B, n, H, d], None)."""
-    prefix: SharedPrefix = rm_shared_prefix
+    """query [B, H, n, d]; key/value [B, KVH, n, d] of the new tokens only. Returns ([B, n, H, d], None).
+
+    Where the device has fixed product shapes (probe/core/invariance.py: a GPU), the rows are taken a fixed number
+    at a time (the last group zero-padded), so that every product below has one shape whatever the batch."""
+    from probe.core.invariance import in_tiles, tile_rows
+
+    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return _attend(module, q, k, v, scaling, softcap, sliding_window, rm_shared_prefix)
+
+    rows = tile_rows(query.device)
+    if rows is None:
+        return attend(query, key, value), None
+    return in_tiles(attend, max(1, rows // query.shape[2]), query, key, value), None  # ~`rows` token rows a group
+
+
+def _attend(module, query: Tensor, key: Tensor, value: Tensor, scaling, softcap, sliding_window,
+            prefix: SharedPrefix) -> Tensor:
     kp, vp = prefix.keys[module.layer_idx][0], prefix.values[module.layer_idx][0]  # [KVH, L, d], working dtype
     out_dtype = query.dtype
     query, key, value = _working(query), _working(key), _working(value)
@@ -81,8 +96,7 @@ def shared_prefix_attention(module, query: Tensor, key: Tensor, value: Tensor, a
     out_pre = torch.matmul(p_pre.permute(1, 0, 2, 3, 4).reshape(kvh, b * g * n, length), vp)  # [KVH, B*G*n, d]
     out_pre = out_pre.view(kvh, b, g, n, d).permute(1, 0, 2, 3, 4)
     out_new = torch.matmul(p_new.reshape(b, kvh, g * n, n), value).view(b, kvh, g, n, d)
-    out = (out_pre + out_new).reshape(b, h, n, d).transpose(1, 2).to(out_dtype).contiguous()
-    return out, None
+    return (out_pre + out_new).reshape(b, h, n, d).transpose(1, 2).to(out_dtype).contiguous()
 
 
 def supported(model) -> bool:

@@ -25,6 +25,11 @@ from probe.config import (GCGConfig, ScoreMode, ScoreVocabConfig, ScoringOptions
 from probe.core.prompts import CONTROL, persona_grid, prompts_from, systems_from
 from probe.core.template import DEFAULT_DATE, JUDGE_QUESTION, resolve_date
 from probe.errors import ProbeError
+from probe.runs.cpu import reproducible_blas
+
+# MKL's strict reproducibility (probe/core/invariance.py), read at MKL's first product: set when the API is first
+# used, before it loads anything; a process that ran a float32 product before is told so when it scores on the CPU
+reproducible_blas()
 
 
 def _check_score(score: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never wait on an unreachable hub
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")  # before MKL's first product, as the commands set it (runs/cpu.py)
 from dataclasses import replace
 
 import pytest

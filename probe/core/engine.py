@@ -12,6 +12,7 @@ by length. Tests compare the two; every sweep re-checks a sample with it before 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from probe.core.cache import check_replicable, replicate
 from probe.core.heads import ScoreHead
+from probe.core.invariance import buckets, check_cpu, row_tiles, tile_rows
 from probe.models.attention import require_trained_attention
 
 
@@ -39,6 +41,28 @@ def _as_batch(cont: Tensor | Sequence[Sequence[int]], lengths, device) -> tuple[
     if lengths is None:
         lengths = torch.full((cont.shape[0],), cont.shape[1])
     return cont, torch.as_tensor(lengths, device=device, dtype=torch.long)
+
+
+def fit(cont: Tensor, width: int) -> Tensor:
+    """Right-padded rows cut or padded (repeating each row's last column) to ``width`` columns."""
+    m = cont.shape[1]
+    if width <= m:
+        return cont[:, :width]
+    return torch.cat([cont, cont[:, -1:].expand(-1, width - m)], 1)
+
+
+def by_bucket(cont: Tensor, lengths: Tensor, fn) -> list[tuple[Tensor, Any]]:
+    """``fn(rows, lengths)`` on each length bucket of the rows (probe/core/invariance.py: a row is padded to a
+    length set by itself alone, never to the longest row beside it), as (row indices, result) pairs."""
+    groups = buckets(lengths.tolist())
+    if len(groups) == 1:
+        (width, _), = groups.items()
+        return [(torch.arange(cont.shape[0], device=cont.device), fn(fit(cont, width), lengths))]
+    out = []
+    for width, idx in groups.items():
+        sel = torch.tensor(idx, device=cont.device)
+        out.append((sel, fn(fit(cont[sel], width), lengths[sel])))
+    return out
 
 
 def _on(hidden: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
@@ -75,6 +99,8 @@ class PrefixScorer:
             raise ValueError("empty prefix")
         require_trained_attention(model)
         self.model, self.head, self.use_cache = model, head, use_cache
+        self.tiles = tile_rows(input_device(model))  # fixed product shapes on a GPU (probe/core/invariance.py)
+        check_cpu(input_device(model))
         self.backbone = backbone_of(model)
         self.device = input_device(model)
         self.prefix = torch.tensor(list(prefix_ids), device=self.device)[None]
@@ -135,10 +161,19 @@ class PrefixScorer:
     ) -> Float[Tensor, " b"]:
         """One float32 score per row; rows are right-padded continuations with true ``lengths``."""
         cont, lengths = _as_batch(cont, lengths, self.device)
+        with torch.inference_mode(), row_tiles(self.model, self.tiles):
+            parts = by_bucket(cont, lengths, self._score_rows)
+            if len(parts) == 1:
+                return parts[0][1]
+            out = parts[0][1].new_empty(cont.shape[0])
+            for sel, part in parts:
+                out[sel.to(out.device)] = part
+            return out
+
+    def _score_rows(self, cont: Tensor, lengths: Tensor) -> Tensor:
         n_in = cont.shape[1] - int(self.head.drops_last_input)
-        with torch.inference_mode():
-            hidden = self.hidden(input_ids=cont[:, :n_in])
-            return self.head.score(hidden, *_on(hidden, cont, lengths)).float()
+        hidden = self.hidden(input_ids=cont[:, :n_in])
+        return self.head.score(hidden, *_on(hidden, cont, lengths)).float()
 
     def score_prefixes(self, responses: Sequence[Sequence[int]], chunk: int = 256) -> list[Float[Tensor, " m"]]:
         """For each response, the score of every prefix ``ids[:k]`` (k = 1..m) as the continuation, from one
@@ -146,19 +181,26 @@ class PrefixScorer:
         that of ``prefix + ids[:k]`` alone, so the head reads each prefix's score there (a reward head at its k-th
         token, the log-probability summed over the first k). The head runs on ``chunk`` prefixes at a time."""
         cont, lengths = _as_batch([list(r) for r in responses], None, self.device)
+        out: list = [None] * cont.shape[0]
+        with torch.inference_mode(), row_tiles(self.model, self.tiles):
+            for sel, part in by_bucket(cont, lengths, lambda c, n: self._prefix_scores(c, n, chunk)):
+                for i, scores in zip(sel.tolist(), part):
+                    out[i] = scores
+        return out
+
+    def _prefix_scores(self, cont: Tensor, lengths: Tensor, chunk: int) -> list[Float[Tensor, " m"]]:
         n_in = cont.shape[1] - int(self.head.drops_last_input)
         sizes = lengths.tolist()
-        with torch.inference_mode():
-            hidden = self.hidden(input_ids=cont[:, :n_in])
-            if hasattr(self.head, "prefix_scores"):  # the log-probabilities: each token's read once, then summed
-                table = self.head.prefix_scores(hidden, *_on(hidden, cont, lengths)).float()
-                return [table[b, :n] for b, n in enumerate(sizes)]
-            # one virtual row per prefix: row ``which[i]`` of the batch, its first ``upto[i]`` ids
-            which = torch.cat([torch.full((n,), b) for b, n in enumerate(sizes)])
-            upto = torch.cat([torch.arange(1, n + 1) for n in sizes])
-            rows, which, upto = _on(hidden, cont, which, upto)
-            flat = torch.cat([self.head.score(hidden[which[s : s + chunk]], rows[which[s : s + chunk]],
-                                              upto[s : s + chunk]).float() for s in range(0, len(which), chunk)])
+        hidden = self.hidden(input_ids=cont[:, :n_in])
+        if hasattr(self.head, "prefix_scores"):  # the log-probabilities: each token's read once, then summed
+            table = self.head.prefix_scores(hidden, *_on(hidden, cont, lengths)).float()
+            return [table[b, :n] for b, n in enumerate(sizes)]
+        # one virtual row per prefix: row ``which[i]`` of the batch, its first ``upto[i]`` ids
+        which = torch.cat([torch.full((n,), b) for b, n in enumerate(sizes)])
+        upto = torch.cat([torch.arange(1, n + 1) for n in sizes])
+        rows, which, upto = _on(hidden, cont, which, upto)
+        flat = torch.cat([self.head.score(hidden[which[s : s + chunk]], rows[which[s : s + chunk]],
+                                          upto[s : s + chunk]).float() for s in range(0, len(which), chunk)])
         return list(flat.split(sizes))
 
     def score_embeds(
@@ -209,7 +251,7 @@ class FullSequenceScorer:
             by_len.setdefault(n, []).append(i)
         step = self.batch_size or len(sizes)
         parts, order = [], []
-        with torch.inference_mode():
+        with torch.inference_mode(), row_tiles(self.model, tile_rows(self.device)):
             for n, idx in by_len.items():
                 for s in range(0, len(idx), step):
                     part = idx[s : s + step]

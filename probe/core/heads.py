@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from probe.core.invariance import dot_rows, in_tiles, linear, tile_rows, tree_sum
 from probe.errors import ProbeError
 
 # rows x positions x vocabulary floats materialised at once by the log-probability head (1 GiB of float32)
@@ -125,7 +126,7 @@ class LinearRewardHead(ScoreHead):
     def score(self, hidden, cont, lengths, onehot=None):
         pos = pool_positions(self.prefix_ids, cont, lengths, self.pad_id, self.pooling)
         h = gather_rows(self.prefix_hidden, hidden, pos).float()
-        out = h @ self.weight.float().to(h.device)
+        out = dot_rows(h, self.weight.float().to(h.device))  # not h @ w: a GEMV's sums follow the batch
         return out if self.bias is None else out + self.bias.float().to(h.device)
 
     def own_forward(self, model, input_ids, n_prefix):
@@ -194,15 +195,15 @@ class GatedRewardHead(ScoreHead):
         bias = None if reg.bias is None else reg.bias.float()
         # everything on the hidden states' device (the weights may sit elsewhere under --device-map)
         dev = h_last.device
-        rewards = F.linear(h_last.float(), reg.weight.float().to(dev), None if bias is None else bias.to(dev))
+        rewards = linear(h_last.float(), reg.weight.float().to(dev), None if bias is None else bias.to(dev))
         if self.n_quantiles:
-            rewards = rewards.reshape(rewards.shape[0], -1, self.n_quantiles).mean(2)
+            rewards = tree_sum(rewards.reshape(rewards.shape[0], -1, self.n_quantiles)) / self.n_quantiles
         transform = getattr(self.model, "reward_transform_matrix", None)  # ArmoRM, QRM-Llama; not QRM-Gemma
         if transform is not None:
-            rewards = rewards @ transform.float().to(dev)
+            rewards = linear(rewards, transform.float().to(dev).t())
         gating = self.model.gating
         gate = gating(h_gate.to(next(gating.parameters()).dtype)).float().to(dev)
-        return (gate * rewards).sum(1)
+        return tree_sum(gate * rewards, 1)
 
     def score(self, hidden, cont, lengths, onehot=None):
         pos = pool_positions(self.prefix_ids, cont, lengths, self.pad_id, "before_first_pad")
@@ -320,9 +321,14 @@ def lm_logits(model: torch.nn.Module, hidden: Tensor, rows: Sequence[int] | None
     if rows is None:
         logits = head(hidden)
     else:
-        idx = torch.tensor(list(rows), device=head.weight.device)
-        bias = None if head.bias is None else head.bias[idx]
-        logits = F.linear(hidden.to(head.weight.device, head.weight.dtype), head.weight[idx], bias).to(hidden.device)
+        # one dot product per row and id in a fixed order (probe/core/invariance.py), rounded to the head's dtype as
+        # its own product's output is: a product with 1-2 columns takes a path that follows the batch's row count
+        w = head.weight[torch.tensor(list(rows), device=head.weight.device)].float()
+        h = hidden.to(head.weight.device).float()
+        logits = torch.stack([dot_rows(h, w[j]) for j in range(w.shape[0])], -1)
+        if head.bias is not None:
+            logits = logits + head.bias[list(rows)].float()
+        logits = logits.to(head.weight.dtype).to(hidden.device)
     transform = logit_transform(model)
     return logits if transform is None else transform(logits)
 
@@ -370,8 +376,14 @@ class LogprobHead(ScoreHead):
 
             # on the head's device (tied embeddings may live on the first GPU), the result back where the rows are
             dev = head.weight.device
-            flat = fused_token_logprobs(hidden.reshape(b * n, -1).to(dev, head.weight.dtype), head.weight,
-                                        targets.reshape(-1).to(dev), head.bias, logit_transform(self.model))
+            transform = logit_transform(self.model)
+
+            def fused(h: Tensor, t: Tensor) -> Tensor:
+                return fused_token_logprobs(h, head.weight, t, head.bias, transform)
+
+            h, t = hidden.reshape(b * n, -1).to(dev, head.weight.dtype), targets.reshape(-1).to(dev)
+            rows = tile_rows(dev)  # a GPU: the vocabulary chunks' products one shape whatever the batch
+            flat = fused(h, t) if rows is None else in_tiles(fused, rows, h, t)
             return flat.reshape(b, n).to(hidden.device)
         vocab = head.weight.shape[0]
         rows = max(1, self.logits_budget // max(1, n * vocab))
@@ -397,7 +409,7 @@ class LogprobHead(ScoreHead):
             soft = None if onehot is None else onehot[:, 1:]
             rest = self._token_logprobs(hidden[:, : m - 1], cont[:, 1:], soft)
             mask = torch.arange(1, m, device=cont.device)[None, :] < lengths[:, None]
-            total = lp + (rest * mask).sum(1)
+            total = lp + tree_sum(torch.where(mask, rest, torch.zeros_like(rest)), 1)  # the padding adds exact zeros
         total = total + self.offset
         return total / (lengths.float() + self.k_fixed) if self.reduce == "mean" else total
 
@@ -493,7 +505,7 @@ class RatingHead(JudgeHead):
         self.top_k = getattr(judge, "top_logprobs", None)  # LMUnit's reading of vLLM's top-k (probe/core/judges.py)
 
     def _from_logits(self, logits: Tensor) -> Tensor:
-        return torch.softmax(logits, -1) @ self.values.to(logits.device)
+        return dot_rows(torch.softmax(logits, -1), self.values.to(logits.device))
 
     def _top_k_rating(self, logits: Tensor) -> Tensor:
         """LMUnit's ``postprocess``: 0 where the most likely token is not a rating; else the expected rating over the
@@ -503,7 +515,7 @@ class RatingHead(JudgeHead):
         rated = logits[:, ids]
         kept = rated >= kth
         p = torch.softmax(rated.masked_fill(~kept, float("-inf")), -1).nan_to_num(0.0)
-        out = p @ self.values.to(logits.device)
+        out = dot_rows(p, self.values.to(logits.device))
         greedy = torch.isin(logits.argmax(-1), ids)
         return torch.where(greedy & kept.any(-1), out, torch.zeros_like(out))
 

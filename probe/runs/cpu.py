@@ -11,6 +11,12 @@ fast as before and makes it share the CPU in proportion (6 s). Threads default t
 
 `prepare` must run before torch is imported (the commands call it first); it only sets environment variables
 the user has not set. `describe` says what is in effect, for the run's meta.json.
+
+MKL (the BLAS of PyTorch's x86 wheels) splits a product's reduction by its row count and thread count, so a row's
+float32 score changed with the batch it shared (probe/core/invariance.py). Its strict Conditional Numerical
+Reproducibility mode gives each row the same bits at every row count and thread count; MKL reads the mode once, at
+its first call, from ``MKL_CBWR``. `reproducible_blas` sets it where the user has not (the commands in `prepare`,
+the Python API when it is first used); `blas_mode` reads back what MKL runs with.
 """
 
 from __future__ import annotations
@@ -18,9 +24,12 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 
 SPINCOUNT = "10000"
+MKL_CBWR = "AUTO,STRICT"  # the instruction set MKL picks for this CPU, every result bitwise at any row/thread count
+_CBWR_STRICT, _CBWR_ALL = 0x10000, -1
 CGROUP = Path("/sys/fs/cgroup")
 
 
@@ -52,15 +61,66 @@ def usable_cpus(root: Path = CGROUP) -> tuple[int, str]:
 
 
 def prepare(environ: dict | None = None) -> dict[str, str]:
-    """Set ``OMP_NUM_THREADS`` (usable CPUs) and ``GOMP_SPINCOUNT`` where the user has not; returns what was
-    set. Has an effect only before torch is imported, which it checks."""
+    """Set ``OMP_NUM_THREADS`` (usable CPUs) and ``GOMP_SPINCOUNT`` where the user has not (only before torch is
+    imported, which it checks), and ``MKL_CBWR`` (`reproducible_blas`); returns what was set."""
     env = os.environ if environ is None else environ
     if "torch" in sys.modules and environ is None:
-        return {}
+        return reproducible_blas(env)
     wanted = {"OMP_NUM_THREADS": str(usable_cpus()[0]), "GOMP_SPINCOUNT": SPINCOUNT}
     set_now = {k: v for k, v in wanted.items() if k not in env}
     env.update(set_now)
-    return set_now
+    return set_now | reproducible_blas(env)
+
+
+def reproducible_blas(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
+    """Set ``MKL_CBWR`` (strict reproducibility) where the user has not; returns what was set. It takes effect if
+    MKL has not run a product yet in this process (`blas_mode` says whether it did)."""
+    env = os.environ if environ is None else environ
+    if "MKL_CBWR" in env:
+        return {}
+    env["MKL_CBWR"] = MKL_CBWR
+    return {"MKL_CBWR": MKL_CBWR}
+
+
+def _mkl_cbwr_get():
+    """MKL's ``mkl_cbwr_get`` as exported by the torch library that carries MKL (None where there is none)."""
+    import ctypes
+
+    import torch
+
+    lib_dir = Path(torch.__file__).parent / "lib"
+    for name in ("libtorch_cpu.so", "libtorch_cpu.dylib", "torch_cpu.dll"):
+        try:
+            lib = ctypes.CDLL(str(lib_dir / name))
+        except OSError:
+            continue
+        for symbol in ("mkl_serv_cbwr_get", "mkl_cbwr_get", "MKL_CBWR_Get"):
+            fn = getattr(lib, symbol, None)
+            if fn is not None:
+                fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+                return fn
+    return None
+
+
+def blas_mode() -> dict:
+    """The CPU BLAS's reproducibility mode in effect: ``strict`` True where MKL runs in strict CNR mode (every
+    row's result independent of the row count and the thread count); ``why`` where not."""
+    import torch
+
+    if not torch.backends.mkl.is_available():
+        return {"blas": "not MKL", "strict": False,
+                "why": "this torch has no MKL: its BLAS's results may change with the batch's row count"}
+    get = _mkl_cbwr_get()
+    if get is None:
+        return {"blas": "MKL", "strict": False, "why": "MKL's reproducibility mode cannot be read from this torch"}
+    mode = get(_CBWR_ALL)
+    strict = mode > 0 and bool(mode & _CBWR_STRICT)
+    out = {"blas": "MKL", "strict": strict, "MKL_CBWR": os.environ.get("MKL_CBWR"), "cbwr_mode": hex(mode)}
+    if not strict:
+        out["why"] = ("MKL_CBWR was set to another mode" if os.environ.get("MKL_CBWR") not in (None, MKL_CBWR)
+                      else "MKL ran a product before rm-probe could set MKL_CBWR (import probe before other torch "
+                      "work, or set MKL_CBWR=AUTO,STRICT)")
+    return out
 
 
 def describe() -> dict:

@@ -30,6 +30,7 @@ def schema_for(experiment: str) -> str:
 def model_record(loaded, revision: str | None = None) -> dict:
     """The ``model`` section: id, path, source and quantization, the weights' identity, the registry spec and how
     it was matched, architecture, size, dtype, device and the tokenizer's special tokens."""
+    from probe.core.invariance import describe as invariance_record
     from probe.core.template import input_call
     from probe.models.attention import record as attention_record
     from probe.models.loading import weights_identity
@@ -42,6 +43,7 @@ def model_record(loaded, revision: str | None = None) -> dict:
         "architecture": (getattr(model.config, "architectures", None) or [type(model).__name__])[0],
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(loaded.dtype), "device": str(loaded.device), "attention": attention_record(model),
+        "batch_invariance": invariance_record(loaded.device),
         "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
         "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
         "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
@@ -80,9 +82,13 @@ def model_settings(loaded, revision: str | None, mode: str, head) -> dict:
     Sweeps and response runs add what they scored."""
     from probe.models.loading import weights_identity
 
+    from probe.core.invariance import tile_rows
+
     out = {"model": loaded.model_id, "weights": weights_identity(loaded), "revision": revision,
            "spec": loaded.spec.name, "label_index": loaded.spec.label_index, "dtype": str(loaded.dtype),
            "device_type": loaded.device.type, "mode": mode, "head": head.describe()}
+    if tile_rows(loaded.device) is not None:  # a GPU's product shapes: another tile rounds otherwise
+        out["tile_rows"] = tile_rows(loaded.device)
     return out | reference_settings(loaded)
 
 

@@ -1,75 +1,239 @@
-"""Batch invariance (issue 58): the same ids scored at the plan's batch and at other batch sizes.
+"""Scores that depend only on what was asked (issue 62): every path, bitwise, whatever batch a row shared.
 
-RewardBench's users report scores that change with the batch size (its issue #137). The GPU kit measures it per
-sweep path and shape (experiments/gpu_bench.py, ``batch_invariance``); here the same measurement runs on the CPU in
-float32 and is held to float32's own rounding, measured on the same rows (stochastic rounding simulated on every
-module's output, as the self-check measures half precision: probe/core/precision.py), never to a number tuned on
-one machine: the CPU's kernels are not bitwise batch-invariant in general (PyTorch's CPU SDPA kernel gives a row
-other last bits at another batch size; an odd batch size can change a matmul's blocking), and which sizes happen to
-agree bitwise depends on the CPU's instruction set.
+RewardBench's users see scores move with the batch size (its issue #137); so did rm-probe's: a tiny reward model's
+sweep of 3,200 ids moved in 1,122 rows between batches of 256 and 7 (MKL's matrix-vector product under the reward
+head), whole responses moved with the rows padded beside them, the fused log-probability head with the number of
+positions. probe/core/invariance.py says what makes a row's bits its own; these tests hold every path to it, bitwise
+(``torch.equal``, never a tolerance), on any CPU: MKL's strict mode gives the same bits at every row count and thread
+count, the heads sum in a fixed tree, and a row is padded to a length set by itself. On a GPU (``--device cuda``,
+the kit) the same tests run with the products in fixed row tiles.
 """
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
 import torch
 
-from experiments.gpu_bench import PROMPT, batch_invariance, invariance_batches, path_plan, random_model
-from probe.core.engine import PrefixScorer
-from probe.core.heads import LinearRewardHead
-from probe.core.precision import HALF_TOLERANCE, ROUNDING_REPEATS, simulated_rounding
-from probe.core.scoring import sweep_rows
-from probe.core.template import response_conversation, split_template
+from experiments.gpu_bench import batch_invariance, invariance_batches
+from probe.config import ScoringOptions
+from probe.core.engine import FullSequenceScorer, PrefixScorer
+from probe.core.invariance import bucket_length, buckets, dot_rows, in_tiles, tree_sum
+from probe.core.scoring import AdaptiveBatcher, PairScorer, conversation, make_head, reference_head, sweep_rows
+from probe.core.template import split_template
 
 pytestmark = pytest.mark.parity
-NOISE_ROWS = 512  # the rows float32's rounding noise is measured on (all 4,096 would cost 4 more sweeps per path)
+PROMPT = "What, in one word, is the greatest thing ever?"
+CASES = [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("chatml-rm-padeot", "reward"), ("armo-like", "reward"),
+         ("qrm-like", "reward"), ("qwen3-rm", "reward"), ("gemma3-rm", "reward"), ("llama-lm", "logprob"),
+         ("gemma2-lm", "logprob"), ("gemma3-lm", "logprob"), ("llama-lm", "judge"), ("qwen3-lm", "rating")]
+PATHS = ("shared", "cache", "uncached", "full")
 
 
-@pytest.fixture(scope="module", params=["llama-3.1-8b", "gemma-2-27b"])
-def shape(request):
-    """A random-weight reward model of the published shape at the kit's reduced widths (vocabulary 4,096; Gemma 2's
-    sliding window shorter than the prompt), float32 on the CPU, with the prompt's split and every id as a row."""
-    lm = random_model(request.param, torch.device("cpu"), torch.float32, small=True)
-    split = split_template(lm.tokenizer, response_conversation(PROMPT), n_verify=0)
-    rows = sweep_rows(np.arange(lm.model.get_input_embeddings().num_embeddings), split.suffix_ids)
-    return lm, split, rows
+def _setup(tiny_models, name: str, mode: str):
+    lm = tiny_models[name]
+    opts = ScoringOptions()
+    head = make_head(lm, mode, opts)
+    split = split_template(lm.tokenizer, conversation(mode, PROMPT, None, opts, lm), n_verify=0)
+    return lm, head, split
 
 
-def _noise(lm, scorer, rows: torch.Tensor, batch: int) -> float:
-    """The largest change of any row's score when every module output is rounded to its other float32 neighbour at
-    random (ROUNDING_REPEATS seeds): how far two correct float32 computations of these scores may lie apart."""
-    def at() -> torch.Tensor:
-        return torch.cat([scorer.score(rows[i : i + batch]) for i in range(0, rows.shape[0], batch)])
-
-    base = at()
-    worst = 0.0
-    for seed in range(ROUNDING_REPEATS):
-        with simulated_rounding(lm.model, seed):
-            worst = max(worst, float((at() - base).abs().max()))
-    return worst
+def _scorer(lm, head, split, path: str):
+    if path == "full":  # the model's own forward, rows of one length together (encoders and PairRM run it)
+        return FullSequenceScorer(lm.model, head, split.prefix_ids, batch_size=None)
+    return PrefixScorer(lm.model, head, split.prefix_ids, use_cache=path != "uncached",
+                        shared_attention=path == "shared")
 
 
-@pytest.mark.parametrize("path", ["shared", "cache", "uncached"])
-def test_scores_do_not_depend_on_the_batch_size_beyond_float32_rounding(shape, path):
-    lm, split, rows = shape
-    head = LinearRewardHead(lm.model, 0)
-    scorer = PrefixScorer(lm.model, head, split.prefix_ids, use_cache=path != "uncached",
-                          shared_attention=path == "shared")
-    plan = path_plan(lm, head, len(split.prefix_ids), rows.shape[1], path)[0]
-    batches = invariance_batches(plan, rows.shape[0])
-    assert len(batches) == 4 and batches[0] == min(plan, rows.shape[0]) and any(b % 2 for b in batches[1:])
-    result = batch_invariance(scorer.score, rows, batches)
-    tolerance = HALF_TOLERANCE * _noise(lm, scorer, rows[:NOISE_ROWS], batches[0])
-    assert 0 < tolerance < 1e-4  # float32's rounding of these scores: a few units in the last place, not zero
-    assert result["max_abs_diff"] <= tolerance, result
-    base = torch.cat([scorer.score(rows[i : i + batches[0]]) for i in range(0, rows.shape[0], batches[0])]).numpy()
-    gaps = np.diff(np.sort(base))
-    near_ties = int(np.sum(gaps <= 2 * tolerance))
-    # a row may change rank only by trading places with a row whose score lies within rounding of its own
-    assert result["rank_changes"] <= 2 * near_ties, (result, near_ties)
+def _at(score, rows, batch: int) -> torch.Tensor:
+    return torch.cat([score(rows[i : i + batch]).cpu() for i in range(0, len(rows), batch)])
 
 
+def _responses(tok, split, n: int, seed: int, longest: int = 20) -> list[list[int]]:
+    """``n`` responses of 1 to ``longest`` ids (some of them special tokens), each with the template's closing ids."""
+    rng = random.Random(seed)
+    specials = list(tok.all_special_ids)
+    return [[rng.choice(specials) if rng.random() < 0.1 else rng.randrange(len(tok))
+             for _ in range(rng.randint(1, longest))] + list(split.suffix_ids) for _ in range(n)]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name,mode", CASES)
+def test_a_sweep_row_has_the_same_bits_at_every_batch_size_and_position(tiny_models, name, mode, path):
+    lm, head, split = _setup(tiny_models, name, mode)
+    rows = sweep_rows(np.arange(0, len(lm.tokenizer), 9), split.suffix_ids)
+    score = _scorer(lm, head, split, path).score
+    base = _at(score, rows, 256)
+    assert base.std() > 1e-3  # scores that vary: the comparison is not between constants
+    for batch in (85, 7):
+        assert torch.equal(_at(score, rows, batch), base), batch
+    assert torch.equal(_at(score, rows[:12], 1), base[:12])
+    assert torch.equal(_at(score, rows.flip(0), 256).flip(0), base)  # each row at another position of its batch
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name,mode", CASES)
+def test_a_whole_response_has_the_same_bits_whatever_rows_are_padded_beside_it(tiny_models, name, mode, path):
+    lm, head, split = _setup(tiny_models, name, mode)
+    rows = _responses(lm.tokenizer, split, 24, seed=3)
+    assert len({bucket_length(len(r)) for r in rows}) > 2
+    score = _scorer(lm, head, split, path).score
+    base = _at(score, rows, 24)
+    assert torch.equal(_at(score, rows, 5), base)
+    assert torch.equal(_at(score, rows[:8], 1), base[:8])
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # the longest first: every batch padded otherwise
+    assert torch.equal(_at(score, [rows[i] for i in order], 8), base[order])
+
+
+@pytest.mark.parametrize("path", ("shared", "cache", "uncached"))
+@pytest.mark.parametrize("name,mode", [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("llama-lm", "logprob"),
+                                       ("gemma3-lm", "logprob"), ("armo-like", "reward")])
+def test_a_trace_has_the_same_bits_however_its_responses_are_dealt(tiny_models, name, mode, path):
+    """``probe trace`` scores every prefix of a response from one forward over a chunk of responses (64 a process;
+    under torchrun round robin over the ranks): a response's trace must not depend on its chunk."""
+    lm, head, split = _setup(tiny_models, name, mode)
+    responses = _responses(lm.tokenizer, split, 12, seed=5, longest=12)
+    sc = _scorer(lm, head, split, path)
+    together = sc.score_prefixes(responses)
+    dealt = [sc.score_prefixes(responses[i::3]) for i in range(3)]  # three ranks, round robin
+    for i, want in enumerate(together):
+        assert torch.equal(dealt[i % 3][i // 3], want), i
+    alone = [sc.score_prefixes([r])[0] for r in responses]
+    assert all(torch.equal(a, b) for a, b in zip(alone, together))
+
+
+def test_the_implicit_reward_and_its_reference_are_batch_invariant(tiny_models):
+    """``--ref``: beta x (log p under the model - log p under the reference), each model on its own shared prefix."""
+    from dataclasses import replace
+
+    from tests.tiny import perturbed_copy
+
+    lm = tiny_models["llama-lm"]
+    ref = replace(lm, model=perturbed_copy(lm.model))
+    lm = replace(lm, ref=ref, beta=0.5)
+    head = make_head(lm, "logprob")
+    split = split_template(lm.tokenizer, conversation("logprob", PROMPT, None, ScoringOptions(), lm), n_verify=0)
+    pair = PairScorer(PrefixScorer(lm.model, head, split.prefix_ids),
+                      PrefixScorer(ref.model, reference_head(lm, head), split.prefix_ids), 0.5)
+    rows = _responses(lm.tokenizer, split, 30, seed=9)
+    base = _at(pair.score, rows, 30)
+    assert base.std() > 1e-3
+    assert torch.equal(_at(pair.score, rows, 4), base) and torch.equal(_at(pair.score, rows, 1), base)
+
+
+def test_an_out_of_memory_halving_changes_no_bit(tiny_models):
+    """The batcher halves the batch after an out-of-memory error and scores the same rows again, smaller."""
+    lm, head, split = _setup(tiny_models, "llama-rm", "reward")
+    rows = sweep_rows(np.arange(len(lm.tokenizer)), split.suffix_ids)
+    sc = PrefixScorer(lm.model, head, split.prefix_ids)
+    want = AdaptiveBatcher(256).run(sc.score, rows)
+    calls = {"n": 0}
+
+    def tight(part):
+        calls["n"] += 1
+        if len(part) > 37 and calls["n"] >= 3:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return sc.score(part)
+
+    batcher = AdaptiveBatcher(256)
+    got = batcher.run(tight, rows)
+    assert batcher.batch_size == 32 and np.array_equal(got, want)
+
+
+def test_gcg_reports_the_score_its_result_has_alone_and_searches_alike_at_any_batch_size(tiny_models):
+    """GCG scores its candidates in batches; the score it reports for the best (``search_score``) is the bits that
+    sequence gets alone, and another batch size walks the same trajectory to the same bits."""
+    import probe
+    from probe.config import GCGConfig
+
+    lm, head, split = _setup(tiny_models, "llama-rm", "reward")
+    config = GCGConfig(length=3, steps=3, search_width=48, topk=16, seed=1, progress=False)
+    result = probe.gcg(lm, None, PROMPT, config=config)
+    alone = PrefixScorer(lm.model, head, split.prefix_ids).score([list(result.best_ids) + list(split.suffix_ids)])
+    assert result.search_score == float(alone[0])
+    other = probe.gcg(lm, None, PROMPT, config=config, batch_size=7)
+    assert other.best_ids == result.best_ids and other.search_score == result.search_score
+    def walk(res):  # every step's scores and ids (not its seconds)
+        return [{k: v for k, v in step.items() if k != "seconds"} for r in res.runs for step in r.trajectory]
+
+    assert walk(other) == walk(result)
+
+
+def test_social_items_have_the_same_bits_at_every_batch_size(tiny_models):
+    from probe.social.items import Item
+    from probe.social.scoring import score_items
+
+    lm = tiny_models["llama-rm"]
+    words = ["the doctor", "the nurse", "nobody", "a person from far away", "someone", "the old man who sat there"]
+    items = [Item("synthetic", "bias", str(i), f"Question {i % 4}: who did it?",
+                  (words[i % 6], words[(i + 1) % 6], words[(i + 2) % 6] + " and so on" * (i % 3)), ("a", "b", "c"),
+                  gold=2, undesirable=0) for i in range(18)]
+    want = score_items(lm, "reward", items, batch_size=64, verify=0)["score"].to_list()
+    assert len(set(want)) > 10
+    for batch in (5, 1):
+        assert score_items(lm, "reward", items, batch_size=batch, verify=0)["score"].to_list() == want
+
+
+# ------------------------------------------------------------------------------------------ the rules themselves
+def test_tree_sum_is_one_order_for_every_row_count_and_for_padding():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 77, generator=gen) * torch.logspace(-3, 3, 77)  # terms whose order matters
+    whole = tree_sum(x)
+    assert all(torch.equal(tree_sum(x[:n]), whole[:n]) for n in (1, 2, 7, 85, 299))
+    padded = torch.cat([x, torch.zeros(300, 50)], 1)
+    assert torch.equal(tree_sum(padded), whole)  # zeros after a row's terms add nothing, in any number
+    assert torch.equal(tree_sum(x.t().contiguous(), 0), whole)  # along the first dimension, the same order
+    scratch = x.t().contiguous()
+    assert torch.equal(tree_sum(scratch, 0, inplace=True), whole)
+    torch.testing.assert_close(whole, x.double().sum(1).float(), rtol=1e-5, atol=1e-3)  # it is a sum
+    assert torch.equal(dot_rows(x[:3], x[3]), tree_sum(x[:3] * x[3]))
+    assert tree_sum(torch.zeros(4, 0)).shape == (4,)
+
+
+def test_a_gemv_moves_with_the_row_count_and_the_tree_does_not():
+    """What moved the reward head's scores: ``h @ w`` (a matrix-vector product) sums a row in another order at
+    another row count; the tree is the same at every count."""
+    gen = torch.Generator().manual_seed(1)
+    h, w = torch.randn(3000, 64, generator=gen), torch.randn(64, generator=gen)
+    moved = [n for n in range(1, 300) if not torch.equal(h[:n] @ w, (h @ w)[:n])]
+    assert moved or not torch.backends.mkl.is_available()  # MKL's sgemv (some other BLAS may not split)
+    assert all(torch.equal(dot_rows(h[:n], w), dot_rows(h, w)[:n]) for n in range(1, 300))
+
+
+def test_buckets_depend_on_the_row_alone():
+    assert [bucket_length(n) for n in (1, 2, 8, 9, 16, 17, 100)] == [1, 2, 8, 16, 16, 24, 104]
+    assert buckets([3, 9, 3, 16, 40]) == {3: [0, 2], 16: [1, 3], 40: [4]}
+
+
+def test_in_tiles_gives_every_call_one_shape():
+    seen = []
+
+    def fn(a, b):
+        seen.append((a.shape, b.shape))
+        return a[:, 0] + b
+
+    a, b = torch.arange(20.0).reshape(10, 2), torch.arange(10.0)
+    assert torch.equal(in_tiles(fn, 4, a, b), a[:, 0] + b)
+    assert seen == [((4, 2), (4,))] * 3
+
+
+def test_the_cpu_blas_runs_in_its_reproducible_mode():
+    """The commands and the API set MKL_CBWR before MKL's first product (tests/conftest.py as they do); the run's
+    record says what MKL runs with."""
+    from probe.core.invariance import describe
+    from probe.runs.cpu import blas_mode
+
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL")
+    mode = blas_mode()
+    assert mode["strict"], mode
+    record = describe(torch.device("cpu"))
+    assert record["batch_invariant"] is True and record["cpu_blas"]["blas"] == "MKL"
+
+
+# ------------------------------------------------------------------------------------------ the kit's measurement
 def test_batch_invariance_counts_what_moves():
     """A scorer whose row 5 gains 1.5 in odd-sized batches: the odd size moves it above row 4 (two rank changes,
     the best 20 change, the worst do not); the even sizes change nothing."""
@@ -83,6 +247,12 @@ def test_batch_invariance_counts_what_moves():
     assert not odd["top_same"] and odd["bottom_same"] and not odd["bitwise"]
     assert (even["max_abs_diff"], even["rank_changes"], even["top_same"], even["bitwise"]) == (0.0, 0, True, True)
     assert (r["max_abs_diff"], r["rank_changes"], r["bitwise"]) == (1.5, 2, False)
+    assert r["reversed"]["bitwise"]  # the same batches, rows in reverse order: row 5 never in an odd batch here
+
+    def by_position(x: torch.Tensor) -> torch.Tensor:  # a kernel whose rows round by their place in the batch
+        return -x[:, 0].float() + 1e-3 * torch.arange(x.shape[0]).float()
+
+    assert not batch_invariance(by_position, rows, [40])["reversed"]["bitwise"]
 
 
 def test_invariance_batches():

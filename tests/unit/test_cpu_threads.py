@@ -46,16 +46,16 @@ def test_usable_cpus_takes_the_tighter_of_affinity_and_quota(tmp_path, monkeypat
 def test_prepare_sets_only_what_the_user_has_not(monkeypatch):
     monkeypatch.setattr(cpu, "usable_cpus", lambda root=cpu.CGROUP: (3, "affinity mask"))
     env: dict = {}
-    assert cpu.prepare(env) == {"OMP_NUM_THREADS": "3", "GOMP_SPINCOUNT": cpu.SPINCOUNT}
-    env = {"OMP_NUM_THREADS": "1", "GOMP_SPINCOUNT": "0"}
-    assert cpu.prepare(env) == {} and env == {"OMP_NUM_THREADS": "1", "GOMP_SPINCOUNT": "0"}
+    assert cpu.prepare(env) == {"OMP_NUM_THREADS": "3", "GOMP_SPINCOUNT": cpu.SPINCOUNT, "MKL_CBWR": "AUTO,STRICT"}
+    env = {"OMP_NUM_THREADS": "1", "GOMP_SPINCOUNT": "0", "MKL_CBWR": "AVX2,STRICT"}
+    assert cpu.prepare(env) == {} and env == {"OMP_NUM_THREADS": "1", "GOMP_SPINCOUNT": "0", "MKL_CBWR": "AVX2,STRICT"}
 
 
 @pytest.mark.parametrize("user", [{}, {"OMP_NUM_THREADS": "1", "GOMP_SPINCOUNT": "300000"}])
 def test_a_command_runs_with_them_and_records_them(tiny_dirs, tmp_path, user):
     """A fresh process, as a user starts one: the command sets the threads before torch loads (or keeps the
     user's), and meta.json says what was in effect."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT")} | user
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "MKL_CBWR")} | user
     subprocess.run([sys.executable, "-m", "probe.exhaustive", "--rm", tiny_dirs["rm"], "--prompt", "What is best?",
                     "--limit", "16", "--verify", "0", "--device", "cpu", "--no-progress", "--output", str(tmp_path)],
                    env=env, check=True, capture_output=True, timeout=300)
@@ -66,3 +66,6 @@ def test_a_command_runs_with_them_and_records_them(tiny_dirs, tmp_path, user):
     assert got["usable_cpus"] == usable and got["torch_threads"] == want_threads
     assert got["GOMP_SPINCOUNT"] == user.get("GOMP_SPINCOUNT", cpu.SPINCOUNT)
     assert meta["environment"]["cpu_threads"] == want_threads
+    # the command put MKL in its reproducible mode before any product (probe/core/invariance.py), and says so
+    blas = meta["model"]["batch_invariance"]["cpu_blas"]
+    assert blas["strict"] is True and blas["MKL_CBWR"] == "AUTO,STRICT", blas

@@ -1,0 +1,117 @@
+"""The cost of batch-invariant scores on the CPU (issue 62): this tree against another checkout of rm-probe (the
+tree before the change), the same engine loops side by side in one run, alternating.
+
+Invariance costs three things on a CPU: MKL's strict reproducibility mode (``MKL_CBWR=AUTO,STRICT``), sums in a
+fixed tree instead of a matrix-vector product or a reduction kernel (the heads, the fused log-probability head's
+per-chunk sums), and rows padded to a length set by themselves (more, smaller forwards for whole responses). Each
+workload runs in a fresh process per tree (MKL reads its mode once per process), the two trees in turn (A B A B
+...), timed inside the process around the engine loop alone (model loading left out), and the ratio is taken pair by
+pair; the median is reported. The baseline process runs with MKL's default mode, as the old tree did.
+
+    python -m experiments.bench_invariance --baseline /tmp/base [--repeats 3]
+    -> experiments/results/bench_invariance_cpu.json and .md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "experiments" / "results"
+WORKLOADS = {
+    "smollm2 logprob sweep (4,096 ids, batch 256)": "logprob",
+    "smollm2 reward sweep (random head; 4,096 ids, batch 256)": "reward",
+    "smollm2 reward, 512 whole responses of 1-40 words (batch 64)": "responses",
+}
+
+WORKER = r"""
+import sys, time, os, json, random
+sys.path.insert(0, TREE)
+import torch
+import numpy as np
+torch.set_num_threads(THREADS)
+from probe.models.loading import load_model
+from probe.core.scoring import make_head, sweep_rows, AdaptiveBatcher
+from probe.core.engine import PrefixScorer
+from probe.core.template import response_conversation, split_template
+kind = "causal" if WORK == "logprob" else "reward"
+torch.manual_seed(0)
+lm = load_model(None, kind=kind, device="cpu", **({} if kind == "causal" else {"allow_random_head": True}))
+head = make_head(lm, "logprob" if kind == "causal" else "reward")
+split = split_template(lm.tokenizer, response_conversation("What, in one word, is the greatest thing ever?"),
+                       n_verify=0)
+sc = PrefixScorer(lm.model, head, split.prefix_ids)
+if WORK == "responses":
+    rng = random.Random(0)
+    words = ["love", "peace", "the", "music", "of", "freedom", "and", "a", "very", "good", "thing", "ever"]
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 40))) for _ in range(512)]
+    rows = [lm.tokenizer.encode(t, add_special_tokens=False) + list(split.suffix_ids) for t in texts]
+    rows.sort(key=len)
+    score = lambda: [sc.score(rows[s:s + 64]) for s in range(0, len(rows), 64)]
+else:
+    ids = sweep_rows(np.arange(4096), split.suffix_ids)
+    score = lambda: AdaptiveBatcher(256).run(sc.score, ids)
+score()  # warm-up
+t = time.perf_counter()
+score()
+print(json.dumps({"seconds": time.perf_counter() - t}))
+"""
+
+
+def one(tree: Path, work: str, threads: int, strict: bool) -> float:
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"}
+    if strict:
+        env["MKL_CBWR"] = "AUTO,STRICT"
+    code = WORKER.replace("TREE", repr(str(tree))).replace("THREADS", str(threads)).replace("WORK", repr(work))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"{tree}: {done.stderr.strip().splitlines()[-1]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--baseline", required=True, help="a checkout of rm-probe before batch invariance")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    base = Path(args.baseline).resolve()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=base, capture_output=True,
+                            text=True).stdout.strip()
+    results = {}
+    for name, work in WORKLOADS.items():
+        pairs = []
+        for _ in range(args.repeats):
+            new = one(ROOT, work, args.threads, strict=True)
+            old = one(base, work, args.threads, strict=False)
+            pairs.append({"invariant_s": new, "before_s": old, "ratio": new / old})
+            print(f"{name}: {new:.3f} s invariant, {old:.3f} s before ({new / old:.3f}x)", flush=True)
+        ratios = sorted(p["ratio"] for p in pairs)
+        results[name] = {"pairs": pairs, "median_ratio": ratios[len(ratios) // 2]}
+    out = {"machine": platform.processor() or platform.machine(), "threads": args.threads, "baseline_commit": commit,
+           "repeats": args.repeats, "results": results}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "bench_invariance_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
+    lines = ["# Batch-invariant scores: their cost on the CPU", "",
+             f"`python -m experiments.bench_invariance --baseline <checkout of {commit}>`: each workload in a fresh "
+             f"process per tree, alternating, {args.repeats} pairs, {args.threads} threads, engine loop only (loading "
+             "left out). Ratio: invariant tree over the tree before (MKL in its default mode), median of the pairs.",
+             "", "| workload | invariant s (median) | before s (median) | ratio |", "|---|---|---|---|"]
+    for name, r in results.items():
+        inv = sorted(p["invariant_s"] for p in r["pairs"])[len(r["pairs"]) // 2]
+        old = sorted(p["before_s"] for p in r["pairs"])[len(r["pairs"]) // 2]
+        lines.append(f"| {name} | {inv:.3f} | {old:.3f} | {r['median_ratio']:.3f} |")
+    (OUT / "bench_invariance_cpu.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,327 @@
+"""The GPU kit's measured variants of the sweep's default path (experiments/gpu_bench.py runs them; issue 62 and 66).
+
+The default path (shared-prefix attention, every product in tiles of ``probe.core.invariance.TILE_ROWS`` token rows)
+beside: no tiles (the products at the batch's own shape: the first GPU run's engine), tiles of 2,048 rows, the
+default replayed from a CUDA graph captured at the plan's batch (every batch padded to it), and, last, the backbone
+under ``torch.compile``. Each variant: seconds over the same timed rows scaled to the vocabulary, fraction of the
+bf16 floor, and batch invariance (the first 4,096 ids at the batch that ran, a quarter and a sixteenth of it, an odd
+size, and the same rows in reverse order: a row at another position of its tile) against its own first batch, and
+whether its scores equal the default's bitwise.
+
+Also here: a profile of one batch per shape (``torch.profiler``: GEMM, attention, norms and element-wise, copies,
+other kernels and the time between them), the largest allocations of that batch (what the memory plan may miss), and
+the time to result as a user sees it: a whole-vocabulary ``probe.sweep`` with the real Llama 3.1 tokenizer the kit
+carries (vocabulary flags, self-check, the run folder's Parquet files), beside the engine loop alone.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from experiments.gpu_bench import (INVARIANCE_IDS, PROMPT, _free, batch_invariance, flops_per_row, invariance_batches,
+                                   random_model, say, scores_at, sync)
+
+KIT_TOKENIZER = Path(__file__).resolve().parents[1] / ".gpu-kit" / "tokenizers" / "llama3.1"
+
+
+@contextmanager
+def tiles(rows: int | None):
+    """The engine's product tiles for the block (``RM_PROBE_TILE_ROWS``; 0: none)."""
+    before = os.environ.get("RM_PROBE_TILE_ROWS")
+    if rows is not None:
+        os.environ["RM_PROBE_TILE_ROWS"] = str(rows)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RM_PROBE_TILE_ROWS", None)
+        else:
+            os.environ["RM_PROBE_TILE_ROWS"] = before
+
+
+class GraphedScore:
+    """``scorer``'s scores from a CUDA graph captured once at ``batch`` rows: each call copies its rows into the
+    captured input (a shorter batch padded with its last row) and replays. Rows must share one length."""
+
+    def __init__(self, scorer, example: torch.Tensor, batch: int):
+        from probe.core.invariance import row_tiles
+
+        self.scorer, self.batch = scorer, batch
+        self.rows = example[:1].expand(batch, -1).clone()
+        self.lengths = torch.full((batch,), example.shape[1], device=example.device)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode(), row_tiles(scorer.model, scorer.tiles):
+            for _ in range(2):  # warm-up off the default stream, as capture requires
+                scorer._score_rows(self.rows, self.lengths)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), row_tiles(scorer.model, scorer.tiles), torch.cuda.graph(self.graph):
+            self.out = scorer._score_rows(self.rows, self.lengths)
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        n = rows.shape[0]
+        if n > self.batch:
+            return torch.cat([self(rows[s : s + self.batch]) for s in range(0, n, self.batch)])
+        self.rows[:n].copy_(rows)
+        if n < self.batch:
+            self.rows[n:].copy_(rows[-1:].expand(self.batch - n, -1))
+        self.graph.replay()
+        return self.out[:n].clone()
+
+
+def _seconds(score, rows: torch.Tensor, batch: int, n: int, device) -> float:
+    """Seconds to score ``rows[:n]`` in batches of ``batch`` (after one warm-up batch), scaled to all rows."""
+    n = min(rows.shape[0], max(batch, n // batch * batch))
+    score(rows[:batch])
+    sync(device)
+    t = time.perf_counter()
+    for s in range(0, n, batch):
+        score(rows[s : s + batch])
+    sync(device)
+    return (time.perf_counter() - t) * rows.shape[0] / n
+
+
+def _measure(name: str, score, rows, batch: int, timed_rows: int, floor: float, device, default=None) -> dict:
+    ids = min(INVARIANCE_IDS, rows.shape[0])
+    seconds = _seconds(score, rows, batch, timed_rows, device)
+    inv = batch_invariance(score, rows[:ids], invariance_batches(batch, ids))
+    base = scores_at(score, rows[:ids], min(batch, ids))
+    out = {"seconds": seconds, "fraction_of_floor": floor / seconds, "batch": batch, "batch_invariance": inv,
+           "scores": base}
+    if default is not None:
+        out["equals_default"] = bool(np.array_equal(base, default))
+        out["max_abs_diff_from_default"] = float(np.max(np.abs(base - default)))
+    say(f"variant {name}: {seconds:.2f} s ({100 * floor / seconds:.1f}% of the floor), batch {batch}, bitwise across "
+        f"batches {inv['bitwise']}, reversed rows {inv.get('reversed', {}).get('bitwise')}"
+        + (f", equals the default {out['equals_default']}" if default is not None else ""))
+    return out
+
+
+def bench_variants(shape: str, device, dtype, small: bool, rate: float, compile_budget: float | None = None,
+                   only_compile: bool = False) -> dict:
+    """The sweep's shared path of ``shape`` in each variant (module docstring); ``compile_budget``: seconds the
+    ``torch.compile`` variant may take (None: not run); ``only_compile``: the default and that variant only."""
+    from probe.core.engine import PrefixScorer
+    from probe.core.heads import LinearRewardHead
+    from probe.core.scoring import default_batch_size, sweep_rows
+    from probe.core.template import response_conversation, split_template
+
+    lm = random_model(shape, device, dtype, small)
+    split = split_template(lm.tokenizer, response_conversation(PROMPT), n_verify=0)
+    vocab = lm.model.get_input_embeddings().num_embeddings
+    rows = sweep_rows(np.arange(vocab), split.suffix_ids).to(device)
+    head = LinearRewardHead(lm.model, 0)
+    batch = min(vocab, default_batch_size(lm, len(split.prefix_ids), rows.shape[1], "reward", head))
+    floor = vocab * flops_per_row(lm.model, rows.shape[1]) / rate
+    timed_rows = 1024 if small else 32768
+    out = {"shape": shape, "vocab": vocab, "floor_s": floor, "timed_rows": timed_rows, "variants": {}, "errors": {}}
+
+    def scorer():
+        return PrefixScorer(lm.model, head, split.prefix_ids)
+
+    default = None
+    plans = [("default", None)] + ([] if only_compile else [("untiled", 0), ("tiles_2048", 2048)])
+    for name, rows_per_tile in plans:
+        try:
+            with tiles(rows_per_tile):
+                sc = scorer()
+                r = _measure(name, sc.score, rows, batch, timed_rows, floor, device, default)
+                r["tile_rows"] = sc.tiles
+        except Exception as err:  # noqa: BLE001 (one variant's failure is recorded; the others run)
+            out["errors"][name] = f"{type(err).__name__}: {str(err).strip()[:300]}"
+            say(f"variant {name} FAILED: {out['errors'][name]}")
+            continue
+        if name == "default":
+            default = r["scores"]
+        out["variants"][name] = r
+        _free(device)
+    if only_compile:
+        pass
+    elif device.type == "cuda":
+        try:
+            sc = scorer()
+            graphed = GraphedScore(sc, rows[:batch], batch)
+            out["variants"]["cuda_graph"] = _measure("cuda_graph", graphed, rows, batch, timed_rows, floor, device,
+                                                     default)
+            del graphed
+        except Exception as err:  # noqa: BLE001
+            out["errors"]["cuda_graph"] = f"{type(err).__name__}: {str(err).strip()[:300]}"
+            say(f"variant cuda_graph FAILED: {out['errors']['cuda_graph']}")
+        _free(device)
+    else:
+        out["errors"]["cuda_graph"] = "skipped: CUDA graphs need a GPU"
+    if compile_budget is not None:
+        out["variants"].update(_compiled(scorer, rows, batch, timed_rows, floor, device, default, compile_budget,
+                                         out["errors"]))
+    for v in out["variants"].values():
+        v.pop("scores", None)
+    del lm, rows
+    _free(device)
+    return out
+
+
+def _compiled(scorer, rows, batch, timed_rows, floor, device, default, budget: float, errors: dict) -> dict:
+    """The default path with the backbone under ``torch.compile`` (static shapes): its compile seconds too."""
+    sc = scorer()
+    try:
+        backbone = sc.backbone
+        compiled = torch.compile(backbone, dynamic=False)
+        sc.backbone = compiled
+        t = time.perf_counter()
+        sc.score(rows[:batch])
+        sync(device)
+        first = time.perf_counter() - t
+        say(f"variant compile: first batch (compiling) {first:.1f} s")
+        if first > budget:
+            errors["compile"] = f"compiling took {first:.0f} s, over its {budget:.0f} s"
+            return {}
+        r = _measure("compile", sc.score, rows, batch, timed_rows, floor, device, default)
+        r["compile_seconds"] = first
+        return {"compile": r}
+    except Exception as err:  # noqa: BLE001
+        errors["compile"] = f"{type(err).__name__}: {str(err).strip()[:300]}"
+        say(f"variant compile FAILED: {errors['compile']}")
+        return {}
+    finally:
+        del sc
+        _free(device)
+
+
+# --------------------------------------------------------------------------------------------- profile, memory
+CATEGORIES = (("gemm", ("gemm", "cutlass", "xmma", "nvjet", "sm90", "sm80", "cublas", "aten::mm", "aten::addmm",
+                        "aten::bmm", "aten::matmul", "aten::linear")),
+              ("attention", ("softmax", "flash", "fmha", "attention")),
+              ("norms and element-wise", ("elementwise", "reduce", "vectorized", "norm", "mul", "add", "pow", "mean",
+                                          "rsqrt", "silu", "gelu", "tanh", "exp", "where", "masked")),
+              ("copies", ("copy", "cat", "memcpy", "memset", "index", "gather", "fill", "to_copy")))
+
+
+def category(name: str) -> str:
+    low = name.lower()
+    for cat, keys in CATEGORIES:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def profile_batch(shape: str, device, dtype, small: bool) -> dict:
+    """One batch of the default path at the plan's batch, profiled: time per kernel category, the time between
+    kernels, and (on a GPU) the largest allocations by operator and input shape."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from probe.core.engine import PrefixScorer
+    from probe.core.heads import LinearRewardHead
+    from probe.core.scoring import default_batch_size, sweep_rows
+    from probe.core.template import response_conversation, split_template
+
+    lm = random_model(shape, device, dtype, small)
+    split = split_template(lm.tokenizer, response_conversation(PROMPT), n_verify=0)
+    rows = sweep_rows(np.arange(8192 if not small else 512), split.suffix_ids).to(device)
+    head = LinearRewardHead(lm.model, 0)
+    batch = min(rows.shape[0], default_batch_size(lm, len(split.prefix_ids), rows.shape[1], "reward", head))
+    sc = PrefixScorer(lm.model, head, split.prefix_ids)
+    sc.score(rows[:batch])
+    sync(device)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    t = time.perf_counter()
+    with profile(activities=activities) as prof:
+        sc.score(rows[:batch])
+        sync(device)
+    wall = time.perf_counter() - t
+    by: dict[str, float] = {}
+    events = [e for e in prof.events() if (e.device_type.name == "CUDA") == cuda]
+    if not cuda:  # the CPU: top-level operators only (their children are inside them)
+        events = [e for e in events if e.cpu_parent is None and e.name.startswith("aten::")]
+    for e in events:
+        us = e.device_time_total if cuda else e.cpu_time_total
+        by[category(e.name)] = by.get(category(e.name), 0.0) + us / 1e6
+    busy = sum(by.values())
+    out = {"shape": shape, "batch": batch, "wall_s": wall, "seconds_by_category": by, "kernel_s": busy,
+           "between_kernels_s": max(0.0, wall - busy), "kernels": len(events)}
+    top: dict[str, float] = {}
+    for e in events:
+        top[e.name[:90]] = top.get(e.name[:90], 0.0) + (e.device_time_total if cuda else e.cpu_time_total) / 1e6
+    out["top_kernels"] = sorted(top.items(), key=lambda kv: -kv[1])[:12]
+    if cuda:
+        out["largest_allocations"] = _largest_allocations(sc, rows[:batch], device)
+        out["peak_bytes_over_weights"] = out["largest_allocations"].pop("peak_over_start")
+    say(f"profile {shape}: batch {batch}, {wall * 1e3:.1f} ms wall, " + ", ".join(
+        f"{k} {v * 1e3:.1f} ms" for k, v in sorted(by.items(), key=lambda kv: -kv[1])))
+    del lm, sc, rows
+    _free(device)
+    return out
+
+
+def _largest_allocations(sc, rows, device) -> dict:
+    """Per operator and input shape, the device memory it allocated during one batch (largest first), and the
+    batch's peak above what was allocated before it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True,
+                 record_shapes=True) as prof:
+        sc.score(rows)
+        sync(device)
+    peak = torch.cuda.max_memory_allocated(device) - start
+    table = prof.key_averages(group_by_input_shape=True)
+    items = sorted(((e.key, str(e.input_shapes)[:160], int(e.self_device_memory_usage)) for e in table
+                    if e.self_device_memory_usage > 0), key=lambda x: -x[2])[:15]
+    return {"peak_over_start": peak, "top": [{"op": k, "shapes": s, "bytes": b} for k, s, b in items]}
+
+
+# --------------------------------------------------------------------------------------------- time to result
+def bench_e2e(device, dtype, small: bool) -> dict:
+    """A whole-vocabulary sweep through ``probe.sweep`` (the API the commands share: vocabulary table and flags,
+    self-check, the run folder with its Parquet files) of a random-weight Llama-3.1-8B-shape reward model with the
+    real Llama 3.1 tokenizer the kit carries, model loading left out; beside it, the engine loop alone over the same
+    ids."""
+    import dataclasses
+
+    import probe
+    from probe.core.engine import PrefixScorer
+    from probe.core.heads import LinearRewardHead
+    from probe.core.scoring import AdaptiveBatcher, default_batch_size, sweep_rows
+    from probe.core.template import response_conversation, split_template
+
+    from transformers import AutoTokenizer
+
+    if not (KIT_TOKENIZER / "tokenizer.json").is_file():
+        raise RuntimeError(f"{KIT_TOKENIZER} is missing: `make gpu-kit` writes it")
+    tok = AutoTokenizer.from_pretrained(KIT_TOKENIZER)
+    lm = random_model("llama-3.1-8b", device, dtype, small)
+    lm = dataclasses.replace(lm, tokenizer=tok)
+    lm.model.config.pad_token_id = tok.pad_token_id
+    limit = 4096 if small else None
+    with tempfile.TemporaryDirectory() as tmp:
+        sync(device)
+        t = time.perf_counter()
+        df = probe.sweep(lm, None, PROMPT, limit=limit, output=tmp)
+        sync(device)
+        total = time.perf_counter() - t
+        files = {p.name: p.stat().st_size for p in Path(tmp).rglob("*.parquet")}
+    n = df.height
+    split = split_template(tok, response_conversation(PROMPT), n_verify=0)
+    rows = sweep_rows(np.arange(n), split.suffix_ids).to(device)
+    head = LinearRewardHead(lm.model, 0)
+    batch = default_batch_size(lm, len(split.prefix_ids), rows.shape[1], "reward", head)
+    sc = PrefixScorer(lm.model, head, split.prefix_ids)
+    sync(device)
+    t = time.perf_counter()
+    AdaptiveBatcher(batch).run(sc.score, rows)
+    sync(device)
+    engine = time.perf_counter() - t
+    say(f"time to result: {n:,} ids in {total:.2f} s through probe.sweep, {engine:.2f} s in the engine loop alone")
+    del lm, sc
+    _free(device)
+    return {"ids": n, "seconds_total": total, "seconds_engine_loop": engine, "overhead_s": total - engine,
+            "parquet_bytes": files, "batch": batch}

@@ -1,0 +1,177 @@
+"""Scores that depend only on what was asked: batch-invariant arithmetic for the engine.
+
+A score must be a function of (model, input, dtype, device type, software stack), never of the batch it shared:
+the batch size, an out-of-memory halving, a resume, a shard, torchrun's world size or the thread count change
+speed, not numbers. Three things made a row's score move with its batch (measured, issue 62):
+
+* **BLAS on the CPU.** MKL picks another code path and another split of the reduction over threads by the
+  matrix's row count (float32 ``addmm`` of 4,096 x 4,096 weights differs at every row count below 300 from a
+  1,024-row product; 1 and 2 threads differ at 64 and 256 rows). MKL's strict Conditional Numerical
+  Reproducibility mode (``MKL_CBWR=AUTO,STRICT``, read once, at MKL's first call) makes each output row's sum
+  the same at every row count and thread count (checked here on AVX-512 and on MKL's AVX2 path): the commands and
+  the API set it before any product (`probe.runs.cpu.reproducible_blas`), and `blas_mode` reads back what is in
+  effect for the run's record.
+* **Matrix-vector products and reductions whose order follows the batch.** ``h @ w`` (a reward head's dot
+  product) runs MKL's ``sgemv``, which splits rows by count: 1,122 of 3,200 sweep scores of a tiny reward model
+  moved between batches of 256 and 7. The heads read every dot product and every sum over a row's tokens through
+  `tree_sum`: a fixed pairwise tree of elementwise additions, the same for every row at every batch size, on every
+  device and library, and the same for a row padded with zeros to any length (the folds past its own length add
+  exact zeros).
+* **Rows padded to the longest row beside them.** A whole response padded to the batch's longest row meets other
+  kernel shapes (attention over more keys, more positions) than alone: the engine pads a row to a length set by
+  the row alone (`bucket_length`) and runs each length bucket as its own forward (probe/core/engine.py).
+
+On a GPU, cuBLAS also picks its GEMM kernel by the row count (an H200 moved every bf16 score by up to 0.17 at one
+batch size per shape). `row_tiles` computes every linear layer of the model, and the shared-prefix attention's
+products, in tiles of a fixed number of token rows (`TILE_ROWS`, the last tile zero-padded), so every product has
+one shape whatever the batch; whether a kernel of that shape gives a row the same bits at every position in the
+tile (it does, unless cuBLAS splits the reduction across thread blocks) is what the GPU kit measures.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+# token rows per product on a GPU (a multiple of every GEMM kernel's row tile; large enough to keep an H100/H200's
+# tensor cores busy: Llama-3.1-8B's MLP at 4,096 rows is 0.48 TFLOP per product). RM_PROBE_TILE_ROWS overrides it
+# (the GPU kit's variants; 0: no tiles), and the run records the value that ran.
+TILE_ROWS = {"cuda": 4096}
+BUCKET = 8  # a row's padded length: its own length if at most this, else rounded up to a multiple of it
+
+
+def tree_sum(x: Tensor, dim: int = -1, inplace: bool = False) -> Tensor:
+    """``x.sum(dim)`` in a fixed order: zero-padded to a power of two, then folded in halves (``x[:h] + x[h:]``).
+    Elementwise additions only, so each output's bits do not depend on how many outputs there are, on the device's
+    reduction kernels or on zeros padded after its terms. ``inplace``: fold into ``x`` itself (a scratch tensor;
+    no memory beyond it where its length is a power of two)."""
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    if n == 0:
+        return x.sum(dim)
+    width = 1 << (n - 1).bit_length()
+    if width != n:
+        shape = list(x.shape)
+        shape[dim] = width - n
+        x = torch.cat([x, x.new_zeros(shape)], dim)
+    while x.shape[dim] > 1:
+        half = x.shape[dim] // 2
+        if inplace:
+            x = x.narrow(dim, 0, half).add_(x.narrow(dim, half, half))
+        else:
+            x = x.narrow(dim, 0, half) + x.narrow(dim, half, half)
+    return x.squeeze(dim)
+
+
+def dot_rows(h: Tensor, w: Tensor) -> Tensor:
+    """Each row of ``h`` [..., d] dotted with ``w`` [d], in `tree_sum`'s order."""
+    return tree_sum(h * w)
+
+
+def bucket_length(n: int) -> int:
+    """The length a row of ``n`` continuation ids is padded to, a function of the row alone: ``n`` itself up to
+    `BUCKET` (a sweep's rows: no padding), else ``n`` rounded up to a multiple of it."""
+    return n if n <= BUCKET else -(-n // BUCKET) * BUCKET
+
+
+def buckets(lengths: list[int]) -> dict[int, list[int]]:
+    """Row indices grouped by `bucket_length`, in order of first appearance."""
+    out: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        out.setdefault(bucket_length(n), []).append(i)
+    return out
+
+
+def tile_rows(device: torch.device) -> int | None:
+    """Token rows per product on ``device`` (None: the device's kernels are row-invariant as they are)."""
+    import os
+
+    rows = TILE_ROWS.get(torch.device(device).type)
+    if rows is not None and os.environ.get("RM_PROBE_TILE_ROWS"):
+        rows = int(os.environ["RM_PROBE_TILE_ROWS"]) or None
+    return rows
+
+
+def in_tiles(fn, rows: int, *tensors: Tensor) -> Tensor:
+    """``fn(*tensors)`` (each tensor's first dimension the rows; ``fn`` row by row) computed ``rows`` rows at a
+    time, the last tile zero-padded: every call of ``fn`` sees ``rows`` rows."""
+    n = tensors[0].shape[0]
+    pad = (-n) % rows
+    if pad:
+        tensors = tuple(torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) for t in tensors)
+    return torch.cat([fn(*(t[s : s + rows] for t in tensors)) for s in range(0, n + pad, rows)])[:n]
+
+
+def tiled(fn, x: Tensor, rows: int) -> Tensor:
+    """``fn(x)`` for ``x`` [..., k] (leading dimensions flattened to token rows), computed ``rows`` token rows at a
+    time (`in_tiles`)."""
+    out = in_tiles(fn, rows, x.reshape(-1, x.shape[-1]))
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear`` in the device's fixed row tiles (`tile_rows`): for the heads' own products."""
+    rows = tile_rows(x.device)
+    fn = lambda t: torch.nn.functional.linear(t, weight, bias)  # noqa: E731
+    return fn(x) if rows is None else tiled(fn, x, rows)
+
+
+def _tiled_linear(module: torch.nn.Linear, rows: int):
+    def forward(x: Tensor) -> Tensor:
+        return tiled(lambda t: torch.nn.functional.linear(t, module.weight, module.bias), x, rows)
+
+    return forward
+
+
+@contextmanager
+def row_tiles(model: torch.nn.Module, rows: int | None):
+    """Every ``nn.Linear`` of ``model`` computed ``rows`` token rows at a time for the duration of the block (no-op
+    where ``rows`` is None)."""
+    if rows is None:
+        yield
+        return
+    patched = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    for m in patched:
+        m.forward = _tiled_linear(m, rows)
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m.forward  # the class's own forward again
+
+
+_warned = False
+
+
+def check_cpu(device: torch.device) -> None:
+    """One warning per process where the CPU's BLAS is not in its reproducible mode (scores then move with the
+    batch in their last bits)."""
+    global _warned
+    if _warned or torch.device(device).type != "cpu":
+        return
+    from probe.runs.cpu import blas_mode
+
+    mode = blas_mode()
+    if not mode["strict"]:
+        import logging
+
+        logging.getLogger(__name__).warning("scores may change in their last bits with the batch size: %s", mode["why"])
+    _warned = True
+
+
+def describe(device: torch.device) -> dict:
+    """What this run's scores are invariant to, and how, for meta.json."""
+    from probe.runs.cpu import blas_mode
+
+    device = torch.device(device)
+    out = {"row_sums": "tree_sum (fixed pairwise order)", "padding": f"per-row length buckets of {BUCKET}"}
+    if device.type == "cpu":
+        mode = blas_mode()
+        out["cpu_blas"] = mode
+        out["batch_invariant"] = mode.get("strict", False)
+    else:
+        out["tile_rows"] = tile_rows(device)
+        out["batch_invariant"] = "measured by the GPU kit (experiments/results/gpu/)"
+    return out
