@@ -11,7 +11,7 @@ whether its scores equal the default's bitwise.
 Also here: a profile of one batch per shape (``torch.profiler``: GEMM, attention, norms and element-wise, copies,
 other kernels and the time between them), the largest allocations of that batch (what the memory plan may miss), and
 the time to result as a user sees it: a whole-vocabulary ``probe.sweep`` with the real Llama 3.1 tokenizer the kit
-carries (vocabulary flags, self-check, the run folder's Parquet files), beside the engine loop alone.
+carries (vocabulary flags, self-check) written to Parquet, beside the engine loop alone.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def _largest_allocations(sc, rows, device) -> dict:
 # --------------------------------------------------------------------------------------------- time to result
 def bench_e2e(device, dtype, small: bool) -> dict:
     """A whole-vocabulary sweep through ``probe.sweep`` (the API the commands share: vocabulary table and flags,
-    self-check, the run folder with its Parquet files) of a random-weight Llama-3.1-8B-shape reward model with the
+    self-check), written to Parquet as the command writes it, of a random-weight Llama-3.1-8B-shape reward model with the
     real Llama 3.1 tokenizer the kit carries, model loading left out; beside it, the engine loop alone over the same
     ids."""
     import dataclasses
@@ -299,13 +299,16 @@ def bench_e2e(device, dtype, small: bool) -> dict:
         raise RuntimeError(f"{KIT_TOKENIZER} is missing: `make gpu-kit` writes it")
     tok = AutoTokenizer.from_pretrained(KIT_TOKENIZER)
     lm = random_model("llama-3.1-8b", device, dtype, small)
+    if lm.model.get_input_embeddings().num_embeddings < len(tok):  # --small: the reduced vocabulary
+        lm.model.resize_token_embeddings(len(tok))
     lm = dataclasses.replace(lm, tokenizer=tok)
     lm.model.config.pad_token_id = tok.pad_token_id
     limit = 4096 if small else None
     with tempfile.TemporaryDirectory() as tmp:
         sync(device)
         t = time.perf_counter()
-        df = probe.sweep(lm, None, PROMPT, limit=limit, output=tmp)
+        df = probe.sweep(lm, None, PROMPT, limit=limit)
+        df.write_parquet(Path(tmp) / "scores.parquet")  # what the command writes: scores with the vocabulary's flags
         sync(device)
         total = time.perf_counter() - t
         files = {p.name: p.stat().st_size for p in Path(tmp).rglob("*.parquet")}
