@@ -121,7 +121,7 @@ def bench_variants(shape: str, device, dtype, small: bool, rate: float, compile_
     head = LinearRewardHead(lm.model, 0)
     batch = min(vocab, default_batch_size(lm, len(split.prefix_ids), rows.shape[1], "reward", head))
     floor = vocab * flops_per_row(lm.model, rows.shape[1]) / rate
-    timed_rows = 1024 if small else 32768
+    timed_rows = 1024 if small else (16384 if shape == "gemma-2-27b" else 32768)
     out = {"shape": shape, "vocab": vocab, "floor_s": floor, "timed_rows": timed_rows, "variants": {}, "errors": {}}
 
     def scorer():
