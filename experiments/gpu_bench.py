@@ -50,7 +50,8 @@ SHAPES = {"llama-3.1-8b": "llama3", "gemma-2-27b": "gemma"}  # shape -> tiny tok
 SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
              num_hidden_layers=2, vocab_size=4096, query_pre_attn_scalar=32)
 STEPS = ("sweep:llama-3.1-8b", "sweep:gemma-2-27b", "variants:llama-3.1-8b", "variants:gemma-2-27b", "profile", "e2e",
-         "ref", "gcg", "responses", "social", "bf16", "torchrun", "compile")
+         "ref", "gcg", "responses", "social", "bf16", "torchrun", "compile", "invariance:llama-3.1-8b",
+         "invariance:gemma-2-27b")
 
 
 def sync(device: torch.device) -> None:
@@ -458,6 +459,8 @@ def main(argv=None) -> dict:
         **{f"variants:{s}": (lambda s=s: gpu_variants.bench_variants(s, device, dtype, args.small, rate)) for s in SHAPES},
         "profile": lambda: {s: gpu_variants.profile_batch(s, device, dtype, args.small) for s in SHAPES},
         "e2e": lambda: gpu_variants.bench_e2e(device, dtype, args.small),
+        # the default path's batch invariance alone (a short device call; `sweep:` measures it with everything else)
+        **{f"invariance:{s}": (lambda s=s: gpu_variants.bench_invariance(s, device, dtype, args.small)) for s in SHAPES},
         # last: compiling may take minutes; CI's CPU run skips it (inductor's C++ build on 2 cores)
         "compile": lambda: (gpu_variants.bench_variants("llama-3.1-8b", device, dtype, args.small, rate,
                                                         compile_budget=150.0, only_compile=True)

@@ -285,7 +285,8 @@ def _run_steps(python: Path, args, out: Path, device: str) -> int:
     env = environment(python)
     commands = {
         "tests": [str(python), "-m", "pytest", *TEST_FILES, "-m", "parity or gpu", "--device", device, "-q",
-                  "-p", "no:cacheprovider", "-o", "addopts=-ra --strict-markers", f"--junitxml={out / 'tests.xml'}"],
+                  "-p", "no:cacheprovider", "-o", "addopts=-ra --strict-markers", f"--junitxml={out / 'tests.xml'}",
+                  *(["-k", args.tests_k] if args.tests_k else [])],
         "bench": [str(python), "-m", "experiments.gpu_bench", "--device", device, "--out", str(out / "bench.json"),
                   *(["--small"] if args.small else []), *(["--steps", args.bench] if args.bench else [])],
     }
@@ -440,6 +441,16 @@ def markdown(r: dict) -> str:
                       if "speedup_shared_vs_uncached" in v) + ".", ""]
     if "sweep" in res:
         lines += _invariance(res["sweep"])
+    if "invariance" in res:
+        lines += ["**Batch invariance of the default path** (shared prefix, the first 4,096 ids at the plan's batch, a "
+                  "quarter, a sixteenth, an odd size and in reverse order):", "",
+                  "| shape | tile rows | batches | largest difference | reversed rows bitwise | bitwise |",
+                  "|---|---|---|---|---|---|"]
+        for shape, x in res["invariance"].items():
+            batches = ", ".join(str(a["batch"]) for a in x["against"])
+            lines.append(f"| {shape} | {x.get('tile_rows')} | {x['base_batch']} vs {batches} | {x['max_abs_diff']:.3g} "
+                         f"| {x['reversed']['bitwise']} | {x['bitwise']} |")
+        lines.append("")
     lines += _variants(res) + _profile(res)
     if "e2e" in res:
         x = res["e2e"]
@@ -486,6 +497,7 @@ def main(argv=None) -> int:
     r.add_argument("--device", default="cuda", help="cuda (the GPU machine) or cpu (CI's proof of the kit)")
     r.add_argument("--small", action="store_true", help="reduced model widths (CI's CPU run)")
     r.add_argument("--bench", default=None, help="only these benchmarks (comma-separated; experiments/gpu_bench.py)")
+    r.add_argument("--tests-k", default=None, help="only the tests pytest -k selects (a short device call)")
     r.add_argument("--only", choices=[name for name, _, _ in STEPS], default=None,
                    help="run one step only (to split the kit over two device calls)")
     r.add_argument("--deadline", type=float, default=540.0,

@@ -328,3 +328,26 @@ def bench_e2e(device, dtype, small: bool) -> dict:
     _free(device)
     return {"ids": n, "seconds_total": total, "seconds_engine_loop": engine, "overhead_s": total - engine,
             "parquet_bytes": files, "batch": batch}
+
+
+def bench_invariance(shape: str, device, dtype, small: bool) -> dict:
+    """The default path's batch invariance alone: the first 4,096 ids at the plan's batch, a quarter and a sixteenth
+    of it, an odd size and in reverse order (what `sweep:` measures beside the timings)."""
+    from probe.core.engine import PrefixScorer
+    from probe.core.heads import LinearRewardHead
+    from probe.core.scoring import default_batch_size, sweep_rows
+    from probe.core.template import response_conversation, split_template
+
+    lm = random_model(shape, device, dtype, small)
+    split = split_template(lm.tokenizer, response_conversation(PROMPT), n_verify=0)
+    rows = sweep_rows(np.arange(INVARIANCE_IDS), split.suffix_ids).to(device)
+    head = LinearRewardHead(lm.model, 0)
+    batch = default_batch_size(lm, len(split.prefix_ids), rows.shape[1], "reward", head)
+    sc = PrefixScorer(lm.model, head, split.prefix_ids)
+    out = batch_invariance(sc.score, rows, invariance_batches(batch, rows.shape[0]))
+    out["tile_rows"] = sc.tiles
+    say(f"invariance {shape}: bitwise {out['bitwise']} (reversed {out['reversed']['bitwise']}), largest difference "
+        f"{out['max_abs_diff']:.3g}")
+    del lm, sc
+    _free(device)
+    return out

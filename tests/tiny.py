@@ -188,7 +188,7 @@ def perturbed_copy(model, seed: int = 7, scale: float = 0.05):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in ref.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
+            p.add_((torch.randn(p.shape, generator=g) * scale).to(p.device))
     return ref
 
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from probe.core.cache import check_replicable, replicate
 from probe.core.heads import ScoreHead
-from probe.core.invariance import buckets, check_cpu, row_tiles, tile_rows
+from probe.core.invariance import attention_tiles, buckets, check_cpu, row_tiles, tile_rows
 from probe.models.attention import require_trained_attention
 
 
@@ -129,12 +129,13 @@ class PrefixScorer:
         b, n = x.shape[0], x.shape[1]
         if n == 0:
             return self.prefix_hidden.new_zeros(b, 0, self.prefix_hidden.shape[-1])
-        if not self.use_cache:
-            return self._hidden_uncached(input_ids, inputs_embeds)
-        if self.shared is not None:
+        if self.shared is not None and self.use_cache:
             return self._hidden_shared(input_ids, inputs_embeds, b, n)
-        out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=True,
-                            **{cache_keyword(self.backbone): replicate(self.cache, b)})
+        with attention_tiles(self.backbone, self.tiles if input_ids is not None else None):  # not GCG's gradient
+            if not self.use_cache:
+                return self._hidden_uncached(input_ids, inputs_embeds)
+            out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=True,
+                                **{cache_keyword(self.backbone): replicate(self.cache, b)})
         return out.last_hidden_state
 
     def _hidden_shared(self, input_ids, inputs_embeds, b: int, n: int):
@@ -251,7 +252,11 @@ class FullSequenceScorer:
             by_len.setdefault(n, []).append(i)
         step = self.batch_size or len(sizes)
         parts, order = [], []
-        with torch.inference_mode(), row_tiles(self.model, tile_rows(self.device)):
+        from probe.kernels.prefix_attention import supported
+
+        tiles = tile_rows(self.device)
+        attention = attention_tiles(backbone_of(self.model), tiles if supported(self.model) else None)
+        with torch.inference_mode(), row_tiles(self.model, tiles), attention:
             for n, idx in by_len.items():
                 for s in range(0, len(idx), step):
                     part = idx[s : s + step]

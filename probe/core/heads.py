@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probe.core.invariance import dot_rows, in_tiles, linear, tile_rows, tree_sum
+from probe.core.invariance import dot_rows, in_tiles, linear, running_sum, tile_rows, tree_sum
 from probe.errors import ProbeError
 
 # rows x positions x vocabulary floats materialised at once by the log-probability head (1 GiB of float32)
@@ -419,7 +419,7 @@ class LogprobHead(ScoreHead):
         lp = self.first[cont[:, 0]][:, None]
         if cont.shape[1] > 1:
             lp = torch.cat([lp, self._token_logprobs(hidden[:, : cont.shape[1] - 1], cont[:, 1:])], 1)
-        total = lp.cumsum(1) + self.offset
+        total = running_sum(lp, 1) + self.offset  # not cumsum: a GPU's scan adds in an order that follows the batch
         if self.reduce == "mean":
             total = total / (torch.arange(1, cont.shape[1] + 1, device=total.device)[None] + self.k_fixed)
         return total

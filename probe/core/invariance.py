@@ -65,6 +65,16 @@ def tree_sum(x: Tensor, dim: int = -1, inplace: bool = False) -> Tensor:
     return x.squeeze(dim)
 
 
+def running_sum(x: Tensor, dim: int = -1) -> Tensor:
+    """``x.cumsum(dim)`` one term after another (elementwise additions), the same bits for a row whatever the
+    batch (a GPU's scan kernel adds in a tree that follows the tensor's size)."""
+    x = x.movedim(dim, -1)
+    out = x.clone()
+    for j in range(1, x.shape[-1]):
+        out[..., j] = out[..., j - 1] + x[..., j]
+    return out.movedim(-1, dim)
+
+
 def dot_rows(h: Tensor, w: Tensor) -> Tensor:
     """Each row of ``h`` [..., d] dotted with ``w`` [d], in `tree_sum`'s order."""
     return tree_sum(h * w)
@@ -96,7 +106,10 @@ def tile_rows(device: torch.device) -> int | None:
 
 def in_tiles(fn, rows: int, *tensors: Tensor) -> Tensor:
     """``fn(*tensors)`` (each tensor's first dimension the rows; ``fn`` row by row) computed ``rows`` rows at a
-    time, the last tile zero-padded: every call of ``fn`` sees ``rows`` rows."""
+    time, the last tile zero-padded: every call of ``fn`` sees ``rows`` rows, laid out alike (contiguous: a kernel
+    library picks its kernel by the strides too, and a slice of a transposed view is laid out otherwise than the
+    zero-padded copy of the last tile; the first GPU run with tiles moved the shared path's scores so)."""
+    tensors = tuple(t.contiguous() for t in tensors)
     n = tensors[0].shape[0]
     pad = (-n) % rows
     if pad:
@@ -116,6 +129,65 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     rows = tile_rows(x.device)
     fn = lambda t: torch.nn.functional.linear(t, weight, bias)  # noqa: E731
     return fn(x) if rows is None else tiled(fn, x, rows)
+
+
+TILED = "rm_tiled_"  # + the model's own implementation: that implementation, a fixed number of rows at a time
+
+
+def _own_attention(module, name: str):
+    """The attention function the model's module would call under implementation ``name``: its own file's eager
+    function (Gemma 2's caps its logits), else transformers' registered one."""
+    import sys
+
+    if name == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    from transformers import AttentionInterface
+
+    return AttentionInterface._global_mapping[name]
+
+
+def _tiled_attention(name: str):
+    def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
+        own = _own_attention(module, name)
+        b = query.shape[0]
+        batched_mask = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[0] == b > 1
+
+        def call(q, k, v, *mask):
+            return own(module, q, k, v, mask[0] if mask else attention_mask, **kwargs)[0]
+
+        per = max(1, tile_rows(query.device) // query.shape[2])  # about TILE_ROWS query rows a group
+        return in_tiles(call, per, query, key, value, *([attention_mask] if batched_mask else [])), None
+
+    return attend
+
+
+_registered: set[str] = set()
+
+
+@contextmanager
+def attention_tiles(backbone: torch.nn.Module, rows: int | None):
+    """The backbone's own attention (SDPA, eager, ...) run on a fixed number of batch rows at a time for the
+    duration of the block: the kernel a library picks for attention (FlashAttention splits the keys over thread
+    blocks when a batch has few rows) is then the same whatever the batch. A no-op where ``rows`` is None."""
+    config = backbone.config
+    name = config._attn_implementation
+    if rows is None or name is None or name.startswith(TILED) or name.startswith("rm_"):
+        yield
+        return
+    tiled_name = TILED + name
+    if tiled_name not in _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+        AttentionInterface.register(tiled_name, _tiled_attention(name))
+        if name in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:  # the same mask as the implementation it wraps
+            AttentionMaskInterface.register(tiled_name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[name])
+        _registered.add(tiled_name)
+    config._attn_implementation = tiled_name
+    try:
+        yield
+    finally:
+        config._attn_implementation = name
 
 
 def _tiled_linear(module: torch.nn.Linear, rows: int):

@@ -443,7 +443,8 @@ def batch_parts(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
                 head: ScoreHead | None = None) -> dict:
     """Per device, the memory plan's `Part` of each model that runs on a batch: the model, its ``--ref``
     reference, a pairwise model's second order (each with its own prefix cache)."""
-    from probe.models.memory import Part, fixed_bytes, row_cost
+    from probe.core.invariance import tile_rows
+    from probe.models.memory import Part, fixed_bytes, row_cost, tile_floor
 
     fused = not isinstance(head, LogprobHead) or head.fused
     parts: dict = {}
@@ -455,7 +456,8 @@ def batch_parts(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
         fixed = fixed_bytes(m.model.config, n_prefix, m.dtype, path)
         shares, head_device = device_shares(m.model)
         for device, share in shares.items():
-            parts.setdefault(device, []).append(Part(cost, fixed, share, device == head_device))
+            floor = tile_floor(m.model.config, m.dtype, mode, tile_rows(device), fused)  # one tile, whatever the batch
+            parts.setdefault(device, []).append(Part(cost, fixed + floor / share, share, device == head_device))
     return parts
 
 

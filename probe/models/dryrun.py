@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from probe.errors import ModelLoadError
-from probe.models.memory import Part, fixed_bytes, plan_devices, row_cost
+from probe.core.invariance import tile_rows
+from probe.models.memory import Part, fixed_bytes, plan_devices, row_cost, tile_floor
 from probe.models.shapes import PAPER_RM_SHAPES, config_for
 
 
@@ -83,8 +84,10 @@ def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: st
         path = path_for_config(cfg, m)
         cost = row_cost(cfg, n_prefix, n_new, dtype, m, path)
         costs.append((path, cost))
+        floor = tile_floor(cfg, dtype, m, tile_rows(torch.device(device_type)))  # a GPU's fixed product tiles
         for d in range(n_devices):
-            parts[d].append(Part(cost, fixed_bytes(cfg, n_prefix, dtype, path), 1 / n_devices, d == n_devices - 1))
+            parts[d].append(Part(cost, fixed_bytes(cfg, n_prefix, dtype, path) + floor * n_devices, 1 / n_devices,
+                                 d == n_devices - 1))
     batch = plan_devices(dict.fromkeys(parts, free_each), parts) if free_each > 0 else 0
     if device_type == "cpu" and batch:
         batch = min(batch, 256)  # probe.core.scoring.default_batch_size: the CPU runs use 256

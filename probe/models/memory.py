@@ -20,7 +20,8 @@ float32 vocabulary rows per position; a reward or judge head, nothing worth coun
 
 Fixed, once per prompt: the prefix cache in the model's dtype and, for the shared path in half precision, its
 float32 working copy (``SharedPrefix``); a second model (``--ref``) or a pairwise model's second order holds its
-own. Weights are not counted here: a plan on a loaded model reads the free memory after they are loaded.
+own. On a GPU, whose products run in fixed tiles of token rows (probe/core/invariance.py), one tile's working set
+whatever the batch (`tile_floor`). Weights are not counted here: a plan on a loaded model reads the free memory after they are loaded.
 """
 
 from __future__ import annotations
@@ -136,6 +137,17 @@ def fixed_bytes(config, n_prefix: int, dtype: torch.dtype, path: str = "shared")
     if path == "shared" and dtype in (torch.float16, torch.bfloat16):
         cache += kv_bytes_per_token(config, torch.float32) * n_prefix
     return cache
+
+
+def tile_floor(config, dtype: torch.dtype, mode: str, tile_rows: int | None, fused: bool = True) -> int:
+    """What one forward holds whatever its batch where products run in fixed tiles of ``tile_rows`` token rows
+    (probe/core/invariance.py: a GPU): a zero-padded tile's MLP (its input, gate, up and their product) or, for the
+    fused log-probability head, a tile of positions' vocabulary chunk. 0 without tiles."""
+    if not tile_rows:
+        return 0
+    c = _text_config(config)
+    mlp = tile_rows * (c.hidden_size + 3 * mlp_width(c)) * _elem(dtype)
+    return max(mlp, head_bytes(config, tile_rows + 1, dtype, mode, fused))
 
 
 def batch_for(free: float | int, fixed: float | int, per_row: float | int, cap: int = MAX_BATCH) -> int:
