@@ -32,8 +32,15 @@ WORKLOADS = {
 }
 
 WORKER = r"""
-import sys, time, os, json, random
+import sys, time, os, json, random, importlib.util
 sys.path.insert(0, TREE)
+# this tree's kernels/ as probe.kernels (an editable install maps it to its own checkout's)
+spec = importlib.util.spec_from_file_location("probe.kernels", TREE + "/kernels/__init__.py",
+                                              submodule_search_locations=[TREE + "/kernels"])
+sys.modules["probe.kernels"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sys.modules["probe.kernels"])
+import probe
+assert probe.__file__.startswith(TREE), probe.__file__
 import torch
 import numpy as np
 torch.set_num_threads(THREADS)

@@ -12,6 +12,7 @@ by length. Tests compare the two; every sweep re-checks a sample with it before 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -255,7 +256,9 @@ class FullSequenceScorer:
         from probe.kernels.prefix_attention import supported
 
         tiles = tile_rows(self.device)
-        attention = attention_tiles(backbone_of(self.model), tiles if supported(self.model) else None)
+        # the model's own attention in fixed row groups, for the decoder families whose modules call transformers'
+        # attention interface (encoders, T5 and remote code keep theirs)
+        attention = attention_tiles(backbone_of(self.model), tiles) if supported(self.model) else nullcontext()
         with torch.inference_mode(), row_tiles(self.model, tiles), attention:
             for n, idx in by_len.items():
                 for s in range(0, len(idx), step):

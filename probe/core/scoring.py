@@ -4,6 +4,7 @@ score many rows in OOM-adaptive batches, and self-check the fast path against th
 from __future__ import annotations
 
 import copy
+import math
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -448,6 +449,7 @@ def batch_parts(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
 
     fused = not isinstance(head, LogprobHead) or head.fused
     parts: dict = {}
+    floors: dict = {}
     models = [loaded] + ([loaded.ref] if loaded.ref is not None else [])
     models += [loaded] if loaded.pairwise is not None and loaded.pairwise.two_orders else []
     for m in models:
@@ -456,8 +458,12 @@ def batch_parts(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
         fixed = fixed_bytes(m.model.config, n_prefix, m.dtype, path)
         shares, head_device = device_shares(m.model)
         for device, share in shares.items():
-            floor = tile_floor(m.model.config, m.dtype, mode, tile_rows(device), fused)  # one tile, whatever the batch
-            parts.setdefault(device, []).append(Part(cost, fixed + floor / share, share, device == head_device))
+            parts.setdefault(device, []).append(Part(cost, fixed, share, device == head_device))
+            floors[device] = max(floors.get(device, 0), tile_floor(m.model.config, m.dtype, mode, tile_rows(device), fused))
+    for device, floor in floors.items():  # one tile's working set whatever the batch, once: the models run in turn
+        if floor:
+            first = parts[device][0]
+            parts[device][0] = replace(first, fixed=first.fixed + math.ceil(floor / first.layer_share))
     return parts
 
 

@@ -77,13 +77,20 @@ def test_oom_halving_on_the_cuda_allocator_loses_no_row(tiny_models, device):
     scorer = PrefixScorer(lm.model, make_head(lm, "logprob"), prefix)
     want = AdaptiveBatcher(256).run(scorer.score, cont, lengths=lengths)
     per_row = row_cost(lm.model.config, len(prefix), cont.shape[1], torch.float32, "logprob", scoring_path(lm)).total
-    # one tile of products whatever the batch (probe/core/invariance.py), as the plan counts it
-    floor = tile_floor(lm.model.config, torch.float32, "logprob", tile_rows(device))
     # set_per_process_memory_fraction needs the device's index: torch.device("cuda") alone raises ValueError
     index = device.index if device.index is not None else torch.cuda.current_device()
+    # what a batch of one row holds: on a GPU a whole tile of products whatever the batch (probe/core/invariance.py;
+    # the plan counts it as `tile_floor`), twice for the allocator's rounding; the first GPU run with tiles found the
+    # plan's floor alone too little for this cap (every halving down to one row failed)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(index)
+    before = torch.cuda.memory_allocated(index)
+    scorer.score(cont[:1], lengths[:1])
+    one = torch.cuda.max_memory_allocated(index) - before
+    assert one >= 0.5 * tile_floor(lm.model.config, torch.float32, "logprob", tile_rows(device))
     torch.cuda.empty_cache()
     _, total = torch.cuda.mem_get_info(index)
-    cap = torch.cuda.memory_reserved(index) + floor + per_row * 8192 // 4
+    cap = torch.cuda.memory_reserved(index) + 2 * one + per_row * 8192 // 4
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
     try:
         batcher = AdaptiveBatcher(8192)

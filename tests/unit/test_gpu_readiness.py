@@ -421,7 +421,8 @@ def test_the_gpu_batch_is_planned_on_free_memory_with_the_reference_run_after_th
     room for 10.5 rows: 8 (a power of two); counted together, 5.25 rows: 4; planned on the card's total: more."""
     from probe.core import scoring
     from probe.models.loading import LoadedModel
-    from probe.models.memory import fixed_bytes, row_cost
+    from probe.core.invariance import tile_rows
+    from probe.models.memory import fixed_bytes, row_cost, tile_floor
 
     lm = tiny_models["llama-lm"]
     gpu = torch.device("cuda", 0)
@@ -430,7 +431,9 @@ def test_the_gpu_batch_is_planned_on_free_memory_with_the_reference_run_after_th
     config = lm.model.config
     per_row = row_cost(config, 40, 3, torch.float32, "logprob", "shared").total
     fixed = fixed_bytes(config, 40, torch.float32, "shared")
-    free = (2 * fixed + 10.5 * per_row) / 0.7  # FREE_FRACTION of it: both caches and 10.5 rows
+    floor = tile_floor(config, torch.float32, "logprob", tile_rows(gpu))  # one tile of products, once: run in turn
+    assert floor > 0
+    free = (2 * fixed + floor + 10.5 * per_row) / 0.7  # FREE_FRACTION of it: both caches, a tile and 10.5 rows
     seen = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: seen.append(d) or (int(free), int(10 * free)))
     with_ref = replace(lm, ref=lm, beta=1.0)
