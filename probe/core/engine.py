@@ -55,7 +55,7 @@ def fit(cont: Tensor, width: int) -> Tensor:
 def by_bucket(cont: Tensor, lengths: Tensor, fn) -> list[tuple[Tensor, Any]]:
     """``fn(rows, lengths)`` on each length bucket of the rows (probe/core/invariance.py: a row is padded to a
     length set by itself alone, never to the longest row beside it), as (row indices, result) pairs."""
-    groups = buckets(lengths.tolist())
+    groups = buckets(lengths.tolist(), cont.device)
     if len(groups) == 1:
         (width, _), = groups.items()
         return [(torch.arange(cont.shape[0], device=cont.device), fn(fit(cont, width), lengths))]

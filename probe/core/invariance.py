@@ -19,7 +19,8 @@ speed, not numbers. Three things made a row's score move with its batch (measure
   exact zeros).
 * **Rows padded to the longest row beside them.** A whole response padded to the batch's longest row meets other
   kernel shapes (attention over more keys, more positions) than alone: the engine pads a row to a length set by
-  the row alone (`bucket_length`) and runs each length bucket as its own forward (probe/core/engine.py).
+  the row alone (`bucket_length`: on a CPU none, each length its own forward; on a GPU a multiple of 8) and runs
+  each length bucket as its own forward (probe/core/engine.py).
 
 On a GPU, cuBLAS also picks its GEMM kernel by the row count (an H200 moved every bf16 score by up to 0.17 at one
 batch size per shape). `row_tiles` computes every linear layer of the model, and the shared-prefix attention's
@@ -39,7 +40,11 @@ from torch import Tensor
 # tensor cores busy: Llama-3.1-8B's MLP at 4,096 rows is 0.48 TFLOP per product). RM_PROBE_TILE_ROWS overrides it
 # (the GPU kit's variants; 0: no tiles), and the run records the value that ran.
 TILE_ROWS = {"cuda": 4096}
-BUCKET = 8  # a row's padded length: its own length if at most this, else rounded up to a multiple of it
+# a row's padded length: its own length if at most this, else rounded up to a multiple of it. A CPU runs each exact
+# length on its own (padding costs it more than the extra forwards: 512 whole responses of SmolLM2, 1.12x the time
+# before invariance with buckets of 8, 0.93x with exact lengths); a GPU, whose products run in whole tiles, fewer and
+# fuller forwards
+BUCKET = {"cpu": 1, "cuda": 8}
 
 
 def tree_sum(x: Tensor, dim: int = -1, inplace: bool = False) -> Tensor:
@@ -80,17 +85,18 @@ def dot_rows(h: Tensor, w: Tensor) -> Tensor:
     return tree_sum(h * w)
 
 
-def bucket_length(n: int) -> int:
-    """The length a row of ``n`` continuation ids is padded to, a function of the row alone: ``n`` itself up to
-    `BUCKET` (a sweep's rows: no padding), else ``n`` rounded up to a multiple of it."""
-    return n if n <= BUCKET else -(-n // BUCKET) * BUCKET
+def bucket_length(n: int, device: torch.device | str = "cpu") -> int:
+    """The length a row of ``n`` continuation ids is padded to on ``device``, a function of the row alone: ``n``
+    itself up to the device's `BUCKET` (a sweep's rows: no padding), else ``n`` rounded up to a multiple of it."""
+    step = BUCKET.get(torch.device(device).type, 8)
+    return n if n <= step else -(-n // step) * step
 
 
-def buckets(lengths: list[int]) -> dict[int, list[int]]:
+def buckets(lengths: list[int], device: torch.device | str = "cpu") -> dict[int, list[int]]:
     """Row indices grouped by `bucket_length`, in order of first appearance."""
     out: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
-        out.setdefault(bucket_length(n), []).append(i)
+        out.setdefault(bucket_length(n, device), []).append(i)
     return out
 
 
@@ -238,7 +244,9 @@ def describe(device: torch.device) -> dict:
     from probe.runs.cpu import blas_mode
 
     device = torch.device(device)
-    out = {"row_sums": "tree_sum (fixed pairwise order)", "padding": f"per-row length buckets of {BUCKET}"}
+    step = BUCKET.get(device.type, 8)
+    out = {"row_sums": "tree_sum (fixed pairwise order)",
+           "padding": "none: each length its own forward" if step == 1 else f"per-row length buckets of {step}"}
     if device.type == "cpu":
         mode = blas_mode()
         out["cpu_blas"] = mode

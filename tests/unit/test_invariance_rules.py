@@ -72,8 +72,11 @@ def test_a_dot_product_is_the_same_at_every_row_count():
 
 
 def test_buckets_depend_on_the_row_alone():
-    assert [bucket_length(n) for n in (1, 2, 8, 9, 16, 17, 100)] == [1, 2, 8, 16, 16, 24, 104]
-    assert buckets([3, 9, 3, 16, 40]) == {3: [0, 2], 16: [1, 3], 40: [4]}
+    gpu = torch.device("cuda")  # only its type: no GPU needed
+    assert [bucket_length(n, gpu) for n in (1, 2, 8, 9, 16, 17, 100)] == [1, 2, 8, 16, 16, 24, 104]
+    assert buckets([3, 9, 3, 16, 40], gpu) == {3: [0, 2], 16: [1, 3], 40: [4]}
+    assert [bucket_length(n, "cpu") for n in (1, 9, 17, 100)] == [1, 9, 17, 100]  # the CPU: no padding at all
+    assert buckets([3, 9, 3, 16, 9]) == {3: [0, 2], 9: [1, 4], 16: [3]}
 
 
 def test_in_tiles_gives_every_call_one_shape():
@@ -111,3 +114,22 @@ def test_running_sum_is_cumsum_one_term_after_another():
     assert torch.equal(running_sum(x[:2], 1), got[:2]) and torch.equal(running_sum(x.t(), 0), got.t())
 
 
+
+
+@pytest.mark.parametrize("path", ("shared", "cache", "uncached"))
+def test_the_gpus_length_buckets_hold_every_batch_alike_on_the_cpu(tiny_models, path, device, monkeypatch):
+    """A GPU pads a whole response to a multiple of 8 ids (fewer, fuller forwards); the same rule on the CPU: every
+    batch gives a row the same bits, and the padding changes a score by float32 rounding at most."""
+    if device.type != "cpu":
+        pytest.skip("the GPU's rule, run on the CPU")
+    from probe.core import invariance
+
+    lm, head, split = _setup(tiny_models, "llama-rm", "reward")
+    rows = _responses(lm.tokenizer, split, 24, seed=17)
+    exact = _at(_scorer(lm, head, split, path).score, rows, 24)
+    monkeypatch.setitem(invariance.BUCKET, "cpu", 8)
+    assert len({bucket_length(len(r)) for r in rows}) < len({len(r) for r in rows})  # rows really padded
+    score = _scorer(lm, head, split, path).score
+    base = _at(score, rows, 24)
+    assert torch.equal(_at(score, rows, 5), base) and torch.equal(_at(score, rows[:6], 1), base[:6])
+    torch.testing.assert_close(base, exact, rtol=2e-5, atol=2e-5)
