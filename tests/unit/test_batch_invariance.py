@@ -51,6 +51,14 @@ def _scorer(lm, head, split, path: str):
                         shared_attention=path == "shared")
 
 
+def _case(tiny_models, name: str, mode: str, path: str, device):
+    """(model, split, score function) of a case; skipped where the path is not rm-probe's own arithmetic."""
+    if path == "full" and name in OWN_CODE and device.type != "cpu":
+        pytest.skip("the test's own stand-in of a remote class sums in its own way (OWN_CODE)")
+    lm, head, split = _setup(tiny_models, name, mode)
+    return lm, split, _scorer(lm, head, split, path).score
+
+
 def _at(score, rows, batch: int) -> torch.Tensor:
     return torch.cat([score(rows[i : i + batch]).cpu() for i in range(0, len(rows), batch)])
 
@@ -66,11 +74,8 @@ def _responses(tok, split, n: int, seed: int, longest: int = 20) -> list[list[in
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name,mode", CASES)
 def test_a_sweep_row_has_the_same_bits_at_every_batch_size_and_position(tiny_models, name, mode, path, device):
-    if path == "full" and name in OWN_CODE and device.type != "cpu":
-        pytest.skip("the test's own stand-in of a remote class sums in its own way (OWN_CODE)")
-    lm, head, split = _setup(tiny_models, name, mode)
+    lm, split, score = _case(tiny_models, name, mode, path, device)
     rows = sweep_rows(np.arange(0, len(lm.tokenizer), 9), split.suffix_ids)
-    score = _scorer(lm, head, split, path).score
     base = _at(score, rows, 256)
     assert base.std() > 1e-3  # scores that vary: the comparison is not between constants
     for batch in (85, 7):
@@ -82,12 +87,9 @@ def test_a_sweep_row_has_the_same_bits_at_every_batch_size_and_position(tiny_mod
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name,mode", CASES)
 def test_a_whole_response_has_the_same_bits_whatever_rows_are_padded_beside_it(tiny_models, name, mode, path, device):
-    if path == "full" and name in OWN_CODE and device.type != "cpu":
-        pytest.skip("the test's own stand-in of a remote class sums in its own way (OWN_CODE)")
-    lm, head, split = _setup(tiny_models, name, mode)
+    lm, split, score = _case(tiny_models, name, mode, path, device)
     rows = _responses(lm.tokenizer, split, 24, seed=3)
     assert len({len(r) for r in rows}) > 8  # rows of many lengths, padded beside each other
-    score = _scorer(lm, head, split, path).score
     base = _at(score, rows, 24)
     assert torch.equal(_at(score, rows, 5), base)
     assert torch.equal(_at(score, rows[:8], 1), base[:8])

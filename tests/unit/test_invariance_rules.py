@@ -133,3 +133,22 @@ def test_the_gpus_length_buckets_hold_every_batch_alike_on_the_cpu(tiny_models, 
     base = _at(score, rows, 24)
     assert torch.equal(_at(score, rows, 5), base) and torch.equal(_at(score, rows[:6], 1), base[:6])
     torch.testing.assert_close(base, exact, rtol=2e-5, atol=2e-5)
+
+
+def test_a_process_that_multiplied_before_importing_the_api_is_told(tiny_dirs):
+    """MKL reads its mode once, at its first product: a script that multiplied float32 matrices before rm-probe's API
+    could set it scores with MKL's default mode; it is warned once, and its runs record it."""
+    import os
+    import subprocess
+    import sys
+
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL")
+    code = ("import torch\nx = torch.randn(64, 64)\nx @ x\nimport probe\nlm = probe.load(%r, device='cpu')\n"
+            "probe.sweep(lm, None, 'What is best?', limit=8, verify=0)\n"
+            "from probe.core.invariance import describe\nprint(describe(torch.device('cpu')))\n" % tiny_dirs["rm"])
+    env = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"} | {"HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("MKL ran a product before rm-probe could set MKL_CBWR") == 1
+    assert "'batch_invariant': False" in done.stdout
