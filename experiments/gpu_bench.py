@@ -49,9 +49,11 @@ PROMPT = "What, in one word, is the greatest thing ever?"
 SHAPES = {"llama-3.1-8b": "llama3", "gemma-2-27b": "gemma"}  # shape -> tiny tokenizer family (its template)
 SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
              num_hidden_layers=2, vocab_size=4096, query_pre_attn_scalar=32)
-STEPS = ("sweep:llama-3.1-8b", "sweep:gemma-2-27b", "variants:llama-3.1-8b", "variants:gemma-2-27b", "profile", "e2e",
-         "ref", "gcg", "responses", "social", "bf16", "torchrun", "compile", "invariance:llama-3.1-8b",
-         "invariance:gemma-2-27b")
+# in the order they run: what the last whole run (run3) did not reach first after the sweeps (compile), the short
+# invariance steps only where named (--steps)
+STEPS = ("sweep:llama-3.1-8b", "sweep:gemma-2-27b", "variants:llama-3.1-8b", "variants:gemma-2-27b", "profile",
+         "compile", "e2e", "ref", "gcg", "responses", "social", "bf16", "torchrun")
+SHORT = ("invariance:llama-3.1-8b", "invariance:gemma-2-27b")
 
 
 def sync(device: torch.device) -> None:
@@ -427,7 +429,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true", help="every width shrunk (the kit's CPU run in CI)")
-    ap.add_argument("--steps", default=",".join(STEPS), help=f"which of {', '.join(STEPS)}")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"which of {', '.join(STEPS + SHORT)}")
     ap.add_argument("--out", required=True, help="the JSON file to write")
     args = ap.parse_args(argv)
     from experiments import gpu_variants
@@ -435,7 +437,7 @@ def main(argv=None) -> dict:
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     steps = args.steps.split(",")
-    unknown = sorted(set(steps) - set(STEPS))
+    unknown = sorted(set(steps) - set(STEPS + SHORT))
     if unknown:
         ap.error(f"--steps: unknown {', '.join(unknown)}")
     rate = matmul_rate(device, dtype, 8192 if device.type == "cuda" else 1024)
