@@ -41,7 +41,10 @@ def _prompt_meta(prompt, rows, tokenizer, system) -> dict:
     for c in rows.change:
         if c:
             changes[c] = changes.get(c, 0) + 1
-    return {"text": prompt.text, "system": system, **prompt.meta(), "prefix_ids": list(rows.prefix_ids),
+    from probe.runs.meta import system_record
+
+    fed = rows.split.system if rows.split is not None else system
+    return {"text": prompt.text, **system_record(fed, system), **prompt.meta(), "prefix_ids": list(rows.prefix_ids),
             "prefix_text": tokenizer.decode(list(rows.prefix_ids)), "suffix_ids": list(rows.suffix_ids),
             "suffix_text": tokenizer.decode(list(rows.suffix_ids)),
             "rows_with_another_prefix": sum(p != rows.prefix_ids for p in rows.prefixes),
