@@ -412,6 +412,8 @@ def load_model(
     own_judge = spec.judge_prompt if kind == "causal" and judge_prompt is not None \
         and judge_prompt == spec.judge_prompt else None
     _set_input_call(tokenizer, spec, kind, input_method, own_judge is not None)
+    if kind == "reward" and input_method == "ids" and pairwise is None:
+        _warn_rewardbench_bos(model_id, tokenizer, spec)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
     apply_shims(spec, trust_remote_code)
@@ -508,6 +510,28 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
         tokenizer.rm_probe_call_ids = (rewardbench_call_ids(tokenizer, spec.rewardbench_pipeline) if route
                                        else add_eos_call_ids(tokenizer) if spec.input_eos and kind == "reward"
                                        else CallIds(*call_special_tokens(tokenizer)))
+
+
+def _warn_rewardbench_bos(model_id: str, tokenizer, spec: RewardModelSpec) -> None:
+    """Where the default route feeds the template's ids and the checkpoint's template writes no BOS while the
+    tokenizer's own call adds one, RewardBench's pipeline (tokenizer(text), the first of a doubled BOS masked: 0.1.4's
+    and RewardBench 2's) feeds one BOS more than this run: said at loading, so that numbers are compared knowingly."""
+    from probe.core.template import call_special_tokens, input_call
+    from probe.models.registry import DOUBLE_BOS_MASKED
+
+    if input_call(tokenizer) != "chat_template" or spec.rewardbench_pipeline not in DOUBLE_BOS_MASKED:
+        return
+    try:
+        lead, _ = call_special_tokens(tokenizer)
+        ids = list(tokenizer.apply_chat_template([{"role": "user", "content": "a"}, {"role": "assistant",
+                                                  "content": "b"}], tokenize=True, return_dict=False))
+    except Exception:  # a template that cannot render this: the split will say why
+        return
+    if lead and ids[: len(lead)] != lead:
+        log.warning("%s: its chat template writes no BOS and its tokenizer's call adds one: this run feeds the "
+                    "template's ids (what the model card's classifier and its training read), %s feeds one %s more "
+                    "(--input-method rewardbench reproduces it)", model_id, spec.rewardbench_pipeline,
+                    tokenizer.decode(lead))
 
 
 def rewardbench_differs(spec: RewardModelSpec) -> bool:

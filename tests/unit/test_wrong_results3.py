@@ -277,3 +277,67 @@ def test_worldpm_sweep_records_its_empty_system_turn(worldpm_dir, tmp_path):  # 
     assert info["system"] == "" and info["system_given"] is None
     assert "<|im_start|>system\n<|im_end|>" in info["prefix_text"] and "You are Qwen" not in info["prefix_text"]
 
+
+# --- 3. allenai's RewardBench 2 classifiers: the template's ids, and RewardBench 2's where they differ --------------
+RB2 = "allenai/Llama-3.1-Tulu-3-8B-RM"
+# open-instruct's 'tulu' chat template (open_instruct/dataset_processor.py, as docs/tulu3.md trains this RM with
+# `--chat_template tulu` and no --add_bos): no BOS written; rewritten here in its own words, same rendering
+TULU = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ '<|system|>\\n' + m['content'] + '\\n' }}"
+        "{% elif m['role'] == 'user' %}{{ '<|user|>\\n' + m['content'] + '\\n' }}{% elif m['role'] == 'assistant' %}"
+        "{{ '<|assistant|>\\n' + m['content'] + eos_token }}{% if not loop.last %}{{ '\\n' }}{% endif %}{% endif %}"
+        "{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}{% endfor %}")
+
+
+@pytest.mark.parametrize("template", ["llama3.1", "tulu"])
+def test_rb2_classifier_inputs_are_the_templates_and_rewardbench2s_are_said(tmp_path, template, caplog):
+    """A tiny RB2 classifier on the real Llama 3.1 tokenizer, its template Llama 3.1 Instruct's (writes BOS) or
+    open-instruct's 'tulu' (writes none). The default input is the template's ids (open-instruct's training call);
+    RewardBenchPipeline (RewardBench 2's default_v2) on the template's text gives the same scores where the template
+    writes BOS, and, where it does not, the scores of one BOS more, which --input-method rewardbench reproduces. The
+    registry's account says so, and loading says so for the checkpoint whose ids differ (before: 'the same ids')."""
+    import logging
+
+    from transformers import AutoModelForSequenceClassification
+
+    from probe.core.scoring import ScoringOptions, conversation
+    from probe.core.template import render
+    from probe.models.registry import REGISTRY
+    from tests import real_tokenizers, rewardbench_code as rb, tiny
+
+    tok = real_tokenizers.load("llama3.1", tmp_path / "tok")
+    if template == "tulu":
+        tok.chat_template = TULU
+    tok.pad_token = tok.convert_ids_to_tokens(128004)  # as run_v2.py pads (Llama 3.1's finetune pad id)
+    cfg = tiny.llama_config(tok, pad_token_id=128004)
+    cfg.num_labels = 1
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(cfg).eval()
+    with torch.no_grad():
+        model.score.weight.normal_(0, 1.0)
+    folder = tmp_path / "rm"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    prompt, responses = "What is the greatest thing ever?", ["Love", "The Beatles", "peace and quiet"]
+    with caplog.at_level(logging.WARNING, logger="probe.models.loading"):
+        lm = probe.load(str(folder), device="cpu", spec=RB2)
+    route = probe.load(str(folder), device="cpu", spec=RB2, input_method="rewardbench")
+    conv = [{"role": "user", "content": prompt}, {"role": "assistant", "content": "Love"}]
+    trained = list(tok.apply_chat_template(conv, tokenize=True, return_dict=False))
+    build = conversation("reward", prompt, None, ScoringOptions(), lm)
+    assert render(lm.tokenizer, build, "Love") == trained
+    bos = [tok.bos_token_id]
+    assert render(route.tokenizer, build, "Love") == (trained if template == "llama3.1" else bos + trained)
+    texts = [tok.apply_chat_template([conv[0], {"role": "assistant", "content": r}], tokenize=False)
+             for r in responses]
+    with rb.on_cpu():
+        rb2 = rb.load("pipeline").RewardBenchPipeline("text-classification", model, tok)(
+            texts, batch_size=1, truncation=False, max_length=2048)[:, 0].float().numpy()
+    default, reproduced = (_by_response(probe.score_responses(m, None, prompt, responses)) for m in (lm, route))
+    np.testing.assert_allclose([reproduced[r] for r in responses], rb2, rtol=2e-5, atol=2e-5)
+    differs = max(abs(default[r] - s) for r, s in zip(responses, rb2))
+    warned = [r.message for r in caplog.records if "writes no BOS" in r.message]
+    if template == "llama3.1":
+        assert differs < 1e-4 and not warned
+    else:
+        assert differs > 1e-4 and len(warned) == 1 and "--input-method rewardbench" in warned[0]
+    assert "one BOS more where it writes none" in REGISTRY[RB2].input_source
