@@ -127,7 +127,8 @@ def _open(config, loaded, prompts, responses, rows, head, batch_size) -> tuple[s
                             prompts={p.key: _prompt_meta(p, rows[p.key], loaded.tokenizer, p.system_or(config.system))
                                      for p in prompts},
                             self_check={}, timing={"sessions": []},
-                            **persona_meta(config, prompts, loaded.tokenizer, config.scoring_options().date_string)))
+                            **persona_meta(config, prompts, loaded.tokenizer, config.scoring_options().date_string,
+                                           {k: r.split.system for k, r in rows.items() if r.split is not None})))
     if meta.get("status") == "complete":
         log.warning("%s is already complete; nothing to resume", run_dir.path)
     else:

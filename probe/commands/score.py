@@ -147,7 +147,8 @@ def _new_meta(config: ScoreVocabConfig, sweep, settings: dict, fp: str) -> dict:
                                      **system_record(sweep.splits[p.key].system, p.system_or(config.system))}
                              for p in sweep.prompts},
                     self_check={}, timing={"prompts": {}},
-                    **persona_meta(config, sweep.prompts, sweep.loaded.tokenizer, config.scoring_options().date_string))
+                    **persona_meta(config, sweep.prompts, sweep.loaded.tokenizer, config.scoring_options().date_string,
+                                   {k: s.system for k, s in sweep.splits.items()}))
 
 
 def print_summary(run_dir, top: int) -> None:

@@ -341,3 +341,36 @@ def test_rb2_classifier_inputs_are_the_templates_and_rewardbench2s_are_said(tmp_
     else:
         assert differs > 1e-4 and len(warned) == 1 and "--input-method rewardbench" in warned[0]
     assert "one BOS more where it writes none" in REGISTRY[RB2].input_source
+
+
+# --- the same slip elsewhere: what --spec names, wherever the family is looked up ------------------------------------
+def test_the_dry_run_plans_the_dtype_of_the_family_spec_names(monkeypatch, tmp_path):
+    """--dry-run's memory plan takes the dtype of the family --spec names (Ziya: float16 on GPU), not the path's."""
+    from probe.config import ScoreVocabConfig
+    from probe.models import dryrun
+
+    seen = {}
+    monkeypatch.setattr(dryrun, "plan", lambda rm, dtype, *a, **k: seen.setdefault("dtype", dtype) and {})
+    dryrun.plan_for_config(ScoreVocabConfig(rm=str(tmp_path), spec="IDEA-CCNL/Ziya-LLaMA-7B-Reward", device="cuda",
+                                            device_memory=80.0))
+    assert seen["dtype"] == torch.float16
+
+
+def test_a_persona_grid_names_the_cards_system_turn_for_a_persona_without_one(prm, tmp_path):
+    """A persona grid on a process reward model: the control (no system message of its own) was fed the card's system
+    prompt; the personas section and its label say so (before: 'the chat template wrote its own default', Qwen's)."""
+    from probe.commands.score import main
+    from probe.core.prompts import system_label
+    from tests.unit.test_prm import QUERY as MATH, QWEN_MATH_SYSTEM
+
+    grid = tmp_path / "personas.yaml"
+    grid.write_text("control:\nterse: Answer tersely.\n")
+    assert main(["--rm", str(prm), "--trust-remote-code", "--prompt", MATH, "--systems", str(grid), "--limit", "4",
+                 "--verify", "2", "--device", "cpu", "--output", str(tmp_path / "out"), "--no-progress"]) == 0
+    meta = _run_meta(tmp_path / "out", "*/exhaustive_*")
+    personas = meta["personas"]
+    assert personas["systems_fed"] == {"control": QWEN_MATH_SYSTEM}
+    assert repr(QWEN_MATH_SYSTEM) in system_label(personas, "control") and "default" not in system_label(personas, "control")
+    assert system_label(personas, "terse") == repr("Answer tersely.")
+    systems = {info.get("persona"): info["system"] for info in meta["prompts"].values()}
+    assert systems == {"control": QWEN_MATH_SYSTEM, "terse": "Answer tersely."}
