@@ -135,7 +135,9 @@ class ModelOptions:
                 "pku-align, ziya, raw, text-pair), a Jinja file, or a tokenizer_config.json (default: the "
                 "tokenizer's own, or the registry's for a family whose card feeds another format or a tokenizer "
                 "without one)", "metavar": "NAME|FILE"})
-    spec: str | None = field(default=None, metadata={"help": "registry entry to use instead of the looked-up one"})
+    spec: str | None = field(default=None, metadata={
+        "help": "registry entry to use instead of the looked-up one: everything its id gives (reader, input, judge "
+                "prompt, default score mode, system turn)", "metavar": "ID"})
     label_index: int | None = field(default=None, metadata={"help": "output column of a multi-output reward head"})
     allow_random_head: bool = field(default=False, metadata={
         "help": "accept a classifier whose head is randomly initialised (a null model)"})
@@ -180,7 +182,9 @@ class ScoreVocabConfig(ModelOptions):
         "help": "a prompt to sweep (repeatable); default: the paper's greatest/best/worst prompts", "repeat": True})
     prompts: str | None = field(default=None, metadata={
         "help": "file of prompts: YAML (key: text, or a list) or text (one per line)", "metavar": "FILE"})
-    system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
+    system: str | None = field(default=None, metadata={
+        "help": "system prompt (default: the model card's or judge prompt's where the family has one, else the "
+                "template's own; \"\" is an empty system turn)"})
     systems: str | None = field(default=None, metadata={
         "help": "a persona grid: YAML file of key: system prompt, one key the control (--control; an empty value: no "
                 "system message); every prompt is scored under every persona, as prompt keys <prompt>@<persona> "
@@ -297,7 +301,9 @@ SweepConfig = ScoreVocabConfig
 @dataclass(frozen=True)
 class GCGConfig(ModelOptions):
     prompt: str = field(default=PAPER_PROMPTS["greatest"], metadata={"help": "the user prompt"})
-    system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
+    system: str | None = field(default=None, metadata={
+        "help": "system prompt (default: the model card's or judge prompt's where the family has one, else the "
+                "template's own; \"\" is an empty system turn)"})
     date: str = field(default=DEFAULT_DATE, metadata={
         "help": "date for chat templates that write one (Llama 3.1/3.2): '26 Jul 2024' (default), 2024-07-26 or today"})
     score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
