@@ -63,7 +63,11 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
     every function that scores with the returned model; ``"ids"``: the family's own (its model card's).
     ``score="judge-pair"``: a language model as a pairwise judge against ``reference_response`` under
     ``judge_prompt`` (a shipped name or a YAML file, probe/core/judges.py); pass ``score="judge-pair"`` again when
-    scoring with it. ``allow_random_head``: a head the checkpoint lacks is drawn from ``seed`` (a null model; the
+    scoring with it. ``spec``: the registry entry to read the model as, whatever its path says (its reader, input,
+    judge prompt, default score mode and system turn: ``spec="ContextualAI/LMUnit-llama3.1-70b"`` is read as LMUnit).
+    A generative judge (LMUnit) is loaded for one reading: ``score="rating"`` under its own prompt (the default) with
+    its family's input, or another ``judge_prompt``/score with the chat template's ids; score it the way it was
+    loaded (another way is one line). ``allow_random_head``: a head the checkpoint lacks is drawn from ``seed`` (a null model; the
     seed is in ``weights_identity`` and ``.random_head``), as the commands draw it from ``--seed``.
 
     >>> lm = probe.load("smollm2")                   # doctest: +SKIP
@@ -73,7 +77,10 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
     from probe.models.loading import load_for_config, with_judge_pair
 
     _check_score(score)
-    mode = resolve_score_mode(score, rm, ref)
+    try:
+        mode = resolve_score_mode(score, rm, ref, spec)  # spec=: its family's default mode (LMUnit's: rating)
+    except ValueError as err:
+        raise ProbeError(str(err)) from None
     judge_pair = mode == "judge-pair"
 
     options = ModelOptions(rm=rm, device=device, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code,
@@ -88,7 +95,8 @@ def load(rm: str | None = None, *, score: str = "auto", device: str = "auto", dt
             check_rewardbench_dpo(mode, ref is not None, beta, "sum")
         except ValueError as err:
             raise ProbeError(str(err)) from None
-    loaded = load_for_config(options, model_kind(mode), input_method=input_method, seed=seed)
+    judge = _judge_prompt(mode, judge_prompt, None, rm, spec) if mode == "rating" else None
+    loaded = load_for_config(options, model_kind(mode), input_method=input_method, seed=seed, judge_prompt=judge)
     return with_judge_pair(loaded, reference_response, judge_prompt) if judge_pair else loaded
 
 
@@ -148,7 +156,9 @@ def sweep(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], *, 
 
     loaded, mode = _loaded(model, tokenizer, score)
     prompts = _grid(prompt, systems, control, system)
-    config = ScoreVocabConfig(rm=loaded.model_id, score=mode, limit=limit, batch_size=batch_size, verify=verify,
+    rm, spec = _named(loaded)
+    _check_reading(loaded, mode, _judge_prompt(mode, judge_prompt, unit_test, rm, spec))
+    config = ScoreVocabConfig(rm=rm, spec=spec, score=mode, limit=limit, batch_size=batch_size, verify=verify,
                               system=system, date=date, logprob_reduce=logprob_reduce,  # type: ignore[arg-type]
                               judge_question=judge_question, progress=progress, seed=seed,
                               judge_prompt=judge_prompt, unit_test=unit_test)
@@ -173,8 +183,9 @@ def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str,
     from probe.core.responses import prepare, ranked_responses, response_batch_size, score_rows
 
     loaded, mode = _loaded(model, tokenizer, score)
-    opts = ScoringOptions(logprob_reduce, judge_question, resolve_date(date),  # type: ignore[arg-type]
-                          _judge_prompt(mode, judge_prompt, unit_test, loaded.model_id))
+    judge = _judge_prompt(mode, judge_prompt, unit_test, *_named(loaded))
+    _check_reading(loaded, mode, judge)
+    opts = ScoringOptions(logprob_reduce, judge_question, resolve_date(date), judge)  # type: ignore[arg-type]
     prepared = [prepare(loaded, mode, p.key, p.text, _responses(responses), opts, p.system_or(system))
                 for p in _grid(prompt, systems, control, system)]
     size = batch_size or response_batch_size(loaded, mode, prepared)
@@ -182,12 +193,35 @@ def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str,
                       for rows in prepared])
 
 
-def _judge_prompt(mode, judge_prompt, unit_test, model_id):
+def _judge_prompt(mode, judge_prompt, unit_test, rm, spec=None):
     """`judge_prompt_for` with its one-line errors as the API's."""
     try:
-        return judge_prompt_for(mode, judge_prompt, unit_test, model_id)
+        return judge_prompt_for(mode, judge_prompt, unit_test, rm, spec)
     except ValueError as err:
         raise ProbeError(str(err)) from None
+
+
+def _named(loaded) -> tuple[str, str | None]:
+    """(rm, spec) that name a loaded model's family as it was loaded: its registry entry where that is one (found by
+    id, path, ``spec=`` or class), else its id (an id prefix's entry is found from it again)."""
+    from probe.models.registry import REGISTRY
+
+    return loaded.model_id, loaded.spec.name if loaded.spec.name in REGISTRY else None
+
+
+def _check_reading(loaded, mode: str, judge) -> None:
+    """A generative judge (LMUnit) is loaded for one reading: under its own judge prompt its family's input call
+    applies (vLLM's ``tokenizer(text)``), under any other reading the chat template's ids; scoring it another way
+    than it was loaded for would feed the other input: one line."""
+    own = loaded.spec.judge_prompt
+    if loaded.kind != "causal" or own is None or loaded.spec.input_call is None:
+        return
+    reads_own = mode == "rating" and judge is not None and judge.name == own
+    if reads_own != (loaded.own_judge is not None):
+        was = f"under its judge prompt {own}" if loaded.own_judge else f"otherwise than under its judge prompt {own}"
+        how = f"score={mode!r}" + (", judge_prompt=..." if mode == "rating" and not reads_own else "")
+        raise ProbeError(f"{loaded.model_id} was loaded to be read {was} (its input follows the reading): load it "
+                         f"again to score it this way, probe.load(..., {how})")
 
 
 def _grid(prompt, systems, control: str, system: str | None):

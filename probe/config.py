@@ -17,10 +17,10 @@ ScoreMode = Literal["reward", "logprob", "judge", "rating", "judge-pair"]
 JUDGE_KINDS = {"rating": "rating", "judge-pair": "pair"}  # score mode -> the kind of judge prompt it reads
 
 
-def resolve_score_mode(score: str, rm: str | None, ref: str | None = None) -> ScoreMode:
+def resolve_score_mode(score: str, rm: str | None, ref: str | None = None, spec: str | None = None) -> ScoreMode:
     """``--score auto``: the logprob proxy for the packaged language models, a rating judge for a model whose registry
-    entry names its judge prompt (LMUnit), the reward head otherwise; with a reference model (``--ref``) always
-    log-probabilities, whose difference is the implicit reward."""
+    entry names its judge prompt (LMUnit; the entry `family_of` finds: ``--spec`` where given), the reward head
+    otherwise; with a reference model (``--ref``) always log-probabilities, whose difference is the implicit reward."""
     from probe.models.embedded import packaged
 
     if ref is not None:
@@ -30,17 +30,30 @@ def resolve_score_mode(score: str, rm: str | None, ref: str | None = None) -> Sc
         return "logprob"
     if score != "auto":
         return score  # type: ignore[return-value]
-    if packaged(rm) is not None:
-        return "logprob"
-    return "rating" if judge_of(rm) is not None else "reward"
+    if judge_of(rm, spec) is not None:
+        return "rating"
+    return "logprob" if packaged(rm) is not None else "reward"
 
 
-def judge_of(rm: str | None) -> str | None:
-    """The judge prompt a generative judge's registry entry names (LMUnit's): ``--score auto`` reads it as a
-    rating judge under that prompt; None for every other model."""
-    from probe.models.registry import lookup
+def family_of(rm: str | None, spec: str | None = None):
+    """The registry entry that names a model before it loads (its reader, input, judge prompt, default score mode,
+    system turn): the one ``--spec`` (a config's ``spec:``, the API's ``spec=``) names, else the one its id or path
+    finds (`lookup`: id, snapshot, id prefix, path name); None for neither. An unknown ``--spec``: one line."""
+    from probe.errors import ModelLoadError
+    from probe.models.registry import REGISTRY, lookup
 
-    return None if rm is None else lookup(rm)[0].judge_prompt
+    if spec is not None:
+        if spec not in REGISTRY:
+            raise ModelLoadError(f"--spec {spec}: unknown; known: {', '.join(sorted(REGISTRY))}")
+        return REGISTRY[spec]
+    return None if rm is None else lookup(rm)[0]
+
+
+def judge_of(rm: str | None, spec: str | None = None) -> str | None:
+    """The judge prompt a generative judge's registry entry names (LMUnit's; `family_of`): ``--score auto`` reads
+    it as a rating judge under that prompt; None for every other model."""
+    family = family_of(rm, spec)
+    return None if family is None else family.judge_prompt
 
 
 def check_rewardbench_dpo(mode: str, ref: bool, beta: float, reduce: str) -> None:
@@ -77,9 +90,10 @@ JUDGE_PROMPT_HELP = ("--score rating or judge-pair: the judge prompt, a shipped 
                      "its source and text are recorded in the run")
 
 
-def judge_prompt_for(mode: str, value: str | None, unit_test: str | None = None, rm: str | None = None):
+def judge_prompt_for(mode: str, value: str | None, unit_test: str | None = None, rm: str | None = None,
+                     spec: str | None = None):
     """The judge prompt a score mode reads (None for the others): ``--judge-prompt``, else the model's own (registry
-    ``judge_prompt``: LMUnit's), else the shipped default; with ``--unit-test`` as its criterion. ``--judge-prompt``
+    ``judge_prompt`` of `family_of`: LMUnit's, by id, path or ``--spec``), else the shipped default; with ``--unit-test`` as its criterion. ``--judge-prompt``
     with another mode, and ``--unit-test`` with a judge that takes none, are errors (one line)."""
     if mode not in JUDGE_KINDS:
         if value is not None:
@@ -90,7 +104,7 @@ def judge_prompt_for(mode: str, value: str | None, unit_test: str | None = None,
         return None
     from probe.core.judges import load_judge_prompt
 
-    own = judge_of(rm) if value is None and mode == "rating" else None
+    own = judge_of(rm, spec) if value is None and mode == "rating" else None
     return load_judge_prompt(value or own, JUDGE_KINDS[mode]).with_unit_test(unit_test)  # type: ignore[arg-type]
 
 
@@ -121,7 +135,9 @@ class ModelOptions:
                 "pku-align, ziya, raw, text-pair), a Jinja file, or a tokenizer_config.json (default: the "
                 "tokenizer's own, or the registry's for a family whose card feeds another format or a tokenizer "
                 "without one)", "metavar": "NAME|FILE"})
-    spec: str | None = field(default=None, metadata={"help": "registry entry to use instead of the looked-up one"})
+    spec: str | None = field(default=None, metadata={
+        "help": "registry entry to use instead of the looked-up one: everything its id gives (reader, input, judge "
+                "prompt, default score mode, system turn)", "metavar": "ID"})
     label_index: int | None = field(default=None, metadata={"help": "output column of a multi-output reward head"})
     allow_random_head: bool = field(default=False, metadata={
         "help": "accept a classifier whose head is randomly initialised (a null model)"})
@@ -166,7 +182,9 @@ class ScoreVocabConfig(ModelOptions):
         "help": "a prompt to sweep (repeatable); default: the paper's greatest/best/worst prompts", "repeat": True})
     prompts: str | None = field(default=None, metadata={
         "help": "file of prompts: YAML (key: text, or a list) or text (one per line)", "metavar": "FILE"})
-    system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
+    system: str | None = field(default=None, metadata={
+        "help": "system prompt (default: the model card's or judge prompt's where the family has one, else the "
+                "template's own; \"\" is an empty system turn)"})
     systems: str | None = field(default=None, metadata={
         "help": "a persona grid: YAML file of key: system prompt, one key the control (--control; an empty value: no "
                 "system message); every prompt is scored under every persona, as prompt keys <prompt>@<persona> "
@@ -240,15 +258,15 @@ class ScoreVocabConfig(ModelOptions):
                              "for single-token sweeps only")
         if self.input_method == "rewardbench" and self.mode != "reward":
             check_rewardbench_dpo(self.mode, self.ref is not None, self.beta, self.logprob_reduce)
-        judge_prompt_for(self.mode, self.judge_prompt, self.unit_test, self.rm)  # before any model loads
+        judge_prompt_for(self.mode, self.judge_prompt, self.unit_test, self.rm, self.spec)  # before any model loads
 
     @property
     def mode(self) -> ScoreMode:
-        return resolve_score_mode(self.score, self.rm, self.ref)
+        return resolve_score_mode(self.score, self.rm, self.ref, self.spec)
 
     def scoring_options(self) -> ScoringOptions:
         return ScoringOptions(self.logprob_reduce, self.judge_question, resolve_date(self.date),
-                              judge_prompt_for(self.mode, self.judge_prompt, self.unit_test, self.rm))
+                              judge_prompt_for(self.mode, self.judge_prompt, self.unit_test, self.rm, self.spec))
 
     def job_key(self) -> dict:
         """The settings that define a job for the batch runner (what to compute, not how fast). A response job
@@ -283,7 +301,9 @@ SweepConfig = ScoreVocabConfig
 @dataclass(frozen=True)
 class GCGConfig(ModelOptions):
     prompt: str = field(default=PAPER_PROMPTS["greatest"], metadata={"help": "the user prompt"})
-    system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's own)"})
+    system: str | None = field(default=None, metadata={
+        "help": "system prompt (default: the model card's or judge prompt's where the family has one, else the "
+                "template's own; \"\" is an empty system turn)"})
     date: str = field(default=DEFAULT_DATE, metadata={
         "help": "date for chat templates that write one (Llama 3.1/3.2): '26 Jul 2024' (default), 2024-07-26 or today"})
     score: Literal["auto", "reward", "logprob", "judge"] = field(default="auto", metadata={
@@ -328,7 +348,7 @@ class GCGConfig(ModelOptions):
         if self.mode not in ("reward", "logprob", "judge"):
             raise ValueError(f"{self.rm} is read as a rating judge (--score {self.mode}), which probe gcg does not "
                              "search: score it with probe score")
-        judge_prompt_for(self.mode, None, self.unit_test, self.rm)  # --unit-test: one line
+        judge_prompt_for(self.mode, None, self.unit_test, self.rm, self.spec)  # --unit-test: one line
         resolve_date(self.date)
 
     def scoring_options(self) -> ScoringOptions:
@@ -336,7 +356,7 @@ class GCGConfig(ModelOptions):
 
     @property
     def mode(self) -> ScoreMode:
-        return resolve_score_mode(self.score, self.rm, self.ref)
+        return resolve_score_mode(self.score, self.rm, self.ref, self.spec)
 
     @property
     def sign(self) -> float:
@@ -408,11 +428,11 @@ class SocialConfig(ModelOptions):
             raise ValueError(f"unknown data set {', '.join(unknown)}; known: {', '.join(SOCIAL_DATASETS)}")
         resolve_date(self.date)
         for rm in self.rm or (None,):
-            judge_prompt_for(self.mode(rm), self.judge_prompt, self.unit_test, rm)
+            judge_prompt_for(self.mode(rm), self.judge_prompt, self.unit_test, rm, self.spec)
         if self.input_method == "rewardbench":
             for rm in self.rm or (None,):
                 if self.mode(rm) != "reward":
                     check_rewardbench_dpo(self.mode(rm), self.ref is not None, self.beta, self.logprob_reduce)
 
     def mode(self, rm: str | None):
-        return resolve_score_mode(self.score, rm, self.ref)
+        return resolve_score_mode(self.score, rm, self.ref, self.spec)

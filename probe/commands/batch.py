@@ -76,7 +76,9 @@ def inputs_now(config: ScoreVocabConfig) -> dict:
 
 
 def _inputs_of(meta: dict, responses: bool) -> dict:
-    out: dict = {"prompts": {k: [v.get("text"), v.get("system")] for k, v in (meta.get("prompts") or {}).items()}}
+    from probe.runs.meta import given_system
+
+    out: dict = {"prompts": {k: [v.get("text"), given_system(v)] for k, v in (meta.get("prompts") or {}).items()}}
     if responses:
         out["responses_sha256"] = (meta.get("settings") or {}).get("responses_sha256")
     return out

@@ -23,13 +23,16 @@ def _settings(config: GCGConfig, loaded) -> dict:
     """What changes a result: every option but the output folder, progress and resume; the weights by content."""
     from probe.core.template import resolve_date
     from probe.models.loading import weights_identity
-    from probe.runs.meta import device_setting, reference_settings
+    from probe.core.scoring import fed_system
+    from probe.runs.meta import device_setting, reference_settings, system_record
 
     skip = {"output", "progress", "resume", "batch_size"}
     skip |= {"ref", "beta"}  # the reference enters with its weights below, and only when set
     # "beam": 0 when off, as runs made before --beam took None recorded it (their fingerprints stay valid)
     return {**{k: v for k, v in asdict(config).items() if k not in skip}, "beam": config.beam or 0,
             "date": resolve_date(config.date), "model": loaded.model_id, "weights": weights_identity(loaded),
+            # the system message fed (the card's where --system is not given: a process reward model's, WorldPM's)
+            **system_record(fed_system(loaded, config.mode, config.system, config.scoring_options()), config.system),
             **reference_settings(loaded), **device_setting(loaded)}
 
 

@@ -41,7 +41,10 @@ def _prompt_meta(prompt, rows, tokenizer, system) -> dict:
     for c in rows.change:
         if c:
             changes[c] = changes.get(c, 0) + 1
-    return {"text": prompt.text, "system": system, **prompt.meta(), "prefix_ids": list(rows.prefix_ids),
+    from probe.runs.meta import system_record
+
+    fed = rows.split.system if rows.split is not None else system
+    return {"text": prompt.text, **system_record(fed, system), **prompt.meta(), "prefix_ids": list(rows.prefix_ids),
             "prefix_text": tokenizer.decode(list(rows.prefix_ids)), "suffix_ids": list(rows.suffix_ids),
             "suffix_text": tokenizer.decode(list(rows.suffix_ids)),
             "rows_with_another_prefix": sum(p != rows.prefix_ids for p in rows.prefixes),
@@ -124,7 +127,8 @@ def _open(config, loaded, prompts, responses, rows, head, batch_size) -> tuple[s
                             prompts={p.key: _prompt_meta(p, rows[p.key], loaded.tokenizer, p.system_or(config.system))
                                      for p in prompts},
                             self_check={}, timing={"sessions": []},
-                            **persona_meta(config, prompts, loaded.tokenizer, config.scoring_options().date_string)))
+                            **persona_meta(config, prompts, loaded.tokenizer, config.scoring_options().date_string,
+                                           {k: r.split.system for k, r in rows.items() if r.split is not None})))
     if meta.get("status") == "complete":
         log.warning("%s is already complete; nothing to resume", run_dir.path)
     else:

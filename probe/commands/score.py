@@ -139,15 +139,16 @@ def _open_run(config: ScoreVocabConfig, sweep):
 
 def _new_meta(config: ScoreVocabConfig, sweep, settings: dict, fp: str) -> dict:
     from probe.core.prompts import persona_meta
-    from probe.runs.meta import new_meta
+    from probe.runs.meta import new_meta, system_record
 
     return new_meta(EXPERIMENT, fp, settings, config, sweep.loaded, revision=config.revision, job=config.job_key(),
                     score={"mode": config.mode, **settings["head"]},
-                    prompts={p.key: {"text": p.text, "system": p.system_or(config.system), **p.meta(),
-                                     **sweep.splits[p.key].to_json()}
+                    prompts={p.key: {"text": p.text, **p.meta(), **sweep.splits[p.key].to_json(),
+                                     **system_record(sweep.splits[p.key].system, p.system_or(config.system))}
                              for p in sweep.prompts},
                     self_check={}, timing={"prompts": {}},
-                    **persona_meta(config, sweep.prompts, sweep.loaded.tokenizer, config.scoring_options().date_string))
+                    **persona_meta(config, sweep.prompts, sweep.loaded.tokenizer, config.scoring_options().date_string,
+                                   {k: s.system for k, s in sweep.splits.items()}))
 
 
 def print_summary(run_dir, top: int) -> None:

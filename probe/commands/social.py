@@ -202,15 +202,20 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     mcfg = _model_config(cfg, model)
     mode = mcfg.mode(rm)
     from probe.models.loading import load_for_config, weights_identity
-    from probe.runs.meta import device_setting, reference_settings, score_label
+    from probe.core.scoring import fed_system
+    from probe.runs.meta import device_setting, reference_settings, score_label, system_record
     from probe.social.scoring import ChunkFiles, score_items
 
-    loaded = load_for_config(mcfg, model_kind(mode), rm=rm)  # a random head: drawn from --seed
+    judge = judge_prompt_for(mode, mcfg.judge_prompt, mcfg.unit_test, rm, mcfg.spec)
+    loaded = load_for_config(mcfg, model_kind(mode), rm=rm,  # a random head: drawn from --seed
+                             judge_prompt=judge if mode == "rating" else None)
     if dist.main:
         print(f"rm-probe social: {loaded.model_id} [{score_label(loaded, mode)}, {loaded.dtype}, {loaded.device}]",
               file=sys.stderr)
+    opts = ScoringOptions(mcfg.logprob_reduce, date_string=resolve_date(cfg.date), judge_prompt=judge)
     settings = {"model": loaded.model_id, "weights": weights_identity(loaded), "mode": mode,
-                "logprob_reduce": mcfg.logprob_reduce, "system": cfg.system, "date": resolve_date(cfg.date),
+                "logprob_reduce": mcfg.logprob_reduce, **system_record(fed_system(loaded, mode, cfg.system, opts),
+                                                                     cfg.system), "date": resolve_date(cfg.date),
                 "datasets": [{k: e[k] for k in ("dataset", "data", "limit", "config", "split") if k in e}
                              for e, _ in datasets],
                 "bbq_metadata": cfg.bbq_metadata, "dtype": str(loaded.dtype),
@@ -221,7 +226,6 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
                 # the bootstrap's seed (a random head's is in its weights' identity); only when not 0, as above
                 **({"seed": cfg.seed} if cfg.seed else {}), **device_setting(loaded)}
     settings |= reference_settings(loaded)  # an implicit reward: the reference is part of every number
-    judge = judge_prompt_for(mode, mcfg.judge_prompt, mcfg.unit_test, rm)
     if judge is not None and loaded.pairwise is None:  # a rating judge's prompt (a pairwise one's is in the above)
         settings |= judge.describe()
     path, meta, done = broadcast(dist, _open_run(mcfg, loaded, model, mode, settings, len(datasets))
@@ -231,7 +235,6 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
         import json
 
         return run, json.loads((run.path / "summary.json").read_text()) if dist.main else None
-    opts = ScoringOptions(mcfg.logprob_reduce, date_string=resolve_date(cfg.date), judge_prompt=judge)
     batch_size = kept_batch_size(cfg.batch_size, meta, dist.main)  # (not fingerprinted)
     t0 = time.perf_counter()
     frames, scored = [], 0

@@ -146,6 +146,7 @@ def read_run(flag: str, folder: str) -> TracedRun:
     """The run's own settings, from its meta.json (the model from its model record, not the command's first --rm);
     one line where the folder is not such a run or its score has no trace."""
     from probe.config import resolve_score_mode
+    from probe.runs.meta import given_system
     from probe.runs.rundir import RunDir
 
     want = "probe social" if flag == "--social" else "probe gcg"
@@ -164,7 +165,7 @@ def read_run(flag: str, folder: str) -> TracedRun:
     settings = {"rm": _model_ref(model), "revision": model.get("revision"), "spec": s.get("spec"),
                 "label_index": s.get("label_index"), "chat_template": s.get("chat_template"),
                 "ref": ref and _model_ref(ref), "beta": float(s.get("beta", 1.0)), "score": mode,
-                "input_method": s.get("input_method", "ids"), "system": s.get("system"),
+                "input_method": s.get("input_method", "ids"), "system": given_system(s),
                 "date": s.get("date", DEFAULT_DATE), "principle": s.get("principle")}
     if mode == "logprob":
         settings["logprob_reduce"] = s.get("logprob_reduce", "sum")  # GCG and beam sum (probe/core/gcg.py)
@@ -441,7 +442,7 @@ def run(cfg: TraceConfig) -> Path:
     t0 = time.perf_counter()
     runs = [read_run(flag, folder) for flag, folder in (("--gcg", cfg.gcg), ("--social", cfg.social)) if folder]
     cfg = with_runs(cfg, runs)
-    mode = resolve_score_mode(cfg.score, cfg.rm, cfg.ref)
+    mode = resolve_score_mode(cfg.score, cfg.rm, cfg.ref, cfg.spec)
     if (cfg.input_method or "ids") == "rewardbench" and mode != "reward":
         check_rewardbench_dpo(mode, cfg.ref is not None, cfg.beta, cfg.logprob_reduce or "sum")
     out = Path(cfg.out or Path("results") / f"trace_{utc_stamp()}").expanduser()
@@ -464,7 +465,8 @@ def _run(cfg: TraceConfig, dist, out: Path, mode: str, runs: list[TracedRun], pi
     from probe.core.trace import trace_method
     from probe.models.loading import load_for_config
     from probe.runs.distributed import barrier
-    from probe.runs.meta import score_label
+    from probe.core.scoring import fed_system
+    from probe.runs.meta import score_label, system_record
 
     reduce, method_in = cfg.logprob_reduce or "sum", cfg.input_method or "ids"
     # a random head is drawn from the traced run's seed, as the run drew it (probe/models/loading.py)
@@ -477,7 +479,8 @@ def _run(cfg: TraceConfig, dist, out: Path, mode: str, runs: list[TracedRun], pi
         barrier(dist)
         return out
     settings = {"score": score_label(loaded, mode), "logprob_reduce": reduce if mode == "logprob" else None,
-                "input_method": method_in, "system": cfg.system, "date": opts.date_string,
+                "input_method": method_in, **system_record(fed_system(loaded, mode, cfg.system, opts), cfg.system),
+                "date": opts.date_string,
                 "dtype": str(loaded.dtype), "device": str(loaded.device)}
     meta = {"model": loaded.model_id, "weights": _weights(loaded), "mode": mode, "method": method,
             "settings": settings, "runs": [{"flag": r.flag, "folder": r.folder} for r in runs],

@@ -217,8 +217,9 @@ class JudgeTurn:
     date_string: str
 
     def __call__(self, response: str):
-        msgs = [{"role": "system", "content": self.system}] if self.system else []
-        return msgs + [{"role": "user", "content": self.judge.fill(self.prompt, response)}], True
+        from probe.core.template import system_turn
+
+        return system_turn(self.system) + [{"role": "user", "content": self.judge.fill(self.prompt, response)}], True
 
     @property
     def template_kwargs(self) -> dict[str, str]:
@@ -234,8 +235,9 @@ class UserTurn:
     date_string: str
 
     def __call__(self, response: str):
-        msgs = [{"role": "system", "content": self.system}] if self.system else []
-        return msgs + [{"role": "user", "content": self.text}], True
+        from probe.core.template import system_turn
+
+        return system_turn(self.system) + [{"role": "user", "content": self.text}], True
 
     @property
     def template_kwargs(self) -> dict[str, str]:

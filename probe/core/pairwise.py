@@ -154,6 +154,12 @@ class PairwiseConversation:
         split is verified on pieces without a space marker only (probe/core/template.py)."""
         return self.pairwise.format == "polar"
 
+    @property
+    def system_fed(self) -> str | None:
+        """The system message this input holds: a pairwise judge's prompt's own where the run gives none; else the
+        run's (`template.conversation_system`)."""
+        return self.pairwise.judge.system_or(self.system) if self.pairwise.format == "judge" else self.system
+
     def swapped(self) -> PairwiseConversation:
         return replace(self, order=1 - self.order)
 

@@ -160,14 +160,21 @@ def systems_from(value, control: str = CONTROL) -> tuple[dict[str, str | None] |
     return {str(k): (v if v and str(v).strip() else None) for k, v in dict(value).items()}, control
 
 
-def persona_meta(config, prompts: list[Prompt], tokenizer=None, date_string: str | None = None) -> dict:
+def persona_meta(config, prompts: list[Prompt], tokenizer=None, date_string: str | None = None,
+                 fed: dict[str, str | None] | None = None) -> dict:
     """A run's ``personas`` section (empty outside a grid): the file, the control and each persona's system prompt,
     from the grid's cells (`grid_for`); with ``tokenizer``, ``template_system``: the system text its chat template
-    writes for a persona without a system message (`template.template_system_text`; None: no system text)."""
+    writes for a persona without a system message (`template.template_system_text`; None: no system text); with
+    ``fed`` (prompt key -> the system message the model was fed), ``systems_fed``: each persona the model was fed
+    another system message than its own (the model card's or the judge prompt's, for a persona without one)."""
     if not getattr(config, "systems", None):
         return {}
     systems = {p.persona: p.system for p in prompts if p.persona is not None}
     out = {"file": str(config.systems), "control": config.control, "systems": systems}
+    other = {p.persona: fed[p.key] for p in prompts if p.persona is not None and fed is not None and p.key in fed
+             and fed[p.key] != p.system}
+    if other:
+        out["systems_fed"] = other
     if tokenizer is not None and None in systems.values():
         from probe.core.template import DEFAULT_DATE, template_system_text
 
@@ -181,6 +188,8 @@ def system_label(personas: dict, persona: str) -> str:
     text = personas["systems"].get(persona)
     if text:
         return repr(text)
+    if persona in personas.get("systems_fed", {}):
+        return f"no system message of its own: the model's own system turn, {personas['systems_fed'][persona]!r}"
     if "template_system" not in personas:
         return "no system message (what the chat template wrote instead was not recorded in this run)"
     default = personas["template_system"]

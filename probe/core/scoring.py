@@ -159,13 +159,9 @@ def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: Scoring
     """The conversation around the response slot; a pairwise model's (``loaded.pairwise``) holds its reference. A
     reward model whose card writes a system prompt (registry ``system_prompt``: WorldPM's empty one, Qwen2.5-Math-PRM's)
     gets it where the run gives none, on the card's route (RewardBench's run writes none)."""
-    card_system = None
     if mode == "reward" and system is None and loaded is not None and loaded.kind == "reward" \
-            and loaded.spec.system_prompt is not None:
-        from probe.core.template import input_call
-
-        if input_call(loaded.tokenizer) != "rewardbench":
-            system = card_system = loaded.spec.system_prompt
+            and loaded.spec.system_prompt is not None and input_call(loaded.tokenizer) != "rewardbench":
+        system = loaded.spec.system_prompt
     if mode in ("reward", "judge-pair") and loaded is not None and loaded.pairwise is not None:
         return PairwiseConversation(prompt, loaded.pairwise, system, 0, opts.date_string)
     if mode == "reward" and loaded is not None and loaded.principle is not None:
@@ -185,11 +181,15 @@ def conversation(mode: ScoreMode, prompt: str, system: str | None, opts: Scoring
         return StepSeparated(response_conversation(prompt, system, opts.date_string), step_id(loaded))
     if mode == "judge":
         return judge_conversation(prompt, system, opts.judge_question, opts.date_string)
-    if card_system is not None:  # kept even where empty (WorldPM's card writes an empty system turn)
-        from probe.core.template import Conversation
+    return response_conversation(prompt, system, opts.date_string)  # an empty system turn kept (WorldPM's card)
 
-        return Conversation(prompt, card_system, None, opts.date_string, keep_empty_system=True)
-    return response_conversation(prompt, system, opts.date_string)
+
+def fed_system(loaded: LoadedModel, mode: ScoreMode, system: str | None, opts: ScoringOptions) -> str | None:
+    """The system message ``loaded`` is fed under ``mode`` where the run gives ``system`` (the card's or the judge
+    prompt's where it gives none): what a run records (`runs.meta.system_record`)."""
+    from probe.core.template import conversation_system
+
+    return conversation_system(conversation(mode, "x", system, opts, loaded))
 
 
 @dataclass(frozen=True)

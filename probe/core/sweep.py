@@ -59,7 +59,10 @@ def ranked_table(prompt: Prompt, token_ids: np.ndarray, scores: np.ndarray, voca
 
 
 def load_for(config: ScoreVocabConfig) -> LoadedModel:
-    return load_for_config(config, model_kind(config.mode))
+    """The model as the run reads it: under ``--score rating``, with the rating prompt it reads (a judge family's input
+    call goes with its own prompt only)."""
+    judge = config.scoring_options().judge_prompt if config.mode == "rating" else None
+    return load_for_config(config, model_kind(config.mode), judge_prompt=judge)
 
 
 class VocabSweep:

@@ -28,7 +28,7 @@ import datetime as dt
 import random
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 
 from probe.errors import TemplateError
 from probe.core.vocab import control_token_ids
@@ -57,14 +57,15 @@ class Conversation:
 
     ``judge_question`` None: the reward-model and log-probability layout (the response is the assistant turn);
     otherwise the judge layout (one user turn that shows prompt and response, then the assistant's turn opens).
-    ``date_string`` is passed to the chat template on every rendering.
+    ``system`` None: no system message (the template writes its own default, if any); any text, an empty one
+    included, is the system message (an explicit ``--system ""``, WorldPM's card's empty turn: never the template's
+    default). ``date_string`` is passed to the chat template on every rendering.
     """
 
     prompt: str
     system: str | None = None
     judge_question: str | None = None
     date_string: str = DEFAULT_DATE
-    keep_empty_system: bool = False  # an empty ``system`` is still a system turn (WorldPM's card: registry system_prompt)
 
     def __post_init__(self) -> None:
         _check_prompt(self.prompt)
@@ -73,8 +74,7 @@ class Conversation:
             raise TemplateError("the judge question must contain {prompt} and {response}")
 
     def __call__(self, response: str) -> tuple[Messages, bool]:
-        keep = self.system or (self.keep_empty_system and self.system == "")
-        msgs = [{"role": "system", "content": self.system}] if keep else []
+        msgs = system_turn(self.system)
         if self.judge_question is None:
             return msgs + [{"role": "user", "content": self.prompt}, {"role": "assistant", "content": response}], False
         text = fill(self.judge_question, prompt=self.prompt, response=response)
@@ -83,6 +83,12 @@ class Conversation:
     @property
     def template_kwargs(self) -> dict[str, str]:
         return {"date_string": self.date_string}
+
+
+def system_turn(system: str | None) -> Messages:
+    """The system message of a conversation: none for None, else ``system`` as given, an empty text included (what
+    the user or the card says runs, never silently the template's default system prompt)."""
+    return [] if system is None else [{"role": "system", "content": system}]
 
 
 def fill(template: str, **values: str) -> str:
@@ -174,6 +180,8 @@ class TemplateSplit:
     second_order: dict | None = None  # a pairwise model: the split with candidate and reference swapped
     scored_in_prefix: int = 0  # the last k prefix ids are scored with the response (RewardBench's DPO route: its
     # labels start at the assistant header, which precedes the response slot)
+    system: str | None = None  # the system message the conversation fed (`conversation_system`; None: none, where the
+    # chat template writes its own default, if any): the run's --system, or the card's or the judge prompt's
 
     def full_ids(self, response_ids: Sequence[int]) -> list[int]:
         return [*self.prefix_ids, *response_ids, *self.suffix_ids]
@@ -460,6 +468,7 @@ def split_template(
         verified_tokens=0,
         date_string=template_kwargs(build)["date_string"],
         date_sensitive=_date_sensitive(tokenizer, build, probes[0][0], rendered[0]),
+        system=conversation_system(build),
     )
     if split.bos_count > 1 and input_call(tokenizer) == "chat_template":  # GRM's and RewardBench's calls double it
         raise TemplateError(f"the rendered template starts with {split.bos_count} BOS tokens; fix the chat template")
@@ -515,11 +524,36 @@ def piece_text(tokenizer, tid: int) -> str:
 
 
 def _date_sensitive(tokenizer, build, word: str, ids: list[int]) -> bool:
-    """Whether the rendering changes with ``date_string`` (known for `Conversation` builders only)."""
-    if not isinstance(build, Conversation):
-        return False
-    other = "01 Jan 1999" if build.date_string != "01 Jan 1999" else "02 Jan 1999"
-    return render(tokenizer, replace(build, date_string=other), word) != ids
+    """Whether the rendering changes with ``date_string``: any builder that holds a date, itself or inside the
+    builder it wraps (a principle question, a step separator, a judge's turn and answer prefix, a pairwise input)."""
+    date = template_kwargs(build)["date_string"]
+    other = with_date(build, "01 Jan 1999" if date != "01 Jan 1999" else "02 Jan 1999")
+    return other is not None and render(tokenizer, other, word) != ids
+
+
+def conversation_system(build: ConversationBuilder) -> str | None:
+    """The system message a conversation builder feeds the model: a builder's own account where its input is not its
+    messages (a pairwise judge's prompt), else its conversation's first message where that is a system turn; None
+    for none (the chat template then writes its own default, if any)."""
+    own = getattr(build, "system_fed", None)
+    if own is not None:
+        return own
+    messages, _ = build("x")
+    return messages[0]["content"] if messages and messages[0].get("role") == "system" else None
+
+
+def with_date(build, date_string: str):
+    """The same builder with another ``date_string`` (where it wraps another, that one's); None where no builder in
+    it holds a date."""
+    if not is_dataclass(build):
+        return None
+    names = {f.name for f in fields(build)}
+    if "date_string" in names:
+        return replace(build, date_string=date_string)
+    if "build" in names:
+        inner = with_date(build.build, date_string)
+        return None if inner is None else replace(build, build=inner)
+    return None
 
 
 def _bos_count(tokenizer, prefix: tuple[int, ...]) -> int:

@@ -141,6 +141,7 @@ def plan_for_config(config) -> dict:
     plan."""
     from probe.core.prompts import grid_for
     from probe.models.loading import resolve_dtype
+    from probe.config import family_of
     from probe.models.registry import lookup
 
     wants_gpu = config.device.startswith("cuda") or (config.device == "auto" and torch.cuda.is_available())
@@ -149,7 +150,7 @@ def plan_for_config(config) -> dict:
         memory = host_memory_gib()
     if memory is None:
         memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 80.0
-    spec, _ = lookup(config.rm or "embedded")
+    spec = lookup(config.rm or "embedded")[0] if config.spec is None else family_of(config.rm, config.spec)
     dtype = resolve_dtype(config.dtype, torch.device("cuda" if wants_gpu else "cpu"), spec)
     n_devices = 1
     if config.device_map is not None and wants_gpu:

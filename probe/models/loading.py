@@ -50,6 +50,10 @@ class LoadedModel:
     # --allow-random-head on a checkpoint without a head: the parameters drawn at random and the seed they were drawn
     # from (`load_for_config`); part of the weights' identity, since two seeds are two null models
     random_head: dict | None = None
+    # a generative judge (registry judge_prompt: LMUnit) loaded to be read under its own judge prompt: the name of that
+    # prompt, whose reading the family's input call (registry input_call: vLLM's tokenizer(text)) belongs to; None
+    # where it is read otherwise (another prompt, --score logprob or judge: the chat template's ids) or is no judge
+    own_judge: str | None = None
 
     @property
     def device(self) -> torch.device:
@@ -345,8 +349,11 @@ def load_model(
     reference_response: str | None = None,
     input_method: str = "ids",
     principle: str | None = None,
+    judge_prompt: str | None = None,
 ) -> LoadedModel:
     """Load model and tokenizer; ``kind="reward"`` reads a sequence-classification head, ``"causal"`` an LM head.
+    ``judge_prompt``: the name of the rating prompt the run reads (None: no rating); a generative judge's input call
+    (registry ``input_call``: LMUnit's vLLM encoding) goes with its own prompt only.
     ``reference_response``: what a pairwise model compares each response with (default `pairwise.DEFAULT_REFERENCE`);
     an error for any other model. ``principle``: what a principle model's score asks about (default: its card's,
     registry ``principle``); an error for any other model."""
@@ -402,7 +409,11 @@ def load_model(
                                need_template and not own_format, family_replaces=replaces)
     if spec.chat_template == "raw" and tokenizer.chat_template == chat_template_text("raw"):
         spec = replace(spec, input_source=REWARDBENCH_RAW_INPUT)  # (a tokenizer's own template: RewardBench's too)
-    _set_input_call(tokenizer, spec, kind, input_method)
+    own_judge = spec.judge_prompt if kind == "causal" and judge_prompt is not None \
+        and judge_prompt == spec.judge_prompt else None
+    _set_input_call(tokenizer, spec, kind, input_method, own_judge is not None)
+    if kind == "reward" and input_method == "ids" and pairwise is None:
+        _warn_rewardbench_bos(model_id, tokenizer, spec)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev, spec)
     apply_shims(spec, trust_remote_code)
@@ -429,7 +440,8 @@ def load_model(
     source = pkg.source() if (pkg := packaged(ref)) is not None else None
     drawn = getattr(model, RANDOM_HEAD, None)
     return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise,
-                       principle=principle, random_head={"parameters": list(drawn)} if drawn else None)
+                       principle=principle, random_head={"parameters": list(drawn)} if drawn else None,
+                       own_judge=own_judge)
 
 
 def check_polar_reward_token(model_id: str, tokenizer, config) -> None:
@@ -468,10 +480,11 @@ def family_template(spec: RewardModelSpec, input_method: str) -> tuple[str | Non
     return spec.chat_template, card
 
 
-def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_method: str) -> None:
+def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_method: str, own_judge: bool = False) -> None:
     """How this model's conversations become ids (probe/core/template.py: input_call): the family's convention
-    (registry ``input_call``), or RewardBench's route; where that is a ``tokenizer(text)`` call, what the call adds
-    around the text is worked out here once, not at every rendering."""
+    (registry ``input_call``: a reward model's, or a generative judge's read under its own judge prompt,
+    ``own_judge``), or RewardBench's route; where that is a ``tokenizer(text)`` call, what the call adds around the
+    text is worked out here once, not at every rendering."""
     from probe.core.template import (
         REWARDBENCH_DPO,
         CallIds,
@@ -481,8 +494,9 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
         rewardbench_call_ids,
     )
 
-    if spec.input_call is not None and (kind == "reward" or spec.judge_prompt is not None):  # the family's input
-        # convention (registry input_source): a reward model's, or a generative judge's (LMUnit, loaded as an LM)
+    if spec.input_call is not None and (kind == "reward" or own_judge):  # the family's input convention (registry
+        # input_source): a reward model's, or a generative judge's under its own prompt (LMUnit's vLLM call); the same
+        # checkpoint read by log-probabilities or another prompt gets the chat template's ids
         tokenizer.rm_probe_input_call = spec.input_call
     if input_method == "rewardbench" and kind == "causal":  # run_dpo.py's inputs (probe/core/template.py)
         tokenizer.rm_probe_input_call = REWARDBENCH_DPO
@@ -496,6 +510,28 @@ def _set_input_call(tokenizer, spec: RewardModelSpec, kind: ModelKind, input_met
         tokenizer.rm_probe_call_ids = (rewardbench_call_ids(tokenizer, spec.rewardbench_pipeline) if route
                                        else add_eos_call_ids(tokenizer) if spec.input_eos and kind == "reward"
                                        else CallIds(*call_special_tokens(tokenizer)))
+
+
+def _warn_rewardbench_bos(model_id: str, tokenizer, spec: RewardModelSpec) -> None:
+    """Where the default route feeds the template's ids and the checkpoint's template writes no BOS while the
+    tokenizer's own call adds one, RewardBench's pipeline (tokenizer(text), the first of a doubled BOS masked: 0.1.4's
+    and RewardBench 2's) feeds one BOS more than this run: said at loading, so that numbers are compared knowingly."""
+    from probe.core.template import call_special_tokens, input_call
+    from probe.models.registry import DOUBLE_BOS_MASKED
+
+    if input_call(tokenizer) != "chat_template" or spec.rewardbench_pipeline not in DOUBLE_BOS_MASKED:
+        return
+    try:
+        lead, _ = call_special_tokens(tokenizer)
+        ids = list(tokenizer.apply_chat_template([{"role": "user", "content": "a"}, {"role": "assistant",
+                                                  "content": "b"}], tokenize=True, return_dict=False))
+    except Exception:  # a template that cannot render this: the split will say why
+        return
+    if lead and ids[: len(lead)] != lead:
+        log.warning("%s: its chat template writes no BOS and its tokenizer's call adds one: this run feeds the "
+                    "template's ids (what the model card's classifier and its training read), %s feeds one %s more "
+                    "(--input-method rewardbench reproduces it)", model_id, spec.rewardbench_pipeline,
+                    tokenizer.decode(lead))
 
 
 def rewardbench_differs(spec: RewardModelSpec) -> bool:
@@ -684,7 +720,7 @@ _CONFIG_RM = object()
 
 
 def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_method: str | None = None,
-                     seed: int | None = None) -> LoadedModel:
+                     seed: int | None = None, judge_prompt: str | None = None) -> LoadedModel:
     """`load_model` with the model settings a command's config carries (rm, device, dtype, revision, ...);
     ``rm`` overrides the config's own (a command that runs several models); ``seed``: a random head's, where the
     config's own ``seed`` is not the run's (a trace draws it from the traced run's)."""
@@ -696,19 +732,20 @@ def _load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_met
         drawn_from = int(seed if seed is not None else get("seed", 0) or 0)
         with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
             torch.manual_seed(drawn_from)
-            loaded = _load_model_for(get, kind, rm, input_method, judge_pair)
+            loaded = _load_model_for(get, kind, rm, input_method, judge_pair, judge_prompt)
         return replace(loaded, random_head={**loaded.random_head, "seed": drawn_from}) if loaded.random_head else loaded
-    return _load_model_for(get, kind, rm, input_method, judge_pair)
+    return _load_model_for(get, kind, rm, input_method, judge_pair, judge_prompt)
 
 
-def _load_model_for(get, kind: ModelKind, rm: object, input_method: str | None, judge_pair: bool) -> LoadedModel:
+def _load_model_for(get, kind: ModelKind, rm: object, input_method: str | None, judge_pair: bool,
+                    judge_prompt: str | None) -> LoadedModel:
     loaded = load_model(
         get("rm") if rm is _CONFIG_RM else rm, kind=kind, device=get("device", "auto"), dtype=get("dtype", "auto"), revision=get("revision"),
         trust_remote_code=get("trust_remote_code", False), chat_template=get("chat_template"), spec_name=get("spec"),
         label_index=get("label_index"), device_map=get("device_map"), allow_random_head=get("allow_random_head", False),
         reference_response=None if judge_pair else get("reference_response"),
         input_method="rewardbench" if (input_method or get("input_method")) == "rewardbench" else "ids",
-        principle=get("principle"),
+        principle=get("principle"), judge_prompt=judge_prompt,
     )
     return with_judge_pair(loaded, get("reference_response"), get("judge_prompt")) if judge_pair else loaded
 
@@ -724,16 +761,18 @@ def with_judge_pair(loaded: LoadedModel, reference: str | None, judge_prompt: st
 
 
 def load_for_config(config, kind: ModelKind, rm: object = _CONFIG_RM, input_method: str | None = None,
-                    seed: int | None = None) -> LoadedModel:
+                    seed: int | None = None, judge_prompt=None) -> LoadedModel:
     """`load_model` with the model settings a command's config carries; with ``ref`` (``--ref``) the reference
     model too, as a causal LM on the same device, after its vocabulary was found equal to the model's.
-    ``input_method``: instead of the config's (the API's ``probe.load``)."""
+    ``input_method``: instead of the config's (the API's ``probe.load``). ``judge_prompt``: the rating prompt the run
+    reads (a `JudgePrompt`, its name, or None), which decides whether a judge family's input call applies."""
+    judge_prompt = getattr(judge_prompt, "name", judge_prompt)
     ref = getattr(config, "ref", None)
     if ref is None:
-        return _load_for_config(config, kind, rm, input_method, seed)
+        return _load_for_config(config, kind, rm, input_method, seed, judge_prompt)
     policy_ref = config.rm if rm is _CONFIG_RM else rm
     check_same_vocabulary(policy_ref, ref, getattr(config, "revision", None), getattr(config, "trust_remote_code", False))
-    loaded = _load_for_config(config, kind, rm, input_method, seed)
+    loaded = _load_for_config(config, kind, rm, input_method, seed, judge_prompt)
     reference = load_model(ref, kind="causal", device=str(loaded.device) if getattr(config, "device_map", None) is None
                            else "auto", dtype=str(loaded.dtype).removeprefix("torch."),
                            trust_remote_code=getattr(config, "trust_remote_code", False),

@@ -272,8 +272,13 @@ _REMOTE_LLAMA_SHIMS = ("llama_inputs_docstring",)
 
 ALLENAI_RM_INPUT = TEMPLATE_IDS_CARD.format(
     "allenai/*-RM-RB2: 'a standard classifier, AutoModelForSequenceClassification', loaded with its tokenizer; the "
-    "card shows no input call, and RewardBench 2 runs them through RewardBenchPipeline, the template's text with a "
-    "doubled BOS masked: the same ids", "the score logits[0][0]")
+    "card shows no input call; open-instruct trained them on the template's ids (its preference tokenizing: "
+    "tokenizer.apply_chat_template(chosen), tokenize=True, on the template it saves with the checkpoint)",
+    "the score logits[0][0]. RewardBench 2 (scripts/run_v2.py, its default_v2 RewardBenchPipeline, as RewardBench "
+    "0.1.4's) encodes the template's text with tokenizer(text) and masks a doubled BOS: the same ids where the saved "
+    "template writes {{ bos_token }} (Llama 3.1 Instruct's), one BOS more where it writes none (open-instruct's "
+    "'tulu' template saved without --add_bos, as docs/tulu3.md trains allenai/Llama-3.1-Tulu-3-8B-RM): rm-probe says "
+    "so when it loads one, and --input-method rewardbench feeds RewardBench 2's ids")
 
 
 NEMOTRON_QWEN_INPUT = TEMPLATE_IDS_CARD.format(

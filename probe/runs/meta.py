@@ -73,6 +73,11 @@ def input_convention(loaded) -> str:
                "applied it")
         return (f"RewardBench 0.1.4's inputs (--input-method rewardbench): {pipe} on the chat template's text {how}; "
                 f"not the family's own convention ({loaded.spec.input_source})")
+    if loaded.kind == "causal" and loaded.spec.judge_prompt is not None and getattr(loaded, "own_judge", None) is None:
+        from probe.models.registry import CHAT_TEMPLATE_INPUT
+
+        return (f"{CHAT_TEMPLATE_INPUT}: read without its judge prompt {loaded.spec.judge_prompt}, whose input "
+                f"convention goes with that prompt only ({loaded.spec.input_source})")
     return loaded.spec.input_source
 
 
@@ -121,6 +126,18 @@ def principle_record(loaded) -> dict:
         return {}
     return {"principle": loaded.principle,
             "principle_question": fill(loaded.spec.principle_question, principle=loaded.principle)}
+
+
+def system_record(fed: str | None, given: str | None) -> dict:
+    """A run's ``system``: the system message the model was fed (None: none, the chat template's own default, if any,
+    in its place); where that is not the run's own (``--system``, a persona's: the model card's system turn, a judge
+    prompt's), the run's own beside it as ``system_given``."""
+    return {"system": fed} | ({"system_given": given} if given != fed else {})
+
+
+def given_system(record: dict) -> str | None:
+    """The run's own ``--system`` (a persona's) from a `system_record` (a run made before it: its ``system``)."""
+    return record["system_given"] if "system_given" in record else record.get("system")
 
 
 def score_label(loaded, mode: str) -> str:
