@@ -154,16 +154,16 @@ def one(tree: Path, work: str, threads: int, strict: bool) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", required=True, help="a checkout of rm-probe before batch invariance")
+    ap.add_argument("--baseline", help="a checkout of rm-probe before batch invariance (the whole-tree comparison)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    base = Path(args.baseline).resolve()
+    base = Path(args.baseline).resolve() if args.baseline else None
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=base, capture_output=True,
-                            text=True).stdout.strip()
+                            text=True).stdout.strip() if base else None
     parts = components(args.threads)
     results = {}
-    for name, work in WORKLOADS.items():
+    for name, work in (WORKLOADS.items() if base else ()):
         pairs = []
         for _ in range(args.repeats):
             new = one(ROOT, work, args.threads, strict=True)
@@ -184,7 +184,12 @@ def main(argv=None) -> int:
              "alternating; process CPU seconds, median of the pairs' ratios):", "",
              "| change | with it s | before s | ratio |", "|---|---|---|---|",
              *[f"| {k} | {v['invariant']:.3f} | {v['before']:.3f} | {v['median_ratio']:.3f} |" for k, v in parts.items()],
-             "", "**Whole trees, a process each** (this tree with MKL strict against the tree before with MKL's default "
+             "", f"{args.threads} threads; {len(next(iter(parts.values()))['ratios'])} pairs per change; "
+             f"machine: {out['machine']}.", ""]
+    if not base:
+        lines.append("The whole trees were not compared in this run (no `--baseline`).")
+    else:
+        lines += ["**Whole trees, a process each** (this tree with MKL strict against the tree before with MKL's default "
              "mode):", "",
              f"`python -m experiments.bench_invariance --baseline <checkout of {commit}>`: each workload in a fresh "
              f"process per tree, alternating, {args.repeats} pairs, {args.threads} threads, engine loop only (loading "
