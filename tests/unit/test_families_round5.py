@@ -263,3 +263,126 @@ def test_batch_invariance_counts_scores_that_fall_as_differences():
     assert other["max_abs_diff"] == 0.5 and not other["bitwise"] and other["rank_changes"] == 0
     assert out["reversed"] == {"max_abs_diff": 0.5, "bitwise": False}
     assert out["max_abs_diff"] == 0.5 and out["bitwise"] is False
+
+
+# --- rm-probe's GGUF tokenizer: a small file written with gguf's own writer ------------------------------------------
+GEMMA_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "a", "b", "ab", "  ", "<mark>", "<start_of_turn>"]
+GEMMA_TYPES = [3, 3, 3, 2, 1, 1, 1, 4, 4, 3]  # CONTROL, NORMAL, UNKNOWN (2), USER_DEFINED (4) as the file types them
+
+
+def _write_gguf(path: Path, add_bos: bool, add_eos: bool) -> Path:
+    """A GGUF holding only a Gemma-kind vocabulary: pad id 0, eos 1, bos 2, unk 3, the add_bos/add_eos flags."""
+    gguf = pytest.importorskip("gguf")
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(GEMMA_TOKENS)
+    w.add_token_scores([0.0] * len(GEMMA_TOKENS))
+    w.add_token_types(GEMMA_TYPES)
+    w.add_pad_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_bos_token_id(2)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(add_bos)
+    w.add_add_eos_token(add_eos)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("add_bos,add_eos", [(True, False), (False, True)])
+def test_gguf_reader_names_every_special_token_id_0_included_and_reads_both_flags(tmp_path, add_bos, add_eos):
+    """read_metadata: the pad token at id 0 named (not taken for absent), each special id's token, the two flags as
+    the file sets them; the folder written from it: every CONTROL token (id 0 included) a special token, a
+    USER_DEFINED one plain (kept in decoding), the flags in its config and in its ids."""
+    from transformers import AutoTokenizer
+
+    from probe.models import gguf_tokenizer
+
+    meta = gguf_tokenizer.read_metadata(_write_gguf(tmp_path / "v.gguf", add_bos, add_eos))
+    assert (meta["pad_token"], meta["eos_token"], meta["bos_token"], meta["unk_token"]) == (
+        "<pad>", "<eos>", "<bos>", "<unk>")
+    assert (meta["add_bos_token"], meta["add_eos_token"]) == (add_bos, add_eos)
+    folder = gguf_tokenizer.write_folder(meta, tmp_path / "tok")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    assert (config["add_bos_token"], config["add_eos_token"], config["pad_token"]) == (add_bos, add_eos, "<pad>")
+    built = gguf_tokenizer.backend(meta).get_added_tokens_decoder()
+    assert {i for i, t in built.items() if t.special} == {0, 1, 2, 9} and {i for i in built} == {0, 1, 2, 8, 9}
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert tok.pad_token_id == 0 and not tok.added_tokens_decoder[8].special
+    ids = tok.encode("<pad>ab<mark><start_of_turn>")
+    assert ids == [2] * add_bos + [0, 6, 8, 9] + [1] * add_eos
+    assert tok.decode(ids, skip_special_tokens=True) == "ab<mark>"
+
+
+# --- the versioned cache: a folder another version made is rebuilt, whichever library differs ------------------------
+def test_a_converted_model_folder_made_by_another_version_is_converted_again(tmp_path, monkeypatch):
+    """packaged_dir (the converted model): reused as this environment made it; converted again where its manifest
+    names another tokenizers, gguf or rules (the same folder name), or where its config.json is missing; the
+    tokenizer-only folder is not served from a full folder another version made."""
+    from probe.models import embedded
+
+    monkeypatch.setenv("RM_PROBE_CACHE", str(tmp_path))
+    made = []
+
+    def convert(model, out):
+        made.append("model")
+        for f in ("config.json", "tokenizer_config.json"):
+            (out / f).write_text("{}")
+
+    def write_tokenizer(model, src, out):
+        made.append("tokenizer")
+        (out / "tokenizer_config.json").write_text("{}")
+
+    monkeypatch.setattr(embedded, "_convert", convert)
+    monkeypatch.setattr(embedded, "_write_tokenizer", write_tokenizer)
+    monkeypatch.setattr(embedded, "gguf_file", lambda model, scratch: scratch / model.gguf)
+    full = embedded.packaged_dir("smollm2")
+    assert made == ["model"] and embedded.packaged_dir("smollm2") == full and made == ["model"]
+    assert embedded.packaged_tokenizer_dir("smollm2") == full and made == ["model"]  # the full folder serves both
+    for key, other in (("tokenizers", "0.0.1"), ("gguf", "0.0.1"), ("rules", -1)):
+        (full / "made_by.json").write_text(json.dumps(dict(embedded.made_by(), **{key: other})))
+        n = len(made)
+        assert embedded.packaged_tokenizer_dir("smollm2") != full and made[n:] == ["tokenizer"] * (key == "tokenizers")
+        n = len(made)
+        assert embedded.packaged_dir("smollm2") == full and made[n:] == ["model"], key
+        assert json.loads((full / "made_by.json").read_text()) == embedded.made_by()
+    (full / "config.json").unlink()
+    n = len(made)
+    assert embedded.packaged_dir("smollm2") == full and made[n:] == ["model"] and (full / "config.json").is_file()
+
+
+# --- --dry-run's figures: the parameters and weights of the very model a run loads ----------------------------------
+def _config_dir(path: Path, **kw) -> str:
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(**{"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": False,
+                         "num_labels": 1, **kw})
+    cfg.save_pretrained(path)
+    return str(path)
+
+
+def test_dry_run_parameters_weights_and_flops_are_the_models_own(tmp_path):
+    """The reward model's parameters are its sequence classifier's (no LM head), a log-probability model's its
+    causal LM's; weights are parameters x the dtype's bytes, both models' with --ref (the parameter count the
+    model's own); the sweep's floating-point work counts the non-embedding parameters (a reward model's one
+    embedding matrix, an untied causal LM's two)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
+
+    from probe.models.dryrun import plan
+
+    path, ref = _config_dir(tmp_path / "m"), _config_dir(tmp_path / "r", num_hidden_layers=4)
+    with torch.device("meta"):
+        n_cls = sum(p.numel() for p in LlamaForSequenceClassification(LlamaConfig.from_pretrained(path)).parameters())
+        n_lm = sum(p.numel() for p in LlamaForCausalLM(LlamaConfig.from_pretrained(path)).parameters())
+        n_ref = sum(p.numel() for p in LlamaForCausalLM(LlamaConfig.from_pretrained(ref)).parameters())
+    emb = 1000 * 64
+    for mode, n, non_emb in (("reward", n_cls, n_cls - emb), ("logprob", n_lm, n_lm - 2 * emb)):
+        for dtype, size in ((torch.float32, 4), (torch.bfloat16, 2)):
+            p = plan(path, dtype, 8.0, mode, n_new=3, n_prompts=3)
+            assert p["parameters"] == n and p["weights_gib"] * 2**30 == n * size, (mode, dtype)
+            assert p["sweep_flops"] == 2 * non_emb * 3 * 1000 * 3, mode
+    p = plan(path, torch.float32, 8.0, "logprob", reference=ref)
+    assert p["parameters"] == n_lm and p["weights_gib"] * 2**30 == (n_lm + n_ref) * 4
