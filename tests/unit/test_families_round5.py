@@ -190,7 +190,7 @@ def test_card_system_prompts_fill_only_an_absent_system_turn_on_the_cards_route(
     none (None), on the card's route; ``--system ""`` is an empty turn and a text replaces the card's; under
     ``--input-method rewardbench`` WorldPM gets WorldPMPipeline's none."""
     from probe.config import ScoringOptions
-    from probe.core.scoring import conversation
+    from probe.core.scoring import conversation, fed_system
     from probe.models.registry import QWEN_MATH_SYSTEM
 
     opts = ScoringOptions()
@@ -201,11 +201,16 @@ def test_card_system_prompts_fill_only_an_absent_system_turn_on_the_cards_route(
             assert msgs[0] == {"role": "system", "content": want} and msgs[1]["content"] == "Q?", (name, given)
     msgs = _messages(conversation("reward", "Q?", None, opts, _loaded("Qwen/WorldPM-72B", "rewardbench")))
     assert [m["role"] for m in msgs] == ["user", "assistant"]
+    # what a run (and a persona grid's label) records as fed: the same
+    prm = _loaded("Qwen/Qwen2.5-Math-PRM-7B")
+    assert [fed_system(prm, "reward", given, opts) for given in (None, "", "Be brief.")] == [QWEN_MATH_SYSTEM, "",
+                                                                                              "Be brief."]
 
 
 def test_the_principle_question_follows_the_response_under_any_system_turn():
     """Nemotron's principle model (its card's messages): [system,] user, assistant (the response), then the
-    principle question as a user turn and the assistant's turn opened; --principle fills it, --system goes first."""
+    principle question as a user turn and the assistant's turn opened; --principle fills it, --system goes first;
+    under --score logprob no question is asked."""
     from probe.config import ScoringOptions
     from probe.core.scoring import conversation
     from probe.models.registry import NEMOTRON_PRINCIPLE_QUESTION
@@ -216,6 +221,9 @@ def test_the_principle_question_follows_the_response_under_any_system_turn():
         msgs, gen = build(" Love ")
         question = NEMOTRON_PRINCIPLE_QUESTION.format(principle=principle or "correctness")
         assert gen is True and msgs == _conv("Q?", " Love ", system) + [{"role": "user", "content": question}]
+    # the principle is the reward's question: --score logprob reads the response in its plain conversation
+    msgs, gen = conversation("logprob", "Q?", None, ScoringOptions(), _loaded(name))(" Love ")
+    assert gen is False and msgs == _conv("Q?", " Love ")
 
 
 @pytest.fixture(scope="module")
