@@ -394,3 +394,26 @@ def test_dry_run_parameters_weights_and_flops_are_the_models_own(tmp_path):
             assert p["sweep_flops"] == 2 * non_emb * 3 * 1000 * 3, mode
     p = plan(path, torch.float32, 8.0, "logprob", reference=ref)
     assert p["parameters"] == n_lm and p["weights_gib"] * 2**30 == (n_lm + n_ref) * 4
+
+
+# --- LMUnit: its authors' vLLM call under its own prompt only ------------------------------------------------------
+def test_lmunit_reads_its_vllm_call_under_its_own_prompt_only(qwen_math_tok):
+    """LMUnit's input call (registry input_call, the authors' vLLM ``tokenizer(text)`` of the prompt string) belongs
+    to its reading under its own judge prompt: the same checkpoint read by log-probabilities or another judge prompt
+    gets the chat template's ids, and --input-method rewardbench on a causal LM run_dpo.py's (Qwen 2.5's real
+    tokenizer, LMUnit-qwen2.5-72b's base's)."""
+    from probe.core.template import REWARDBENCH_DPO, input_call
+    from probe.models.loading import _set_input_call
+    from probe.models.registry import REGISTRY
+
+    spec, tok = REGISTRY["ContextualAI/LMUnit-qwen2.5-72b"], qwen_math_tok
+    try:
+        for own, method, want in ((True, "ids", spec.input_call), (False, "ids", "chat_template"),
+                                  (False, "rewardbench", REWARDBENCH_DPO)):
+            for name in ("rm_probe_input_call", "rm_probe_call_ids"):  # as loaded afresh
+                tok.__dict__.pop(name, None)
+            _set_input_call(tok, spec, "causal", method, own)
+            assert input_call(tok) == want, (own, method)
+    finally:
+        for name in ("rm_probe_input_call", "rm_probe_call_ids"):
+            tok.__dict__.pop(name, None)
