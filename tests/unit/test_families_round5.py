@@ -109,12 +109,27 @@ def _pipeline_ids(module, tok, conv_a, conv_b) -> list[int]:
     return enc["input_ids"][0][enc["attention_mask"][0].bool()].tolist()
 
 
-def test_better_pairrm_trims_turns_labels_a_system_turn_and_cuts_long_responses_as_its_pipeline(minilm_tok):
+@pytest.fixture(scope="module")
+def sentencepiece_pairrm_tok(polar_tok):
+    """A tokenizer that keeps white space (SentencePiece with byte fallback, as Better-PairRM's DeBERTa-v3 one is
+    SentencePiece; the MiniLM WordPiece one drops every space and newline), with PairRM's prefix tokens."""
+    import copy
+
+    tok = copy.deepcopy(polar_tok)
+    tok.add_tokens(["<|source|>", "<|candidate1|>", "<|candidate2|>", "<|candidate|>"], special_tokens=True)
+    tok.pad_token = "</s>"  # the pipeline pads its batch
+    return tok
+
+
+@pytest.mark.parametrize("which", ["minilm_tok", "sentencepiece_pairrm_tok"])
+def test_better_pairrm_trims_turns_labels_a_system_turn_and_cuts_long_responses_as_its_pipeline(which, request):
     """Turns with white space around them (trimmed by the pipeline's template, the candidates not), a system turn
     (a text, an empty one, one of white space), a response over 670 ids (cut on the right), a prompt over the source
-    limit with a long response (each candidate's room then what the source leaves): both orders, the pipeline's ids."""
+    limit with a long response (each candidate's room then what the source leaves): both orders, the pipeline's ids,
+    on a WordPiece and a SentencePiece tokenizer."""
     from probe.core.pairwise import Pairwise, PairwiseConversation
 
+    minilm_tok = request.getfixturevalue(which)
     module = rewardbench_code.load("betterpairrm")
     long_response = " ".join(WORDS[:800])
     long_prompt = "Tell me, " + " ".join(WORDS[:2100]) + "?"
