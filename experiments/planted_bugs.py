@@ -301,7 +301,21 @@ NOTES = {4: [
       "",
       "A real bug found on the way (fixed, tested in test_batch_invariance.py::test_invariance_batches, which fails "
       "on the old code): `experiments/gpu_bench.py`'s `invariance_batches` compared a batch of 3 against a batch "
-      "halved to 1 or 2 by memory, a batch that may not fit."]}
+      "halved to 1 or 2 by memory, a batch that may not fit."],
+  6: ["Not a bug (left in the table as not caught): \"SteamSHP post's turns stripped\". SHPPipeline joins the turns "
+      "untrimmed, but T5's tokenizer (SteamSHP's, and the stand-in's: the same normalizer) collapses and strips white "
+      "space before its SentencePiece model, so the stripped and the unstripped post give the same ids; the round's "
+      "test feeds a system turn \" Be brief. \" and passes on both.",
+      "",
+      "A real bug found on the way (fixed in probe/core/pairwise.py, one line; tested by "
+      "test_polar_system_turns_are_joined_as_the_client_joins_an_empty_one_included, which fails on the old code): "
+      "POLAR dropped an explicit empty `--system \"\"`, where the card's client joins an empty system turn as a "
+      "leading newline (and the README says an explicit empty value is what runs). Its row above plants the old line "
+      "back.",
+      "",
+      "Better-PairRM's trim was first tested on the MiniLM WordPiece tokenizer alone, which drops every space and "
+      "newline (the row was not caught); the test now runs on a SentencePiece tokenizer too (Mistral v0.1's, as "
+      "Better-PairRM's DeBERTa-v3 one is SentencePiece), and the row was rerun with --only."]}
 
 
 def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
