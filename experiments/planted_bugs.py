@@ -315,7 +315,7 @@ NOTES = {4: [
       "",
       "Better-PairRM's trim was first tested on the MiniLM WordPiece tokenizer alone, which drops every space and "
       "newline (the row was not caught); the test now runs on a SentencePiece tokenizer too (Mistral v0.1's, as "
-      "Better-PairRM's DeBERTa-v3 one is SentencePiece), and the row was rerun with --only."]}
+      "Better-PairRM's DeBERTa-v3 one is SentencePiece), and the row was rerun with --only, with LMUnit's row (added after the full run)."]}
 
 
 def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
