@@ -6,6 +6,7 @@ time, and check that the tests named beside each fail on it.
     python -m experiments.planted_bugs --round 3  # issue 46's: the same, experiments/results/planted_bugs_round3.md
     python -m experiments.planted_bugs --round 4  # issue 57's: the same, experiments/results/planted_bugs_round4.md
     python -m experiments.planted_bugs --round 5  # the newest families and features: planted_bugs_round5.md
+    python -m experiments.planted_bugs --round 6  # issue 67's: the families' limits and options, planted_bugs_round6.md
     python -m experiments.planted_bugs --round 5 --side after  # the after column again, the before one kept
     python -m experiments.planted_bugs --round 3 --only "DPO split one id late"  # that row again, the others kept
 
@@ -215,6 +216,50 @@ ROUND_5 = [
 ]
 
 
+# Round 6 (issue 67): the same families and features at their limits and options (inputs over each truncation limit,
+# white space and empty turns, --system, both orders), rm-probe's GGUF reader (special ids, id 0, its flags), the
+# versioned cache's other libraries, --dry-run's figures and the invariance record's sign; none of them the issue's
+# audit's bugs. Targets: the round's test (tests/unit/test_families_round5.py) and an existing test near the code.
+BEFORE_ROUND_6 = "5a97ac2"
+_F6 = "tests/unit/test_families_round5.py"
+_POLAR_CUT, _POLAR_SYS = (f"{_POLAR}::test_long_inputs_are_cut_as_the_cards_client_cuts_them",
+                          f"{_POLAR}::test_another_reference_and_a_system_text_follow_the_card")
+_BETTER = f"{_R5}::test_better_pairrm_ids_of_a_prompt_over_its_source_limit_are_its_pipelines"
+_SHP = f"{_R5}::test_steamshp_post_is_every_turn_before_the_response_joined_by_spaces"
+_GGUF6 = f"{_PACK}::test_merges_rule_on_a_small_vocabulary {_R5}::test_gguf_tokenizer_adds_bos_and_eos_as_the_file_says"
+_DRY = "tests/unit/test_gpu_readiness.py::test_dry_run_counts_the_reference_model_and_the_devices_of_a_device_map"
+_INV6 = f"{_INV}::test_batch_invariance_counts_what_moves {_R5}::test_batch_invariance_counts_a_tie_made_by_rounding_as_a_rank_change"
+ROUND_6 = [
+  ("POLAR's empty system turn dropped", "probe/core/pairwise.py", "prompt = self.prompt if self.system is None else", "prompt = self.prompt if not self.system else", f"{_POLAR_SYS} {_F6}::test_polar_system_turns_are_joined_as_the_client_joins_an_empty_one_included"),
+  ("POLAR reference cut from the left", "probe/core/pairwise.py", "r1_ids, r2_ids = r1_ids[:POLAR_MAX_RESPONSE], r2_ids", "r1_ids, r2_ids = r1_ids[-POLAR_MAX_RESPONSE:], r2_ids", f"{_POLAR_CUT} {_F6}::test_polar_reference_and_candidate_over_4096_ids_and_a_long_system_prompt_are_cut_as_the_client_cuts"),
+  ("POLAR prompt room counts the candidate twice", "probe/core/pairwise.py", "room = (POLAR_MAX_LENGTH - len(r1_ids) - len(r2_ids)) // 2", "room = (POLAR_MAX_LENGTH - 2 * len(r2_ids)) // 2", f"{_POLAR_CUT} {_F6}::test_polar_reference_and_candidate_over_4096_ids_and_a_long_system_prompt_are_cut_as_the_client_cuts"),
+  ("POLAR limit without the client's 4 ids", "probe/core/pairwise.py", "POLAR_MAX_LENGTH, POLAR_MAX_RESPONSE = 16384 - 4, 4096", "POLAR_MAX_LENGTH, POLAR_MAX_RESPONSE = 16384, 4096", f"{_POLAR_CUT} {_F6}::test_polar_reference_and_candidate_over_4096_ids_and_a_long_system_prompt_are_cut_as_the_client_cuts"),
+  ("Better-PairRM turn text not trimmed", "probe/core/pairwise.py", "{m['content'].strip()}\" for m in self(first)", "{m['content']}\" for m in self(first)", f"{_BETTER} {_F6}::test_better_pairrm_trims_turns_labels_a_system_turn_and_cuts_long_responses_as_its_pipeline"),
+  ("Better-PairRM system turn labelled SYSTEM", "probe/core/pairwise.py", '{"system": "SYSTEM MESSAGE: ",', '{"system": "SYSTEM: ",', f"{_BETTER} {_F6}::test_better_pairrm_trims_turns_labels_a_system_turn_and_cuts_long_responses_as_its_pipeline"),
+  ("Better-PairRM response text cut on the left", "probe/core/pairwise.py", 'BETTER_PAIRRM_CANDIDATE_MAX, "right", special=False)', 'BETTER_PAIRRM_CANDIDATE_MAX, "left", special=False)', f"{_BETTER} {_F6}::test_better_pairrm_trims_turns_labels_a_system_turn_and_cuts_long_responses_as_its_pipeline"),
+  ("Better-PairRM candidate ids cut on the left", "probe/core/pairwise.py", 'for i in _cut_ids(tok, f"{prefix}{cand}", room, "right")]', 'for i in _cut_ids(tok, f"{prefix}{cand}", room, "left")]', f"{_BETTER} {_F6}::test_better_pairrm_trims_turns_labels_a_system_turn_and_cuts_long_responses_as_its_pipeline"),
+  ("SteamSHP cut without its closing id", "probe/core/pairwise.py", "response_B=second), max_length=SHP_MAX,\n                          truncation=True)", "response_B=second))[:SHP_MAX]", f"{_SHP} {_F6}::test_steamshp_input_over_2048_ids_is_cut_on_the_right_keeping_its_closing_id"),
+  ("SteamSHP cut one id short", "probe/core/pairwise.py", "SHP_MAX = 2048  #", "SHP_MAX = 2047  #", f"{_SHP} {_F6}::test_steamshp_input_over_2048_ids_is_cut_on_the_right_keeping_its_closing_id"),
+  ("SteamSHP post's turns stripped", "probe/core/pairwise.py", 'post = " ".join(m["content"] for m', 'post = " ".join(m["content"].strip() for m', f"{_SHP} {_F6}::test_steamshp_input_over_2048_ids_is_cut_on_the_right_keeping_its_closing_id"),
+  ("an empty --system gets the card's system prompt", "probe/core/scoring.py", 'if mode == "reward" and system is None and loaded is not None', 'if mode == "reward" and not system and loaded is not None', f"{_PRM}::test_score_responses_equal_the_cards_step_reward {_F6}::test_card_system_prompts_fill_only_an_absent_system_turn_on_the_cards_route"),
+  ("principle question without the assistant's turn", "probe/core/scoring.py", '[{"role": "user", "content": self.question}], True', '[{"role": "user", "content": self.question}], False', f"{_NEMO}::test_the_principle_models_trace_asks_the_principle_after_each_cut_response {_F6}::test_the_principle_question_follows_the_response_under_any_system_turn"),
+  ("principle asked under --score logprob", "probe/core/scoring.py", 'if mode == "reward" and loaded is not None and loaded.principle is not None:', "if loaded is not None and loaded.principle is not None:", f"{_NEMO}::test_the_principle_models_trace_asks_the_principle_after_each_cut_response {_F6}::test_the_principle_question_follows_the_response_under_any_system_turn"),
+  ("LMUnit's vLLM call under any reading", "probe/models/loading.py", "if spec.input_call is not None and (kind == \"reward\" or own_judge):", "if spec.input_call is not None:", f"{_LMU}::test_every_lmunit_id_is_read_as_its_unit_test_judge {_F6}::test_lmunit_reads_its_vllm_call_under_its_own_prompt_only"),
+  ("GGUF special id 0 read as absent", "probe/models/gguf_tokenizer.py", 'out["tokens"][token_id] if token_id is not None else None', 'out["tokens"][token_id] if token_id else None', f"{_GGUF6} {_F6}::test_gguf_reader_names_every_special_token_id_0_included_and_reads_both_flags"),
+  ("GGUF add_eos_token read from add_bos_token", "probe/models/gguf_tokenizer.py", '"add_eos_token": fields.get("tokenizer.ggml.add_eos_token")', '"add_eos_token": fields.get("tokenizer.ggml.add_bos_token")', f"{_GGUF6} {_F6}::test_gguf_reader_names_every_special_token_id_0_included_and_reads_both_flags"),
+  ("GGUF user-defined tokens made special", "probe/models/gguf_tokenizer.py", "for t, kind in zip(metadata[\"tokens\"], types) if kind == CONTROL])", "for t, kind in zip(metadata[\"tokens\"], types) if kind >= CONTROL])", f"{_GGUF6} {_F6}::test_gguf_reader_names_every_special_token_id_0_included_and_reads_both_flags"),
+  ("GGUF folder's config: no EOS", "probe/models/gguf_tokenizer.py", 'add_eos_token=bool(metadata["add_eos_token"]))', "add_eos_token=False)", f"{_GGUF6} {_F6}::test_gguf_reader_names_every_special_token_id_0_included_and_reads_both_flags"),
+  ("cache manifest: transformers only", "probe/models/embedded.py", "return manifest == made_by() and all(", 'return manifest.get("transformers") == made_by()["transformers"] and all(', f"{_PACK}::test_a_cache_made_by_another_version_is_not_read {_F6}::test_a_converted_model_folder_made_by_another_version_is_converted_again"),
+  ("converted model folder read without its manifest", "probe/models/embedded.py", 'if _usable(target, "config.json"):', 'if (target / "config.json").is_file():', f"{_PACK}::test_a_cache_made_by_another_version_is_not_read {_F6}::test_a_converted_model_folder_made_by_another_version_is_converted_again"),
+  ("tokenizer served from another version's model folder", "probe/models/embedded.py", "    if _usable(full):\n", '    if (full / "tokenizer_config.json").is_file():\n', f"{_PACK}::test_a_cache_made_by_another_version_is_not_read {_F6}::test_a_converted_model_folder_made_by_another_version_is_converted_again"),
+  ("dry run: a reward model counted with an LM head", "probe/models/dryrun.py", 'params = meta_parameters(cfg, "reward" if m == "reward" else "causal")', 'params = meta_parameters(cfg, "causal")', f"{_DRY} {_F6}::test_dry_run_parameters_weights_and_flops_are_the_models_own"),
+  ("dry run: parameters of the reference", "probe/models/dryrun.py", "n_params, weights = (n_params or params), weights", "n_params, weights = params, weights", f"{_DRY} {_F6}::test_dry_run_parameters_weights_and_flops_are_the_models_own"),
+  ("dry run: a reward model's work less its embeddings twice", "probe/models/dryrun.py", 'tied = getattr(text, "tie_word_embeddings", False) or mode == "reward"', 'tied = getattr(text, "tie_word_embeddings", False)', f"{_DRY} {_F6}::test_dry_run_parameters_weights_and_flops_are_the_models_own"),
+  ("invariance: a lower batch counts as no difference", "experiments/gpu_bench.py", '"max_abs_diff": float(np.max(np.abs(s - base))),', '"max_abs_diff": float(np.max(s - base)),', f"{_INV6} {_F6}::test_batch_invariance_counts_scores_that_fall_as_differences"),
+  ("invariance: lower reversed rows count as none", "experiments/gpu_bench.py", '{"max_abs_diff": float(np.max(np.abs(rev - base))),', '{"max_abs_diff": float(np.max(rev - base)),', f"{_INV6} {_F6}::test_batch_invariance_counts_scores_that_fall_as_differences"),
+]
+
+
 def run_tests(copy: Path, tests: str, env: dict, deselect: tuple[str, ...] = ()) -> tuple[bool, str]:
     skip = " ".join(f"--deselect '{t}'" for t in deselect)
     proc = subprocess.run(f"{sys.executable} -m pytest -q -x -p no:cacheprovider {skip} {tests}", shell=True, cwd=copy,
@@ -232,7 +277,7 @@ def failing_without_a_bug(copy: Path, tests: str, env: dict) -> tuple[str, ...]:
 
 
 ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3), 4: (ROUND_4, BEFORE_ROUND_4),
-          5: (ROUND_5, BEFORE_ROUND_5)}
+          5: (ROUND_5, BEFORE_ROUND_5), 6: (ROUND_6, BEFORE_ROUND_6)}
 
 # what a results file says below its table: round 4's check of the two bugs issue 57 names, planted by hand
 NOTES = {4: [
@@ -256,7 +301,21 @@ NOTES = {4: [
       "",
       "A real bug found on the way (fixed, tested in test_batch_invariance.py::test_invariance_batches, which fails "
       "on the old code): `experiments/gpu_bench.py`'s `invariance_batches` compared a batch of 3 against a batch "
-      "halved to 1 or 2 by memory, a batch that may not fit."]}
+      "halved to 1 or 2 by memory, a batch that may not fit."],
+  6: ["Not a bug (left in the table as not caught): \"SteamSHP post's turns stripped\". SHPPipeline joins the turns "
+      "untrimmed, but T5's tokenizer (SteamSHP's, and the stand-in's: the same normalizer) collapses and strips white "
+      "space before its SentencePiece model, so the stripped and the unstripped post give the same ids; the round's "
+      "test feeds a system turn \" Be brief. \" and passes on both.",
+      "",
+      "A real bug found on the way (fixed in probe/core/pairwise.py, one line; tested by "
+      "test_polar_system_turns_are_joined_as_the_client_joins_an_empty_one_included, which fails on the old code): "
+      "POLAR dropped an explicit empty `--system \"\"`, where the card's client joins an empty system turn as a "
+      "leading newline (and the README says an explicit empty value is what runs). Its row above plants the old line "
+      "back.",
+      "",
+      "Better-PairRM's trim was first tested on the MiniLM WordPiece tokenizer alone, which drops every space and "
+      "newline (the row was not caught); the test now runs on a SentencePiece tokenizer too (Mistral v0.1's, as "
+      "Better-PairRM's DeBERTa-v3 one is SentencePiece), and the row was rerun with --only, with LMUnit's row (added after the full run)."]}
 
 
 def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
@@ -375,16 +434,16 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5), default=1)
+    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5, 6), default=1)
     parser.add_argument("--only", action="append", default=[], metavar="BUG",
-                        help="rounds 2-5: rerun this bug (by name) alone, keeping the results file's other rows")
-    parser.add_argument("--results", type=Path, help="rounds 2-5: the results file (default: "
+                        help="rounds 2-6: rerun this bug (by name) alone, keeping the results file's other rows")
+    parser.add_argument("--results", type=Path, help="rounds 2-6: the results file (default: "
                         "experiments/results/planted_bugs_round<N>.md); several parts of a round may run at once, each "
                         "with --only and a file of its own, then be joined by --join")
     parser.add_argument("--join", type=Path, action="append", default=[], metavar="FILE",
-                        help="rounds 2-5: write these parts' rows into the results file, running nothing")
+                        help="rounds 2-6: write these parts' rows into the results file, running nothing")
     parser.add_argument("--side", choices=("both", "before", "after"), default="both",
-                        help="rounds 2-5: run only this column, keeping the other as the results file has it")
+                        help="rounds 2-6: run only this column, keeping the other as the results file has it")
     args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RM_PROBE_SOCIAL_DATA": os.environ.get("RM_PROBE_SOCIAL_DATA", str(SHARED / "social")),
            "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release")),

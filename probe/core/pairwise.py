@@ -202,13 +202,13 @@ class PairwiseConversation:
 
     def _polar(self, tok, response: str) -> list[int]:
         """POLAR's input, as its card's ``RewardModelClient.encode`` builds it and the card's ``tokenizer(texts)``
-        encodes it: the prompt (a system text first, joined with a newline, as the client joins the prompt's
-        messages), the reference and the candidate each encoded with the tokenizer's special tokens, cut as the
-        client cuts them (each response to 4,096 ids from the right, the prompt to its last ids that fit), decoded
+        encodes it: the prompt (a system text first, an empty one included, joined with a newline, as the client joins
+        the prompt's messages), the reference and the candidate each encoded with the tokenizer's special tokens, cut
+        as the client cuts them (each response to 4,096 ids from the right, the prompt to its last ids that fit), decoded
         without special tokens; then ``prompt\\nreference<|reward|>prompt\\ncandidate[UNUSED_TOKEN_130]`` (the
         client's "sft" wrapper: its test for an empty response compares a length with "", so the newline is always
         written) through ``tokenizer(text)``, BOS as that call adds it."""
-        prompt = self.prompt if not self.system else f"{self.system}\n{self.prompt}"
+        prompt = self.prompt if self.system is None else f"{self.system}\n{self.prompt}"
         p_ids, r1_ids, r2_ids = (tok.encode(t, add_special_tokens=True)
                                  for t in (prompt, self.pairwise.reference, response))
         r1_ids, r2_ids = r1_ids[:POLAR_MAX_RESPONSE], r2_ids[:POLAR_MAX_RESPONSE]
