@@ -64,17 +64,27 @@ def load_tables(folder: str | Path) -> dict[str, tuple[pl.DataFrame, list[str]]]
 
 def tables_from_runs(tables: dict[str, tuple[pl.DataFrame, list[str]]],
                      runs: tuple[str, ...]) -> dict[str, tuple[pl.DataFrame, list[str]]]:
-    """Each table whose prompt some run scored, with those runs' scores as its model columns."""
+    """Each table whose prompt some run scored, with those runs' scores as its model columns. Each run must have
+    scored a table's prompt (matched by text) and every item of that table: a run of a few responses would make a
+    figure of a few items (issue 64: 2 of 7,530 items, a heatmap of tau 1.00); else one line naming the run."""
     from probe.analysis.misalignment import join_scores, response_run_scores
 
-    scored = [response_run_scores(r) for r in runs]
+    scored = [(path, *response_run_scores(path)) for path in runs]
     out = {}
+    used = set()
     for stem, (df, _) in tables.items():
         text = PROMPT_TEXT.get(stem)
         columns = {}
-        for model, prompts in scored:
+        for path, model, prompts in scored:
             hit = next((p for p in prompts.values() if p["text"] == text), None)
             if hit is not None:
+                have = int(df["name"].is_in(hit["scores"]["response"].implode()).sum())
+                if have < df.height:
+                    raise DataFormatError(
+                        f"{path}: scored {have:,} of the {df.height:,} items of {stem} under its prompt; its figures "
+                        f"rank every item: score the table's name column whole (probe score --responses {stem}.csv "
+                        f"--response-column name --prompt {text!r})")
+                used.add(path)
                 label = model
                 while label in columns:
                     label += "'"
@@ -82,9 +92,10 @@ def tables_from_runs(tables: dict[str, tuple[pl.DataFrame, list[str]]],
         if columns:
             human = df.select("elo_rank", "elo_score", "name", "elo_matches")
             out[stem] = (join_scores(human, "name", columns), list(columns))
-    if not out:
-        raise DataFormatError("no run scored the prompt of an EloEverything table: "
-                              + "; ".join(f"{s}: {t!r}" for s, t in PROMPT_TEXT.items()))
+    unused = [p for p, _, _ in scored if p not in used]
+    if unused or not out:
+        raise DataFormatError(f"{(unused or list(runs))[0]}: scored the prompt of no EloEverything table: "
+                              + "; ".join(f"{s}: {t!r}" for s, t in PROMPT_TEXT.items() if s in tables))
     return out
 
 
