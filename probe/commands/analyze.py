@@ -30,6 +30,7 @@ from typing import Literal
 import polars as pl
 
 from probe.commands.args import config_from_args
+from probe.report.text import plain_table
 from probe.errors import DataFormatError, ProbeError
 from probe.runs.rundir import atomic_write_json, utc_stamp, writable_dir
 
@@ -203,11 +204,11 @@ def run_agreement(config, sweeps, out) -> dict:
         pairs = agreement_mod.pairwise_agreement({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)},
                                                  config.normalise, config.rbo_p)
         summary[label] = {**res.to_json(), "pairwise": pairs}
-        print(f"{label}: {wide.height} strings shared by all runs; Kendall tau-b:")
-        print(pl.DataFrame({"model": names, **{n: res.kendall[:, i].round(3) for i, n in enumerate(names)}}))
+        print(f"{label}: {wide.height:,} strings shared by all runs; Kendall tau-b:")
+        print(plain_table([{"model": n, **{m: float(res.kendall[i, j]) for j, m in enumerate(names)}}
+                           for i, n in enumerate(names)]))
         print("each pair on its own shared vocabulary:")
-        with pl.Config(tbl_rows=100, fmt_str_lengths=40, tbl_width_chars=160, float_precision=3):
-            print(pl.DataFrame(pairs))
+        print(plain_table(pairs))
     atomic_write_json(out / "agreement.json", summary)
     return {k: {"n_strings": v["n_strings"], "groups": v["groups"]} for k, v in summary.items()}
 
@@ -234,10 +235,9 @@ def run_personas(config, sweeps, out) -> dict:
     print(f"persona grid of {sweep.model}: each persona against the control {control!r} "
           f"(over {table['n'][0]:,} scored {'responses' if sweep.responses else 'tokens'})")
     print(f"the control {control!r}: {control_is}")
-    with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, float_precision=3, tbl_hide_dataframe_shape=True):
-        print(table)
-        print("Kendall tau-b, prompt x persona:")
-        print(table.pivot("persona", index="prompt", values="kendall_tau_b"))
+    print(plain_table(table))
+    print("Kendall tau-b, prompt x persona:")
+    print(plain_table(table.pivot("persona", index="prompt", values="kendall_tau_b")))
     for cell, m in moves.items():
         up = ", ".join(repr(r["decoded"]) for r in m["up"][:5])
         down = ", ".join(repr(r["decoded"]) for r in m["down"][:5])
@@ -261,7 +261,7 @@ def run_framing(config, sweeps, out) -> dict:
     df = framing_slopes(_frames(sweeps, config.prompt), config.valence_source, config.per)
     _enough(df, sweeps, config, "framing fits a slope per affect on at least 5 words rated by")
     df.write_csv(out / "framing.csv")
-    print(df)
+    print(plain_table(df))
     return {"rows": df.height}
 
 
@@ -271,7 +271,7 @@ def run_exposure(config, sweeps, out) -> dict:
     df = exposure_slopes(_frames(sweeps, config.prompt), config.valence_source, config.freq, config.bnc, config.per)
     _enough(df, sweeps, config, "exposure fits a slope on at least 5 words with a frequency and a rating in")
     df.write_csv(out / "exposure.csv")
-    print(df)
+    print(plain_table(df))
     return {"rows": df.height}
 
 
@@ -470,8 +470,7 @@ def run_values(config, sweeps, out) -> dict:
             "terms": {"this": int(dictionary.height),
                       "other": int(other_dictionary.height)}}
     atomic_write_json(out / "values.json", result)
-    with pl.Config(tbl_rows=40, float_precision=2):
-        print(summary)
+    print(plain_table(summary, digits=2))
     if tests:
         print(f"{len(tests)} permutation tests (one per panel); p-values adjusted over all {len(tests)}:")
     for t in tests:

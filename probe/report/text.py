@@ -36,6 +36,42 @@ def plural(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
+def plain_table(data, digits: int = 3) -> str:
+    """A table as a person reads it in a terminal: a header, a rule, one line per row, every column shown (no
+    polars "shape: (1, 17)", dtype row or hidden columns), numbers right-aligned, floats to ``digits`` places
+    (in scientific notation where that would show nothing, e.g. a p-value of 2e-05), empty cells as "-".
+    ``data``: a polars DataFrame or a list of dicts."""
+    import math
+
+    rows = data.to_dicts() if isinstance(data, pl.DataFrame) else [dict(r) for r in data]
+    columns = list(data.columns) if isinstance(data, pl.DataFrame) else list(dict.fromkeys(k for r in rows for k in r))
+
+    def cell(v) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        if isinstance(v, float):
+            if math.isnan(v):
+                return "nan"
+            return f"{v:.{digits}f}" if v == 0 or abs(v) >= 10 ** -digits else f"{v:.{digits - 1}e}"
+        if isinstance(v, int):
+            return f"{v:,}"
+        if isinstance(v, (list, tuple)):
+            return ", ".join(cell(x) for x in v)
+        return str(v).replace("\n", " ")
+
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    numeric = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool) or r.get(c) is None
+                   for r in rows) and any(r.get(c) is not None for r in rows) for c in columns]
+    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)]
+    fit = lambda text, i: text.rjust(widths[i]) if numeric[i] else text.ljust(widths[i])  # noqa: E731
+    lines = ["  ".join(fit(c, i) for i, c in enumerate(columns)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(fit(v, i) for i, v in enumerate(line)).rstrip() for line in cells]
+    return "\n".join(lines)
+
+
 def flags(row: dict) -> str:
     return "".join([
         "S" if row["is_special"] else ".",

@@ -126,3 +126,40 @@ def test_a_judge_runs_length_row_describes_the_judge():
     for mode in ("rating", "judge-pair"):
         text = length_words({"score": {"mode": mode}})
         assert "reward head" not in text and "judge" in text, mode
+
+
+def test_tables_print_every_column_without_polars_furniture(tmp_path, capsys):
+    """The social, framing, exposure and agreement tables were raw polars prints: "shape: (1, 17)", a dtype row, and
+    columns hidden behind "…" past the terminal's width. Now a header, a rule and every column."""
+    from probe.commands.analyze import main as analyze
+    from probe.commands.social import print_tables
+
+    wide = pl.DataFrame({"domain": ["bias"], "dataset": ["bbq"], **{f"metric_{i}": [i / 7] for i in range(16)}})
+    print_tables(wide)
+    out = capsys.readouterr().out
+    assert "shape:" not in out and "…" not in out and "str" not in out.split("\n")[3]
+    header = out.splitlines()[2]
+    assert header.split() == ["dataset", *[f"metric_{i}" for i in range(16)]]
+    words = ["love", "hate", "good", "bad", "happy", "sad", "peace", "war", "joy", "pain", "nice", "awful",
+             "great", "terrible", "kind", "cruel", "hope", "fear", "win", "lose"]
+    runs = [str(write_fake_run(tmp_path / "runs", f"org/m{i}", words, {"greatest": "What is the greatest?"},
+                               lambda k, t, i=i: hashed_score(f"{k}{i}", t)).path) for i in range(2)]
+    printed = {}
+    for analysis, extra in (("framing", runs[:1]), ("exposure", runs[:1]), ("agreement", runs)):
+        assert analyze([analysis, *extra, "--out", str(tmp_path / analysis), "--permutations", "10"]) == 0
+        printed[analysis] = capsys.readouterr().out
+        assert "shape:" not in printed[analysis] and "┆" not in printed[analysis], analysis
+    for analysis in ("framing", "exposure"):  # every column of the CSV in the printed header
+        columns = pl.read_csv(tmp_path / analysis / f"{analysis}.csv").columns
+        assert printed[analysis].splitlines()[0].split() == columns, analysis
+
+
+def test_plain_table_cells():
+    from probe.report.text import plain_table
+
+    text = plain_table([{"model": "a/b", "estimate": 0.123456, "n": 1200, "ci": None, "ok": True},
+                        {"model": "c", "estimate": -2e-05, "n": 3, "ci": "x", "ok": False}])
+    assert text.splitlines() == ["model   estimate      n  ci  ok",
+                                 "-----  ---------  -----  --  ---",
+                                 "a/b        0.123  1,200  -   yes",
+                                 "c      -2.00e-05      3  x   no"]
