@@ -232,9 +232,9 @@ def run_personas(config, sweeps, out) -> dict:
     personas = sweep.meta["personas"]
     control, control_is = personas["control"], system_label(personas, personas["control"])
     what = "responses" if sweep.responses else "word-like tokens"
-    print(f"persona grid of {sweep.model}: each persona against the control {control!r} "
+    print(f"persona grid of {sweep.model}: each persona against the control persona {control!r} "
           f"(over {table['n'][0]:,} scored {'responses' if sweep.responses else 'tokens'})")
-    print(f"the control {control!r}: {control_is}")
+    print(f"the control persona {control!r}: {control_is}")
     print(plain_table(table))
     print("Kendall tau-b, prompt x persona:")
     print(plain_table(table.pivot("persona", index="prompt", values="kendall_tau_b")))

@@ -55,8 +55,8 @@ NEGATION_STEMS = frozenset("aren couldn didn doesn hadn hasn isn mightn mustn ne
 def short_words() -> frozenset[str]:
     """The English words of one to three letters that count as words (probe/data/short_words.txt): wordfreq's
     forms of at most three letters at a Zipf frequency of at least 4.5, less abbreviations ("uk", "tv", "mr"),
-    names ("al", "ed", "bob"), letters, word pieces ("ing", "el", "de", "pre") and contraction tails ("ll", "ve": wordfreq
-    splits "I'll" into "i" and "ll")."""
+    names ("al", "ed", "bob"), letters, word pieces ("ing", "el", "de", "pre") and contraction tails ("ll", "ve":
+    wordfreq splits "I'll" into "i" and "ll")."""
     from importlib.resources import files
 
     text = (files("probe") / "data" / "short_words.txt").read_text(encoding="utf-8")
@@ -85,9 +85,9 @@ def is_english_word(form: str, freqs: dict[str, float] | None) -> bool | None:
     of the shipped common words of one to three letters (`short_words`), or of four letters at a Zipf frequency
     in wordfreq's English list of at least 3.5, or of five or more at least 3 (one per million words of running
     text). Abbreviations, names and word pieces of up to three letters (" Uk", "ed", "al", "ing") are not words,
-    nor rarer four-letter forms (" Mach"), nor the stems of "n't" (" doesn"); rare words and names of five letters or more still pass. English
-    only: the flag is meant for the English prompts of the paper; tokens of other languages are not called
-    words. On SmolLM2's 49,152 tokens it marks 28,416 (the rule before, wordfreq alone
+    nor rarer four-letter forms (" Mach"), nor the stems of "n't" (" doesn"); rare words and names of five letters
+    or more still pass. English only: the flag is meant for the English prompts of the paper; tokens of other
+    languages are not called words. On SmolLM2's 49,152 tokens it marks 28,416 (the rule before, wordfreq alone
     at 4.5 for short forms, marked 29,300)."""
     import math
 

@@ -396,7 +396,8 @@ def personas_html(scores: pl.DataFrame, meta: dict, n_movers: int = 5) -> str:
                       for k in section["systems"])
     what = "responses" if responses else "word-like tokens"
     return (f"<section class='personas'><h2>Persona grid</h2><p>Each prompt was scored under {len(section['systems'])} "
-            f"system prompts; each persona is compared with the control <b>{html.escape(section['control'])}</b> over "
+            "system prompts; each persona is compared with the control persona "
+            f"<b>{html.escape(repr(section['control']))}</b> over "
             f"all {table['n'][0]:,} scored {'responses' if responses else 'tokens'} (Kendall tau-b, Spearman, "
             "rank-biased overlap at the top and the bottom), with the mean shift of the score and the "
             f"{what} whose standardised score rises and falls most.</p><ul>{systems}</ul>"

@@ -324,7 +324,8 @@ def test_every_analyze_output_recomputed_from_scores_parquet(tmp_path, lexicon_w
     x = np.array([[1.0, f, v] for f, v, _ in rows])
     coef = np.linalg.lstsq(x, np.array([y for *_, y in rows]), rcond=None)[0]
     assert exposure["estimate"][0] == pytest.approx(coef[1], rel=1e-6) and exposure["n"][0] == len(rows)
-    # contrast and input-method: correlations, overlaps at k = 100 (half the strings where fewer), rank changes (rank in the second minus the first)
+    # contrast and input-method: correlations, overlaps at k = 100 (half the strings where fewer), rank changes
+    # (rank in the second minus the first)
     for analysis, other, first in (("contrast", lm, runs[0]), ("input-method", paper, runs[0])):
         res = json.loads((tmp_path / analysis / f"{analysis}.json").read_text())["greatest"]
         a, b = scores(first), scores(other)  # the reward (raw-id) run first, the logprob (paper) run second
