@@ -340,8 +340,13 @@ def run_misalignment(config, sweeps, out) -> dict:
                "most_undervalued": res.most_undervalued(config.top), "most_overvalued": res.most_overvalued(config.top),
                "identity_terms_found": ids["name"].to_list()}
     atomic_write_json(out / "misalignment.json", summary)
-    print(json.dumps({k: summary[k] for k in ("n_items", "human", "kendall_tau_human", "kendall_tau_human_interval",
-                                              "most_undervalued")}, indent=1))
+    print(f"{n:,} items; human scores: {human_source}; Kendall tau-b of each model's scores with them, and its 95% "
+          "interval (Fisher z):")
+    print(plain_table([{"model": m, "tau_b": t, "interval": f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "too few items"}
+                       for (m, t), iv in zip(res.tau_human.items(), intervals.values())]))
+    show = min(10, config.top)
+    print(f"most undervalued (models rank them furthest below humans): {', '.join(summary['most_undervalued'][:show])}")
+    print(f"most overvalued (furthest above): {', '.join(summary['most_overvalued'][:show])}")
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     return summary
