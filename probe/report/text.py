@@ -178,8 +178,13 @@ def format_top_bottom(df: pl.DataFrame, key: str, text: str, meta: dict, n: int)
 
     mode = mode_name(meta)
     parts = [f"\n== {key}: {text!r}  [{model_label(meta)}, {mode}, {df.height:,} tokens] ==", LEGEND]
-    parts.append(_side_by_side(_lines(raw.head(n), "r"), _lines(words.head(n), "word_rank"),
-                               (f"best {n} (all tokens)", f"best {n} (words only)")))
-    parts.append(_side_by_side(_lines(raw.tail(n).reverse(), "r"), _lines(words.tail(n).reverse(), "word_rank"),
-                               (f"worst {n} (all tokens)", f"worst {n} (words only)")))
+    # where there are fewer than 2n, each side shows half of them: best and worst never list one token twice
+    k_raw, k_words = min(n, raw.height // 2), min(n, words.height // 2)
+    of = lambda k, h: f"{k}" if k == n else f"{k} of {h:,}"  # noqa: E731
+    parts.append(_side_by_side(_lines(raw.head(k_raw), "r"), _lines(words.head(k_words), "word_rank"),
+                               (f"best {of(k_raw, raw.height)} (all tokens)",
+                                f"best {of(k_words, words.height)} (words only)")))
+    parts.append(_side_by_side(_lines(raw.tail(k_raw).reverse(), "r"), _lines(words.tail(k_words).reverse(), "word_rank"),
+                               (f"worst {of(k_raw, raw.height)} (all tokens)",
+                                f"worst {of(k_words, words.height)} (words only)")))
     return "\n".join(parts)

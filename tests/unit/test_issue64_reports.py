@@ -163,3 +163,22 @@ def test_plain_table_cells():
                                  "-----  ---------  -----  --  ---",
                                  "a/b        0.123  1,200  -   yes",
                                  "c      -2.00e-05      3  x   no"]
+
+
+def test_the_terminal_tables_of_a_small_run_never_list_a_token_as_both_best_and_worst():
+    """A --limit 10 run printed best 20 and worst 20 of the same 10 tokens; now each side shows half of them."""
+    from probe.core.prompts import Prompt
+    from probe.core.sweep import ranked_table
+    from probe.report.text import format_top_bottom
+    from tests.fake_runs import fake_vocab
+
+    import numpy as np
+
+    tokens = ["love", "war", "peace", "joy", "zzq", "xq", "hate", "good", "qq", "bad"]
+    vocab = fake_vocab(tokens)
+    df = ranked_table(Prompt("p", "What?"), np.arange(10), np.arange(10, 0, -1).astype(np.float32), vocab)
+    text = format_top_bottom(df, "p", "What?", {"model": {"id": "m"}, "score": {"mode": "reward"}}, 20)
+    assert "best 5 of 10 (all tokens)" in text and "worst 5 of 10 (all tokens)" in text
+    best, worst = text.split("worst 5 of 10")
+    for token in tokens:
+        assert (repr(token) in best) + (repr(token) in worst) == 1, token
