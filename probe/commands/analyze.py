@@ -204,6 +204,11 @@ def run_agreement(config, sweeps, out) -> dict:
         pairs = agreement_mod.pairwise_agreement({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)},
                                                  config.normalise, config.rbo_p)
         summary[label] = {**res.to_json(), "pairwise": pairs}
+        from probe.analysis.misalignment import FEW_ITEMS
+
+        if wide.height < FEW_ITEMS:
+            print(f"warning: {label}: only {wide.height} strings shared by all runs: the correlations rest on too few "
+                  "to say much", file=sys.stderr)
         print(f"{label}: {wide.height:,} strings shared by all runs; Kendall tau-b:")
         print(plain_table([{"model": n, **{m: float(res.kendall[i, j]) for j, m in enumerate(names)}}
                            for i, n in enumerate(names)]))
@@ -235,6 +240,11 @@ def run_personas(config, sweeps, out) -> dict:
     print(f"persona grid of {sweep.model}: each persona against the control persona {control!r} "
           f"(over {table['n'][0]:,} scored {'responses' if sweep.responses else 'tokens'})")
     print(f"the control persona {control!r}: {control_is}")
+    from probe.analysis.misalignment import FEW_ITEMS
+
+    if table["n"][0] < FEW_ITEMS:
+        print(f"warning: only {table['n'][0]} scored {'responses' if sweep.responses else 'tokens'} per cell: the "
+              "agreement of each persona with the control rests on too few to say much", file=sys.stderr)
     print(plain_table(table))
     print("Kendall tau-b, prompt x persona:")
     print(plain_table(table.pivot("persona", index="prompt", values="kendall_tau_b")))

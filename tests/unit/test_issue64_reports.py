@@ -182,3 +182,13 @@ def test_the_terminal_tables_of_a_small_run_never_list_a_token_as_both_best_and_
     best, worst = text.split("worst 5 of 10")
     for token in tokens:
         assert (repr(token) in best) + (repr(token) in worst) == 1, token
+
+
+def test_agreement_over_few_shared_strings_says_so(tmp_path, capsys):
+    from probe.commands.analyze import main as analyze
+
+    words = ["love", "hate", "good", "bad", "joy"]
+    runs = [str(write_fake_run(tmp_path / "runs", f"org/m{i}", words, {"greatest": "What is the greatest?"},
+                               lambda k, t, i=i: hashed_score(f"{k}{i}", t)).path) for i in range(2)]
+    assert analyze(["agreement", *runs, "--out", str(tmp_path / "a"), "--permutations", "10"]) == 0
+    assert "warning: greatest: only 5 strings shared by all runs" in capsys.readouterr().err
