@@ -187,7 +187,11 @@ def test_response_run_of_an_implicit_reward_says_so_and_its_report_explains_it(r
 
     df = pl.read_parquet(Path(runs["resp_ref"]) / "scores.parquet")
     rho = stats.spearmanr(df["n_tokens"].to_numpy(), df["score"].to_numpy()).statistic
-    assert f"Spearman {rho:+.2f} over 6 responses" in page
+    from probe.analysis.stats import rank_correlation_interval
+
+    lo, hi = rank_correlation_interval(rho, 6, "spearman")  # n and the interval beside it (issue 64)
+    assert f"Spearman {rho:+.2f} (95% interval {lo:+.2f} to {hi:+.2f}, Fisher z) over 6 responses" in page
+    assert "6 responses are too few to say how much of this order is length" in page
 
 
 def test_summed_logprob_report_says_it_favours_short_responses():
