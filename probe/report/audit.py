@@ -167,6 +167,9 @@ def length_words(meta: dict) -> str:
         return ("the judge's probability of preferring the response to the reference, read once per order after "
                 "both: no term per token, though a judge may still prefer the longer of two answers (see the plot "
                 "of score against length)")
+    if (meta.get("model") or {}).get("pairwise"):
+        return ("the pairwise model compares the whole response with the reference response: no term per token, though "
+                "it may still have learnt to prefer the longer of two answers (see the plot of score against length)")
     return ("the reward head reads the whole response at one position: no term per token, though a reward model "
             "may still have learnt to prefer longer answers (see the plot of score against length)")
 

@@ -126,6 +126,8 @@ def test_a_judge_runs_length_row_describes_the_judge():
     for mode in ("rating", "judge-pair"):
         text = length_words({"score": {"mode": mode}})
         assert "reward head" not in text and "judge" in text, mode
+    pair_rm = length_words({"score": {"mode": "reward"}, "model": {"pairwise": "pairrm", "reference_response": "x"}})
+    assert "reward head" not in pair_rm and "reference response" in pair_rm
 
 
 def test_tables_print_every_column_without_polars_furniture(tmp_path, capsys):
