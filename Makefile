@@ -147,7 +147,7 @@ test-versions:
 	nice -n 15 $(PY) -m experiments.test_versions --torch "$(TORCH)" $(if $(ONLY),--only $(ONLY))
 
 figures: venv
-	$(BIN)/python -m experiments.make_figures
+	$(BIN)/python -m experiments.make_figures $(ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

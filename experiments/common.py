@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +44,7 @@ SIZES_B = {"nicolinho/QRM-Gemma-2-27B": 27, "Skywork/Skywork-Reward-Gemma-2-27B-
 class SweepFigureConfig:
     """Settings every figure drawn from saved sweeps shares."""
 
-    runs: tuple[str, ...] = field(default=(), metadata={"help": "run directories (default: all under results/)",
+    runs: tuple[str, ...] = field(default=(), metadata={"help": "run directories (required)",
                                                         "repeat": True, "flag": "--runs", "metavar": "DIR"})
     out: str = field(default="figures", metadata={"help": "output folder"})
 
@@ -65,37 +66,30 @@ def colors(n: int) -> list:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def discover_runs(root: str | Path = "results", skipped: list | None = None) -> list[Path]:
-    """Complete whole-vocabulary exhaustive runs under ``root``: per model, score mode and input method, the run
-    with the most prompts, the newest among equals (a later one-prompt run does not hide a three-prompt one).
-    Runs of part of the vocabulary (``--limit``) are left out and listed in ``skipped``."""
-    newest: dict[tuple, Path] = {}
-    n_prompts: dict[tuple, int] = {}
-    models = sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []
-    for run_path, meta in (r for model in models for r in run_metas(model, "exhaustive")):  # newest first
-        if meta.get("status") != "complete":
-            continue
-        if (meta.get("config") or {}).get("limit") is not None:
-            if skipped is not None:
-                skipped.append(run_path)
-            continue
-        settings = meta.get("settings", {})
-        key = (meta["model"]["id"], meta.get("score", {}).get("mode"), settings.get("input_method") or "ids")
-        n = len(meta.get("prompts", {}))
-        if n > n_prompts.get(key, -1):
-            newest[key], n_prompts[key] = run_path, n
-    return sorted(newest.values())
+def named_runs(runs) -> tuple[str, ...]:
+    """The runs a figure script was given (``--runs DIR ...``); none is one line and exit 2, never every run that
+    happens to lie under results/ (a run made for another purpose would become the paper's figure)."""
+    if not runs:
+        print("error: name the runs to draw from: --runs DIR [DIR ...] (a figure is drawn from the runs it is given, "
+              "never from whatever is under results/)", file=sys.stderr)
+        raise SystemExit(2)
+    return tuple(str(r) for r in runs)
 
 
-def discover_response_runs(root: str | Path = "results") -> list[Path]:
-    """Complete response runs (``probe score --responses``) under ``root``: the newest per model and score mode."""
-    newest: dict[tuple, Path] = {}
-    models = sorted(p for p in Path(root).iterdir() if p.is_dir()) if Path(root).is_dir() else []
-    for run_path, meta in (r for model in models for r in run_metas(model, "responses")):  # newest first
-        key = (meta.get("model", {}).get("id"), meta.get("score", {}).get("mode"))
-        if meta.get("status") == "complete" and key not in newest:
-            newest[key] = run_path
-    return sorted(newest.values())
+def whole_vocabulary_runs(paths) -> list[Sweep]:
+    """Named sweep runs, each complete and of the whole vocabulary, or one line (DataFormatError) naming the run."""
+    from probe.errors import DataFormatError
+
+    sweeps = load_runs(paths)
+    for s in sweeps:
+        if s.responses:
+            raise DataFormatError(f"{s.path} is a response run (probe score --responses); the sweep figures need "
+                                  "runs over the whole vocabulary (EloEverything response runs: --response-runs)")
+        limit = (s.meta.get("config") or {}).get("limit")
+        if limit is not None:
+            raise DataFormatError(f"{s.path}: a run of part of the vocabulary (--limit {limit}); figures use "
+                                  "whole-vocabulary runs")
+    return sweeps
 
 
 def load_runs(paths) -> list[Sweep]:

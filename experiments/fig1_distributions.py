@@ -14,7 +14,7 @@ import polars as pl
 from scipy import stats as sps
 
 
-from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv
+from experiments.common import SweepFigureConfig, colors, named_runs, load_runs, plt, save, save_csv
 from experiments.common import script_config, sweep_label
 
 
@@ -30,7 +30,7 @@ def moments(scores: np.ndarray) -> dict:
 
 
 def main(cfg: Fig1Config) -> Path:
-    sweeps = load_runs(cfg.runs or discover_runs())
+    sweeps = load_runs(named_runs(cfg.runs))
     sweeps = [s for s in sweeps if cfg.prompt in s.prompts or cfg.prompt in s.prompts.values()]
     if not sweeps:
         raise SystemExit(f"no complete run has the prompt {cfg.prompt!r}")

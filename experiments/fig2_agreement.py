@@ -21,7 +21,7 @@ import polars as pl
 from experiments.common import (
     SweepFigureConfig,
     colors,
-    discover_runs,
+    named_runs,
     load_runs,
     nickname,
     place_labels,
@@ -51,7 +51,7 @@ def scores_matrix(cfg: Fig2Config) -> tuple[list[str], list[str], np.ndarray, in
         df = pl.read_csv(cfg.table)
         models = [c for c in df.columns if c not in ("elo_rank", "elo_score", "name", "elo_matches")]
         return [nickname(m) for m in models], models, df.select(models).to_numpy(), df.height
-    sweeps = load_runs(cfg.runs or discover_runs())
+    sweeps = load_runs(named_runs(cfg.runs))
     sweeps = [s for s in sweeps if cfg.prompt in s.prompts or cfg.prompt in s.prompts.values()]
     if len(sweeps) < 2:
         raise SystemExit("figure 2 needs at least two runs with the prompt (or --table)")

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 
 
-from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save, save_csv
+from experiments.common import SweepFigureConfig, colors, named_runs, load_runs, plt, save, save_csv
 from experiments.common import script_config, sweep_label
 from probe.analysis.lexicons import valence
 from probe.analysis.regressions import exposure_slopes, framing_slopes, lexicon_matches
@@ -48,7 +48,7 @@ def scatter_panel(ax, m: pl.DataFrame, title: str) -> None:
 
 
 def main(cfg: Fig3Config) -> dict:
-    sweeps = load_runs(cfg.runs or discover_runs())
+    sweeps = load_runs(named_runs(cfg.runs))
     have = lambda s, p: p in s.prompts or p in s.prompts.values()  # noqa: E731
     sweeps = [s for s in sweeps if have(s, cfg.positive) and have(s, cfg.negative)]
     if not sweeps:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-from experiments.common import SweepFigureConfig, colors, discover_runs, load_runs, plt, save
+from experiments.common import SweepFigureConfig, colors, named_runs, load_runs, plt, save
 from experiments.common import script_config, sweep_label
 from probe.analysis import stats
 
@@ -23,7 +23,7 @@ class Fig4Config(SweepFigureConfig):
 
 
 def main(cfg: Fig4Config) -> list[dict]:
-    sweeps = [s for s in load_runs(cfg.runs or discover_runs())
+    sweeps = [s for s in load_runs(named_runs(cfg.runs))
               if all(p in s.prompts or p in s.prompts.values() for p in (cfg.x, cfg.y))]
     if not sweeps:
         raise SystemExit(f"no run has both prompts {cfg.x!r} and {cfg.y!r}")

@@ -66,6 +66,28 @@ def write_fake_run(root: str | Path, model_id: str, tokens: Sequence[str], promp
     return run
 
 
+def write_fake_response_run(root: str | Path, model_id: str, responses: Sequence[str], prompts: dict[str, str],
+                            score_fn: ScoreFn = hashed_score, mode: str = "logprob") -> RunDir:
+    """A complete response run (``probe score --responses``: meta.json and scores.parquet in the command's columns)
+    for made-up responses and any score function of (prompt key, response)."""
+    run = RunDir.create(root, model_id, "responses")
+    tables = []
+    for key in prompts:
+        scores = np.array([score_fn(key, r) for r in responses], dtype=np.float32)
+        order = np.argsort(-scores, kind="stable")
+        rank = np.empty(len(responses), dtype=np.int64)
+        rank[order] = np.arange(1, len(responses) + 1)
+        tables.append(pl.DataFrame({"prompt_key": [key] * len(responses), "response": list(responses),
+                                    "n_tokens": [len(r.split()) for r in responses], "score": scores,
+                                    "rank": rank}).sort("rank"))
+    run.write_table("scores.parquet", pl.concat(tables))
+    meta = new_meta("responses", "fake", {"n_responses": len(responses)}, {}, environment={},
+                    model={"id": model_id, "spec": {}, "kind": "causal" if mode == "logprob" else "reward"},
+                    fake=True, score={"mode": mode}, prompts={k: {"text": t} for k, t in prompts.items()}, timing={})
+    run.write_meta({**meta, "status": "complete"})
+    return run
+
+
 CROWS_PAIR = ("Poor people are lazy.", "Rich people are lazy.")  # (the stereotype, its counterpart)
 
 

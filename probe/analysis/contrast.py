@@ -23,7 +23,10 @@ class Contrast:
     moved: pl.DataFrame  # tokens whose rank differs most, both ways
 
     def to_json(self) -> dict:
-        return {"n": self.n, "kendall_tau_b": self.kendall, "spearman": self.spearman, "k": self.k,
+        return {"n": self.n, "kendall_tau_b": self.kendall, "spearman": self.spearman,
+                "kendall_tau_b_interval": stats.rank_correlation_interval(self.kendall, self.n, "kendall"),
+                "spearman_interval": stats.rank_correlation_interval(self.spearman, self.n, "spearman"),
+                "interval": stats.INTERVAL_METHOD, "k": self.k,
                 "top_k_overlap": self.top_overlap, "bottom_k_overlap": self.bottom_overlap,
                 "moved": self.moved.to_dicts()}
 
@@ -39,7 +42,7 @@ def contrast(a: pl.DataFrame, b: pl.DataFrame, on: str = "token_id", k: int = 10
     ra = stats.descending_ranks(j[la].to_numpy())
     rb = stats.descending_ranks(j[lb].to_numpy())
     j = j.with_columns(pl.Series(f"{la}_rank", ra), pl.Series(f"{lb}_rank", rb), pl.Series("rank_change", rb - ra))
-    kk = min(k, n)
+    kk = max(1, min(k, n // 2))  # the top and bottom k are disjoint: on 5 strings, k = 2, not the same 5 twice
     top = len(set(np.argsort(ra, kind="stable")[:kk]) & set(np.argsort(rb, kind="stable")[:kk])) / kk
     bottom = len(set(np.argsort(-ra, kind="stable")[:kk]) & set(np.argsort(-rb, kind="stable")[:kk])) / kk
     moved = pl.concat([j.sort("rank_change", descending=True).head(n_moved), j.sort("rank_change").head(n_moved)])

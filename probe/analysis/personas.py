@@ -86,5 +86,5 @@ def persona_grid_table(scores: pl.DataFrame, meta: dict, p: float = 0.9, n_mover
         up, down = movers(moved, n_movers, words_only)
         moves[f"{cell.prompt}@{cell.persona}"] = {"up": up.to_dicts(), "down": down.to_dicts()}
     if not rows:
-        raise DataFormatError(f"the grid has no persona besides the control {control!r}")
+        raise DataFormatError(f"the grid has no persona besides the control persona {control!r}")
     return pl.DataFrame(rows), moves

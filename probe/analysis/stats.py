@@ -33,6 +33,27 @@ def spearman(x, y) -> float:
     return float("nan") if _constant(x, y) else float(stats.spearmanr(x, y).statistic)
 
 
+# Fisher's z of a rank correlation has variance c / (n - d) (Fieller, Hartley & Pearson 1957): Kendall's tau
+# 0.437 / (n - 4), Spearman's rho 1.06 / (n - 3)
+FISHER_Z = {"kendall": (0.437, 4), "spearman": (1.06, 3)}
+INTERVAL_METHOD = ("95% Fisher-z interval: atanh(r) +- 1.96 sd, sd = sqrt(0.437 / (n - 4)) for Kendall's tau-b, "
+                   "sqrt(1.06 / (n - 3)) for Spearman (Fieller, Hartley & Pearson 1957)")
+
+
+def rank_correlation_interval(r: float, n: int, kind: str = "kendall", level: float = 0.95) -> list[float] | None:
+    """The Fisher-z confidence interval of a rank correlation ``r`` over ``n`` items (see ``FISHER_Z``); None where
+    n is too small for one (n <= 4 for tau, n <= 3 for rho) or r is undefined. At |r| = 1 the interval is the point
+    itself: only n says how little a perfect agreement of a few items means."""
+    c, d = FISHER_Z[kind]
+    if n <= d or not np.isfinite(r):
+        return None
+    if abs(r) >= 1.0:
+        return [float(r), float(r)]
+    half = stats.norm.ppf(0.5 + level / 2) * np.sqrt(c / (n - d))
+    z = np.arctanh(r)
+    return [float(np.tanh(z - half)), float(np.tanh(z + half))]
+
+
 def rbo(scores_a, scores_b, p: float = 0.9, bottom: bool = False) -> float:
     """Extrapolated rank-biased overlap (Webber, Moffat & Zobel 2010, eq. 32) of two rankings of the same items,
     given as score arrays aligned by item (higher = better; ``bottom=True`` ranks from the worst end).

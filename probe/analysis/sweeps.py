@@ -108,14 +108,14 @@ def response_rows(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def upgrade_vocab_columns(df: pl.DataFrame) -> pl.DataFrame:
-    """Runs written before the word flag meant a word: their ``is_word`` was "alphabetic" (now ``is_alpha``);
-    ``is_word`` is recomputed from the decoded text (probe.core.vocab.is_english_word). Runs made without wordfreq
-    (the GPU machine) have an empty ``is_word``: recomputed here where wordfreq is installed, else left empty."""
+    """The W flag by today's rule (probe.core.vocab.is_english_word), recomputed from the decoded text wherever
+    wordfreq is installed, so that a run written under an earlier rule (one that called " Uk" or "ed" a word) reads
+    as a new one does. Runs written before the word flag meant a word: their ``is_word`` was "alphabetic" (now
+    ``is_alpha``). Runs made without wordfreq (the GPU machine) have an empty ``is_word``: left empty where wordfreq
+    is not installed either."""
     if "decoded" not in df.columns or "is_word" not in df.columns:
         return df
     old = "is_alpha" not in df.columns
-    if not old and df["is_word"].null_count() < df.height:
-        return df
     from probe.core.vocab import english_word_frequencies, is_english_word
 
     freqs = english_word_frequencies()

@@ -30,6 +30,7 @@ from typing import Literal
 import polars as pl
 
 from probe.commands.args import config_from_args
+from probe.report.text import plain_table
 from probe.errors import DataFormatError, ProbeError
 from probe.runs.rundir import atomic_write_json, utc_stamp, writable_dir
 
@@ -56,7 +57,8 @@ class AnalysisConfig:
     bnc: str | None = field(default=None, metadata={"help": "path of the BNC list (1_1_all_alpha.txt)"})
     table: str | None = field(default=None, metadata={
         "help": "misalignment: CSV of items with a human score column and model score columns"})
-    human: str = field(default="elo_score", metadata={"help": "misalignment: the human score column"})
+    human: str | None = field(default=None, metadata={
+        "help": "misalignment --table: the human score column (default elo_score)"})
     name_column: str = field(default="name", metadata={"help": "misalignment: the item name column"})
     models: tuple[str, ...] = field(default=(), metadata={
         "help": "misalignment: model columns (repeatable; default: every column after the first four)",
@@ -202,11 +204,16 @@ def run_agreement(config, sweeps, out) -> dict:
         pairs = agreement_mod.pairwise_agreement({n: s.prompt(k) for s, k, n in zip(sweeps, keys, names)},
                                                  config.normalise, config.rbo_p)
         summary[label] = {**res.to_json(), "pairwise": pairs}
-        print(f"{label}: {wide.height} strings shared by all runs; Kendall tau-b:")
-        print(pl.DataFrame({"model": names, **{n: res.kendall[:, i].round(3) for i, n in enumerate(names)}}))
+        from probe.analysis.misalignment import FEW_ITEMS
+
+        if wide.height < FEW_ITEMS:
+            print(f"warning: {label}: only {wide.height} strings shared by all runs: the correlations rest on too few "
+                  "to say much", file=sys.stderr)
+        print(f"{label}: {wide.height:,} strings shared by all runs; Kendall tau-b:")
+        print(plain_table([{"model": n, **{m: float(res.kendall[i, j]) for j, m in enumerate(names)}}
+                           for i, n in enumerate(names)]))
         print("each pair on its own shared vocabulary:")
-        with pl.Config(tbl_rows=100, fmt_str_lengths=40, tbl_width_chars=160, float_precision=3):
-            print(pl.DataFrame(pairs))
+        print(plain_table(pairs))
     atomic_write_json(out / "agreement.json", summary)
     return {k: {"n_strings": v["n_strings"], "groups": v["groups"]} for k, v in summary.items()}
 
@@ -230,13 +237,17 @@ def run_personas(config, sweeps, out) -> dict:
     personas = sweep.meta["personas"]
     control, control_is = personas["control"], system_label(personas, personas["control"])
     what = "responses" if sweep.responses else "word-like tokens"
-    print(f"persona grid of {sweep.model}: each persona against the control {control!r} "
+    print(f"persona grid of {sweep.model}: each persona against the control persona {control!r} "
           f"(over {table['n'][0]:,} scored {'responses' if sweep.responses else 'tokens'})")
-    print(f"the control {control!r}: {control_is}")
-    with pl.Config(tbl_rows=200, tbl_cols=20, tbl_width_chars=200, float_precision=3, tbl_hide_dataframe_shape=True):
-        print(table)
-        print("Kendall tau-b, prompt x persona:")
-        print(table.pivot("persona", index="prompt", values="kendall_tau_b"))
+    print(f"the control persona {control!r}: {control_is}")
+    from probe.analysis.misalignment import FEW_ITEMS
+
+    if table["n"][0] < FEW_ITEMS:
+        print(f"warning: only {table['n'][0]} scored {'responses' if sweep.responses else 'tokens'} per cell: the "
+              "agreement of each persona with the control rests on too few to say much", file=sys.stderr)
+    print(plain_table(table))
+    print("Kendall tau-b, prompt x persona:")
+    print(plain_table(table.pivot("persona", index="prompt", values="kendall_tau_b")))
     for cell, m in moves.items():
         up = ", ".join(repr(r["decoded"]) for r in m["up"][:5])
         down = ", ".join(repr(r["decoded"]) for r in m["down"][:5])
@@ -260,7 +271,7 @@ def run_framing(config, sweeps, out) -> dict:
     df = framing_slopes(_frames(sweeps, config.prompt), config.valence_source, config.per)
     _enough(df, sweeps, config, "framing fits a slope per affect on at least 5 words rated by")
     df.write_csv(out / "framing.csv")
-    print(df)
+    print(plain_table(df))
     return {"rows": df.height}
 
 
@@ -270,7 +281,7 @@ def run_exposure(config, sweeps, out) -> dict:
     df = exposure_slopes(_frames(sweeps, config.prompt), config.valence_source, config.freq, config.bnc, config.per)
     _enough(df, sweeps, config, "exposure fits a slope on at least 5 words with a frequency and a rating in")
     df.write_csv(out / "exposure.csv")
-    print(df)
+    print(plain_table(df))
     return {"rows": df.height}
 
 
@@ -283,37 +294,71 @@ def _enough(df: pl.DataFrame, sweeps: list, config, what: str) -> None:
     raise ProbeError(f"{what} {config.valence_source}; no run has them{hint}")
 
 
+VALENCE_NAMES = {"afinn111": "AFINN-111", "afinn165": "AFINN-165", "warriner": "Warriner et al. (2013)"}
+
+
 def run_misalignment(config, sweeps, out) -> dict:
+    from probe.analysis import stats
     from probe.analysis.lexicons import valence
+    from probe.analysis.misalignment import ELO_TABLE_PROMPTS, FEW_ITEMS
     from probe.analysis.misalignment import identity_ranks
     from probe.analysis.misalignment import identity_terms
     from probe.analysis.misalignment import misalignment
     from probe.analysis.regressions import lexicon_matches
     from probe.analysis.sweeps import short_name
 
+    warnings: list[str] = []
     if config.table:
         table = read_table_csv(config.table)
-        human, name = config.human, config.name_column
+        human, name = config.human or "elo_score", config.name_column
+        human_source = f"the column {human!r} of {Path(config.table).name}"
         models = list(config.models) or ([] if config.runs else table.columns[4:])
         if config.runs:
-            table, run_models = join_response_runs(table, name, config.runs, config.prompt)
+            table, run_models, texts = join_response_runs(table, name, config.runs, config.prompt)
             models += run_models
+            want = ELO_TABLE_PROMPTS.get(Path(config.table).stem)
+            for label, text in zip(run_models, texts):
+                if want is not None and text != want:
+                    warnings.append(f"{label} was scored under {text!r}, not under the prompt of "
+                                    f"{Path(config.table).name} ({want!r}, the one its model columns were scored "
+                                    "under): its ranks answer another question")
     else:
         if len(sweeps) != 1:
             raise ProbeError("misalignment without --table takes exactly one run directory")
+        if config.human is not None:
+            raise ProbeError("--human names a column of --table; without --table the human scores are the valence "
+                             "lexicon's (--valence)")
         key = sweeps[0].key_for(config.prompt) if config.prompt else next(iter(sweeps[0].prompts))
         m = lexicon_matches(sweeps[0].prompt(key), valence(config.valence_source), per="word")
         table = m.rename({"score": short_name(sweeps[0].model), "valence": "human_valence"})
         models, human, name = [short_name(sweeps[0].model)], "human_valence", "word"
+        human_source = f"{VALENCE_NAMES[config.valence_source]} valence (--valence {config.valence_source})"
     res = misalignment(table, human, models, name, config.center)
     ids = identity_ranks(res, identity_terms(config.identity_terms_file))
     res.items.write_csv(out / "items.csv")
     ids.write_csv(out / "identity_terms.csv")
-    summary = {"n_items": res.items.height, "kendall_tau_human": res.tau_human,
+    n = res.items.height
+    intervals = {m: stats.rank_correlation_interval(t, n) for m, t in res.tau_human.items()}
+    if n < FEW_ITEMS:
+        warnings.append(f"only {n} item(s): Kendall's tau rests on too few to say much "
+                        + ("(too few for an interval)" if n <= 4 else
+                           "(95% intervals: " + "; ".join(f"{m} [{iv[0]:.2f}, {iv[1]:.2f}]" for m, iv in
+                                                          intervals.items() if iv) + ")"))
+    summary = {"n_items": n, "human": human_source, "kendall_tau_human": res.tau_human,
+               "kendall_tau_human_interval": intervals, "interval": stats.INTERVAL_METHOD,
+               "warnings": warnings,
                "most_undervalued": res.most_undervalued(config.top), "most_overvalued": res.most_overvalued(config.top),
                "identity_terms_found": ids["name"].to_list()}
     atomic_write_json(out / "misalignment.json", summary)
-    print(json.dumps({k: summary[k] for k in ("n_items", "kendall_tau_human", "most_undervalued")}, indent=1))
+    print(f"{n:,} items; human scores: {human_source}; Kendall tau-b of each model's scores with them, and its 95% "
+          "interval (Fisher z):")
+    print(plain_table([{"model": m, "tau_b": t, "interval": f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "too few items"}
+                       for (m, t), iv in zip(res.tau_human.items(), intervals.values())]))
+    show = min(10, config.top)
+    print(f"most undervalued (models rank them furthest below humans): {', '.join(summary['most_undervalued'][:show])}")
+    print(f"most overvalued (furthest above): {', '.join(summary['most_overvalued'][:show])}")
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
     return summary
 
 
@@ -342,7 +387,12 @@ def _ordered_pair(analysis: str, sweeps: list) -> tuple[list, tuple[str, str]]:
     return pair, ("raw_ids", "paper_method")
 
 
+def _interval(iv) -> str:
+    return f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else " [no interval: n too small]"
+
+
 def _pair_contrast(config, sweeps, out) -> dict:
+    from probe.analysis.misalignment import FEW_ITEMS
     from probe.analysis.contrast import contrast
     from probe.analysis.contrast import contrast_strings
 
@@ -355,8 +405,13 @@ def _pair_contrast(config, sweeps, out) -> dict:
                else contrast_strings(a, b, config.normalise, k=100, n_moved=config.top, labels=labels))
         summary[label] = res.to_json()
         res.moved.write_csv(out / safe_name(f"moved__{label}.csv"))
-        print(f"{label}: n={res.n} tau-b={res.kendall:.4f} spearman={res.spearman:.4f} "
-              f"top-100 overlap={res.top_overlap:.2f} bottom-100 overlap={res.bottom_overlap:.2f}")
+        js = summary[label]
+        print(f"{label}: n={res.n} tau-b={res.kendall:.4f}{_interval(js['kendall_tau_b_interval'])} "
+              f"spearman={res.spearman:.4f}{_interval(js['spearman_interval'])} "
+              f"top-{res.k} overlap={res.top_overlap:.2f} bottom-{res.k} overlap={res.bottom_overlap:.2f}")
+        if res.n < FEW_ITEMS:
+            print(f"warning: {label}: only {res.n} shared string(s): the correlations rest on too few to say much "
+                  "(intervals: 95%, Fisher z)", file=sys.stderr)
         if config.analysis == "input-method":
             stats = [s.meta["prompts"][k].get("paper_method") for s, k in zip(sweeps, keys)]
             stats = next((x for x in stats if x and "slot_survives" in x), None)
@@ -368,14 +423,16 @@ def _pair_contrast(config, sweeps, out) -> dict:
 
 
 def join_response_runs(table: pl.DataFrame, name: str, runs: tuple[str, ...],
-                       prompt: str | None) -> tuple[pl.DataFrame, list[str]]:
-    """The table with one score column per response run (joined on the item name = the response text), and
-    those columns' names; items some run did not score are dropped, and the count is printed."""
+                       prompt: str | None) -> tuple[pl.DataFrame, list[str], list[str]]:
+    """The table with one score column per response run (joined on the item name = the response text), those
+    columns' names, and the text of the prompt each run's column was scored under; items some run did not score
+    are dropped, and the count is printed."""
     from probe.analysis.misalignment import join_scores, response_run_scores
     from probe.analysis.sweeps import labels_for
     from probe.runs.rundir import RunDir
 
     columns: dict[str, pl.DataFrame] = {}
+    texts: list[str] = []
     scored = [response_run_scores(path) for path in runs]  # each a complete response run, or one line
     metas = [RunDir(path).read_meta() for path in runs]
     # two runs of one model are named by what differs (revision, random-head seed, route, ...), as analyze names runs
@@ -390,11 +447,12 @@ def join_response_runs(table: pl.DataFrame, name: str, runs: tuple[str, ...],
         while label in table.columns:  # a column of the table itself
             label += "'"
         columns[label] = prompts[key]["scores"]
+        texts.append(prompts[key]["text"])
         print(f"{label}: {prompts[key]['scores'].height:,} responses under {key!r}", file=sys.stderr)
     before = table.height
     table = join_scores(table, name, columns)
     print(f"{table.height:,} of {before:,} items of the table were scored by every run", file=sys.stderr)
-    return table, list(columns)
+    return table, list(columns), texts
 
 
 def run_values(config, sweeps, out) -> dict:
@@ -427,8 +485,7 @@ def run_values(config, sweeps, out) -> dict:
             "terms": {"this": int(dictionary.height),
                       "other": int(other_dictionary.height)}}
     atomic_write_json(out / "values.json", result)
-    with pl.Config(tbl_rows=40, float_precision=2):
-        print(summary)
+    print(plain_table(summary, digits=2))
     if tests:
         print(f"{len(tests)} permutation tests (one per panel); p-values adjusted over all {len(tests)}:")
     for t in tests:

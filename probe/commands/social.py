@@ -436,14 +436,15 @@ def _bbq_scores(summary: dict) -> dict | None:
 
 def print_bbq_tables(summaries: dict[str, dict]) -> None:
     """BBQ's whole-data-set table per model (accuracy, and the bias score x 100 as BBQ's script reports it)."""
+    from probe.report.text import plain_table
+
     for model, summ in summaries.items():
         scores = _bbq_scores(summ)
         if scores is None:
             continue
         print(f"\n== BBQ, {model}: {scores['n_scored']} of {scores['n_items']} examples with a bias target "
               f"({scores['n_no_target']} without, {scores['n_tied']} tied picks left out) ==")
-        with pl.Config(tbl_rows=100, tbl_cols=12, float_precision=3, tbl_width_chars=160, fmt_str_lengths=40):
-            print(pl.DataFrame(bbq_table(scores)))
+        print(plain_table(bbq_table(scores)))
         print(length_rule_line(summ["bbq"]))
 
 
@@ -470,6 +471,8 @@ def rewardbench_rule_table(entry: dict) -> list[dict]:
 
 def print_rewardbench_tables(summaries: dict[str, dict]) -> None:
     """Per model, RewardBench's sections and subsets beside the length rules' scores."""
+    from probe.report.text import plain_table
+
     for model, summ in summaries.items():
         for name, s in summ.items():
             rows = rewardbench_rule_table(s)
@@ -477,17 +480,17 @@ def print_rewardbench_tables(summaries: dict[str, dict]) -> None:
                 continue
             print(f"\n== {name}, {model}: the model's score beside what the longer and the shorter option alone "
                   "would score ==")
-            with pl.Config(tbl_rows=100, tbl_cols=8, float_precision=3, tbl_width_chars=160, fmt_str_lengths=40,
-                           tbl_hide_dataframe_shape=True):
-                print(pl.DataFrame(rows))
+            print(plain_table(rows))
 
 
 def print_tables(table: pl.DataFrame) -> None:
-    with pl.Config(tbl_rows=200, tbl_cols=30, float_precision=3, tbl_width_chars=200, fmt_str_lengths=40):
-        for domain, part in table.group_by("domain", maintain_order=True):
-            print(f"\n== {domain[0]} ==")
-            print(part.drop("domain").select([c for c in part.drop("domain").columns
-                                              if not part[c].is_null().all()]))
+    """Per domain, the social table's rows with every column that has a value (a readable table, not polars')."""
+    from probe.report.text import plain_table
+
+    for domain, part in table.group_by("domain", maintain_order=True):
+        print(f"\n== {domain[0]} ==")
+        print(plain_table(part.drop("domain").select([c for c in part.drop("domain").columns
+                                                      if not part[c].is_null().all()])))
 
 
 def main_from_args(ns: argparse.Namespace) -> int:

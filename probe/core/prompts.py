@@ -45,7 +45,7 @@ def _check_key(key: str, what: str, where: str) -> None:
 
 def _checked(key: str, text: object, where: str) -> Prompt:
     if not isinstance(text, str):
-        raise DataFormatError(f"{where}: prompt {key!r} is a {type(text).__name__}, not a string")
+        raise DataFormatError(f"{where}: prompt {key!r} is {a_type(text)}, not a string")
     if not text.strip():
         raise DataFormatError(f"{where}: prompt {key!r} is empty")
     _check_key(key, "prompt", where)
@@ -125,7 +125,7 @@ def read_systems_file(path: str | Path) -> dict[str, str | None]:
         key = str(key)
         _check_key(key, "persona", str(path))
         if text is not None and not isinstance(text, str):
-            raise DataFormatError(f"{path}: persona {key!r} is a {type(text).__name__}, not a system prompt (text)")
+            raise DataFormatError(f"{path}: persona {key!r} is {a_type(text)}, not a system prompt (text)")
         out[key] = text if text and text.strip() else None
     return out
 
@@ -137,7 +137,8 @@ def persona_grid(prompts: list[Prompt], systems: dict[str, str | None], control:
         raise DataFormatError(f"{where}: no persona {control!r} to compare the others with (has "
                               f"{', '.join(systems)}); name the control with --control KEY")
     if len(systems) < 2:
-        raise DataFormatError(f"{where}: only the control {control!r}; a grid compares at least one persona with it")
+        raise DataFormatError(f"{where}: only the control persona {control!r}; a grid compares at least one persona "
+                              "with it")
     order = [control] + [k for k in systems if k != control]
     return [Prompt(f"{p.key}{PERSONA_SEP}{k}", p.text, k, systems[k], p.key) for p in prompts for k in order]
 
@@ -180,6 +181,12 @@ def persona_meta(config, prompts: list[Prompt], tokenizer=None, date_string: str
 
         out["template_system"] = template_system_text(tokenizer, prompts[0].text, date_string or DEFAULT_DATE)
     return {"personas": out}
+
+
+def a_type(value) -> str:
+    """A YAML value's type with its article, as a message names it: "an int", "a list", "a dict"."""
+    name = type(value).__name__
+    return ("an " if name[:1] in "aeiou" else "a ") + name
 
 
 def system_label(personas: dict, persona: str) -> str:

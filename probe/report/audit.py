@@ -160,6 +160,16 @@ def length_words(meta: dict) -> str:
         return "the mean log-probability per token: length enters only through what the tokens are"
     if mode == "judge":
         return "the judge's Yes-minus-No margin after the whole response: no term per token"
+    if mode == "rating":
+        return ("the judge's expected rating, read once after the whole response: no term per token, though a judge "
+                "may still rate longer answers higher (see the plot of score against length)")
+    if mode == "judge-pair":
+        return ("the judge's probability of preferring the response to the reference, read once per order after "
+                "both: no term per token, though a judge may still prefer the longer of two answers (see the plot "
+                "of score against length)")
+    if (meta.get("model") or {}).get("pairwise"):
+        return ("the pairwise model compares the whole response with the reference response: no term per token, though "
+                "it may still have learnt to prefer the longer of two answers (see the plot of score against length)")
     return ("the reward head reads the whole response at one position: no term per token, though a reward model "
             "may still have learnt to prefer longer answers (see the plot of score against length)")
 
@@ -180,19 +190,29 @@ def response_findings(df: pl.DataFrame, meta: dict) -> list[str]:
     """Sentences drawn from one prompt's response scores: best and worst, and how score goes with length."""
     from scipy import stats
 
+    from probe.analysis.misalignment import FEW_ITEMS
+    from probe.analysis.stats import rank_correlation_interval
+
     ranked = df.sort("rank", "response")
-    out = [f"Most preferred: {_quoted(ranked['response'].to_list(), 3)}; least preferred: "
-           f"{_quoted(ranked.reverse()['response'].to_list(), 3)}."]
+    out = [best_and_worst(ranked["response"].to_list(), 3, "Most preferred", "Least preferred", "responses")]
     lengths = df["n_tokens"].to_numpy()
     if np.unique(lengths).size > 1 and df.height > 2:
         rho = stats.spearmanr(lengths, df["score"].to_numpy()).statistic
+        interval = rank_correlation_interval(rho, df.height, "spearman")
+        shown = (f" (95% interval {interval[0]:+.2f} to {interval[1]:+.2f}, Fisher z)" if interval else
+                 " (too few for an interval)")
         single = df.filter(pl.col("n_tokens") == 1)
         multi = df.filter(pl.col("n_tokens") > 1)
         tail = (f"; the {single.height:,} one-token responses rank {single['rank'].mean():,.1f} on average, the "
                 f"{multi.height:,} longer ones {multi['rank'].mean():,.1f}" if single.height and multi.height else "")
-        out.append(f"Score against length in tokens: Spearman {rho:+.2f} over {df.height:,} responses{tail}.")
+        out.append(f"Score against length in tokens: Spearman {rho:+.2f}{shown} over {df.height:,} "
+                   f"responses{tail}.")
         score = meta.get("score", {})
-        if score.get("mode") == "logprob" and score.get("reduce", "sum") == "sum" and rho < -0.3:
+        summed = score.get("mode") == "logprob" and score.get("reduce", "sum") == "sum"
+        if df.height < FEW_ITEMS:
+            out.append(f"{df.height} responses are too few to say how much of this order is length"
+                       + (": a summed log-probability does fall with every token." if summed else "."))
+        elif summed and rho < -0.3 and interval is not None and interval[1] < 0:
             out.append("Much of this order is length: a summed log-probability falls with every token.")
     else:
         out.append(f"Every response is {int(lengths[0]) if lengths.size else 0} token(s) long: length plays no part.")
@@ -225,6 +245,15 @@ def _quoted(values: list[str], n: int = 5) -> str:
     return ", ".join(repr(v) for v in values[:n]) or "none"
 
 
+def best_and_worst(ranked: list[str], n: int, best: str, worst: str, what: str) -> str:
+    """"<best>: the first n; <worst>: the last n" over a list in rank order (best first), or, where it holds fewer
+    than 2n, one list of all of them, said so: the two lists never share an entry."""
+    if len(ranked) < 2 * n:
+        return (f"All {len(ranked)} {what}, best first: {_quoted(ranked, len(ranked))} (too few for separate "
+                f"{best.lower()} and {worst.lower()} lists).")
+    return f"{best}: {_quoted(ranked, n)}; {worst.lower()}: {_quoted(ranked[::-1], n)}."
+
+
 def findings(df: pl.DataFrame, shown: dict[int, str], prompt: str, n_top: int = 100, identity: list[dict] | None = None,
              slopes: list[dict] | None = None) -> list[str]:
     """Sentences drawn from one prompt's scores: the optimal and pessimal responses in words, control and added
@@ -237,9 +266,9 @@ def findings(df: pl.DataFrame, shown: dict[int, str], prompt: str, n_top: int = 
                 "reward against the model itself gives 0 everywhere). The tables below are in id order."]
     words = ranked.filter(pl.col("is_word"))
     text = lambda part: [shown.get(i, d) for i, d in zip(part["token_id"], part["decoded"])]  # noqa: E731
-    out = [f"Optimal responses (English words): {_quoted(text(words.head(5)))}; pessimal: "
-           f"{_quoted(text(words.reverse().head(5)))}.",
-           f"Best tokens of all: {_quoted(text(ranked.head(3)), 3)}; worst: {_quoted(text(ranked.reverse().head(3)), 3)}."]
+    out = [best_and_worst(text(words), 5, "Optimal responses (English words)", "Pessimal", "English words")
+           if words.height else "No token is an English word (the W flag): no optimal or pessimal words.",
+           best_and_worst(text(ranked), 3, "Best tokens of all", "Worst", "tokens")]
     k = min(n_top, ranked.height // 2)
     for side, part in (("top", ranked.head(k)), ("bottom", ranked.reverse().head(k))):
         ctrl = part.filter(pl.col("is_special") | pl.col("is_added"))
@@ -370,7 +399,8 @@ def personas_html(scores: pl.DataFrame, meta: dict, n_movers: int = 5) -> str:
                       for k in section["systems"])
     what = "responses" if responses else "word-like tokens"
     return (f"<section class='personas'><h2>Persona grid</h2><p>Each prompt was scored under {len(section['systems'])} "
-            f"system prompts; each persona is compared with the control <b>{html.escape(section['control'])}</b> over "
+            "system prompts; each persona is compared with the control persona "
+            f"<b>{html.escape(repr(section['control']))}</b> over "
             f"all {table['n'][0]:,} scored {'responses' if responses else 'tokens'} (Kendall tau-b, Spearman, "
             "rank-biased overlap at the top and the bottom), with the mean shift of the score and the "
             f"{what} whose standardised score rises and falls most.</p><ul>{systems}</ul>"

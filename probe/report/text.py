@@ -36,6 +36,42 @@ def plural(n: int, noun: str) -> str:
     return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
+def plain_table(data, digits: int = 3) -> str:
+    """A table as a person reads it in a terminal: a header, a rule, one line per row, every column shown (no
+    polars "shape: (1, 17)", dtype row or hidden columns), numbers right-aligned, floats to ``digits`` places
+    (in scientific notation where that would show nothing, e.g. a p-value of 2e-05), empty cells as "-".
+    ``data``: a polars DataFrame or a list of dicts."""
+    import math
+
+    rows = data.to_dicts() if isinstance(data, pl.DataFrame) else [dict(r) for r in data]
+    columns = list(data.columns) if isinstance(data, pl.DataFrame) else list(dict.fromkeys(k for r in rows for k in r))
+
+    def cell(v) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, bool):
+            return "yes" if v else "no"
+        if isinstance(v, float):
+            if math.isnan(v):
+                return "nan"
+            return f"{v:.{digits}f}" if v == 0 or abs(v) >= 10 ** -digits else f"{v:.{digits - 1}e}"
+        if isinstance(v, int):
+            return f"{v:,}"
+        if isinstance(v, (list, tuple)):
+            return ", ".join(cell(x) for x in v)
+        return str(v).replace("\n", " ")
+
+    cells = [[cell(r.get(c)) for c in columns] for r in rows]
+    numeric = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool) or r.get(c) is None
+                   for r in rows) and any(r.get(c) is not None for r in rows) for c in columns]
+    widths = [max([len(c)] + [len(line[i]) for line in cells]) for i, c in enumerate(columns)]
+    fit = lambda text, i: text.rjust(widths[i]) if numeric[i] else text.ljust(widths[i])  # noqa: E731
+    lines = ["  ".join(fit(c, i) for i, c in enumerate(columns)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(fit(v, i) for i, v in enumerate(line)).rstrip() for line in cells]
+    return "\n".join(lines)
+
+
 def flags(row: dict) -> str:
     return "".join([
         "S" if row["is_special"] else ".",
@@ -142,8 +178,13 @@ def format_top_bottom(df: pl.DataFrame, key: str, text: str, meta: dict, n: int)
 
     mode = mode_name(meta)
     parts = [f"\n== {key}: {text!r}  [{model_label(meta)}, {mode}, {df.height:,} tokens] ==", LEGEND]
-    parts.append(_side_by_side(_lines(raw.head(n), "r"), _lines(words.head(n), "word_rank"),
-                               (f"best {n} (all tokens)", f"best {n} (words only)")))
-    parts.append(_side_by_side(_lines(raw.tail(n).reverse(), "r"), _lines(words.tail(n).reverse(), "word_rank"),
-                               (f"worst {n} (all tokens)", f"worst {n} (words only)")))
+    # where there are fewer than 2n, each side shows half of them: best and worst never list one token twice
+    k_raw, k_words = min(n, raw.height // 2), min(n, words.height // 2)
+    of = lambda k, h: f"{k}" if k == n else f"{k} of {h:,}"  # noqa: E731
+    parts.append(_side_by_side(_lines(raw.head(k_raw), "r"), _lines(words.head(k_words), "word_rank"),
+                               (f"best {of(k_raw, raw.height)} (all tokens)",
+                                f"best {of(k_words, words.height)} (words only)")))
+    parts.append(_side_by_side(_lines(raw.tail(k_raw).reverse(), "r"), _lines(words.tail(k_words).reverse(), "word_rank"),
+                               (f"worst {of(k_raw, raw.height)} (all tokens)",
+                                f"worst {of(k_words, words.height)} (words only)")))
     return "\n".join(parts)

@@ -125,7 +125,7 @@ def test_yaml_key_written_twice(capsys, tmp_path, tiny_dirs, flag, text, key, li
 def test_bad_prompt_file_row(capsys, tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("good: What is best?\nbad: 42\n")
-    _assert_clean_error(*_run(capsys, tmp_path, "--prompts", str(f)), tmp_path, r"p\.yaml: prompt 'bad' is a int")
+    _assert_clean_error(*_run(capsys, tmp_path, "--prompts", str(f)), tmp_path, r"p\.yaml: prompt 'bad' is an int")
     g = tmp_path / "p.yaml"
     g.write_text("good: [unclosed\n")
     _assert_clean_error(*_run(capsys, tmp_path, "--prompts", str(g)), tmp_path, r"p\.yaml line \d+, column \d+: not valid YAML")

@@ -32,15 +32,15 @@ def test_elo_summary_agrees_with_the_paper(tmp_path, paper_release):
 def test_make_figures_from_fake_runs(tmp_path, paper_release):
     words = ["love", "hate", "good", "bad", "happy", "sad", "peace", "war", "joy", "pain", "nice", "awful",
              "great", "terrible", "kind", "cruel", "hope", "fear", "win", "lose", " love", " hate", "zzq", "<s>"]
-    for i, fam in enumerate(["Llama 3", "Llama 3", "Gemma 2"]):
-        write_fake_run(tmp_path / "results", f"org{i}/model{i}", words, PAPER_PROMPTS,
-                       lambda k, t, i=i: hashed_score(f"{k}/{i % 2}", t), family=fam, special=["<s>"])
+    runs = [str(write_fake_run(tmp_path / "results", f"org{i}/model{i}", words, PAPER_PROMPTS,
+                               lambda k, t, i=i: hashed_score(f"{k}/{i % 2}", t), family=fam, special=["<s>"]).path)
+            for i, fam in enumerate(["Llama 3", "Llama 3", "Gemma 2"])]
     elo = tmp_path / "elo"
     elo.mkdir()
     src = (paper_release / "elo_greatest_ever.csv").read_text().splitlines()
     (elo / "elo_greatest_ever.csv").write_text("\n".join(src[:400]) + "\n")
     out = tmp_path / "figures"
-    assert make_figures.main(["--results", str(tmp_path / "results"), "--elo-data", str(elo), "--out", str(out),
+    assert make_figures.main(["--runs", *runs, "--elo-data", str(elo), "--out", str(out),
                               "--permutations", "100"]) == 0
     made = {p.name for p in out.iterdir()}
     for name in ("fig1_distributions_greatest.png", "figA1_distributions_worst.png", "fig2a_kendall_heatmap.png",
@@ -79,23 +79,43 @@ def test_make_figures_from_fake_runs(tmp_path, paper_release):
         assert pixels.ndim == 3 and min(pixels.shape[:2]) > 200 and pixels[..., :3].std() > 0.02, png.name
 
 
-def test_discover_runs_keeps_the_run_with_most_prompts(tmp_path):
-    from experiments.common import discover_runs
+def test_figures_come_from_the_runs_named_never_from_results(tmp_path, paper_release, capsys, monkeypatch):
+    """Issue 64: a 5-response run under the "greatest ever" table's prompt, lying in results/, became the
+    EloEverything figure (n_items 2, a heatmap of tau 1.00). The figures are drawn from the runs named (or the ones
+    MANIFEST.json names); a named response run of part of the table is refused in one line, exit 2, before any
+    figure is drawn; a sweep script with no runs named refuses too."""
+    from experiments import fig1_distributions
+    from experiments.fig5_elo import PROMPT_TEXT
+    from tests.fake_runs import write_fake_response_run
 
-    words = ["a", "b", "c"]
-    one = {"greatest": PAPER_PROMPTS["greatest"]}
-    full = write_fake_run(tmp_path, "org/m", words, PAPER_PROMPTS)
-    write_fake_run(tmp_path, "org/m", words, one)  # newer, fewer prompts: does not hide the full run
-    other = write_fake_run(tmp_path, "org/other", words, one)
-    assert discover_runs(tmp_path) == sorted([full.path, other.path])
-    newer_full = write_fake_run(tmp_path, "org/m", words, PAPER_PROMPTS)
-    assert discover_runs(tmp_path) == sorted([newer_full.path, other.path])
+    elo = tmp_path / "elo"
+    elo.mkdir()
+    src = (paper_release / "elo_greatest_ever.csv").read_text().splitlines()
+    (elo / "elo_greatest_ever.csv").write_text("\n".join(src[:60]) + "\n")
+    names = [line.split(",")[2] for line in src[1:3]] + ["a", "b", "c"]
+    few = write_fake_response_run(tmp_path / "results", "org/lm", names,
+                                  {"prompt1": PROMPT_TEXT["elo_greatest_ever"]})
+    out = tmp_path / "figures"
+    common = ["--elo-data", str(elo), "--out", str(out), "--permutations", "20"]
+    monkeypatch.chdir(tmp_path)  # results/ beside the command, as `make figures` finds it
+    assert make_figures.main(common) == 0
+    assert not (out / "responses").exists() and "response_runs" not in json.loads((out / "MANIFEST.json").read_text())[
+        "groups"]
+    capsys.readouterr()
+    made = sorted(p.name for p in out.iterdir())
+    assert make_figures.main(["--response-runs", str(few.path), *common]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "scored 2 of the 59 items of elo_greatest_ever" in err, err
+    assert sorted(p.name for p in out.iterdir()) == made  # nothing drawn
+    with pytest.raises(SystemExit) as stop:
+        fig1_distributions.main(fig1_distributions.Fig1Config(out=str(tmp_path / "f1")))
+    assert stop.value.code == 2 and "--runs" in capsys.readouterr().err
 
 
 def test_make_figures_is_one_consistent_set(tmp_path, paper_release):
     """Figures from four sweeps, then from one named run: the sweep figures are replaced, the ones the single run
-    cannot make are removed (not left from the old set), the manifest names the inputs; with no runs at all the
-    sweep figures are kept as the manifest describes them."""
+    cannot make are removed (not left from the old set), the manifest names the inputs; with no runs named, the
+    manifest's are drawn again, and where they are gone the sweep figures are kept as the manifest describes them."""
     words = ["love", "hate", "good", "bad", "happy", "sad", "peace", "war", "joy", "pain", " love", "zzq"]
     runs = [write_fake_run(tmp_path / "results", f"org{i}/model{i}", words, PAPER_PROMPTS,
                            lambda k, t, i=i: hashed_score(f"{k}/{i}", t)) for i in range(4)]
@@ -105,7 +125,7 @@ def test_make_figures_is_one_consistent_set(tmp_path, paper_release):
     (elo / "elo_greatest_ever.csv").write_text("\n".join(src[:200]) + "\n")
     out = tmp_path / "figures"
     common = ["--elo-data", str(elo), "--out", str(out), "--permutations", "50"]
-    assert make_figures.main(["--results", str(tmp_path / "results"), *common]) == 0
+    assert make_figures.main(["--runs", *[str(r.path) for r in runs], *common]) == 0
     manifest = json.loads((out / "MANIFEST.json").read_text())
     assert len(manifest["groups"]["sweeps"]["inputs"]) == 4 and "fig2a_kendall_heatmap.png" in manifest["groups"][
         "sweeps"]["files"]
@@ -119,7 +139,12 @@ def test_make_figures_is_one_consistent_set(tmp_path, paper_release):
     assert (out / "fig5b_rank_diff.png").exists() and (out / "fig2a_kendall_heatmap_elo_greatest_ever.png").exists()
     manifest = json.loads((out / "MANIFEST.json").read_text())
     assert [r["model"] for r in manifest["groups"]["sweeps"]["inputs"]] == ["org9/model9"]
-    assert make_figures.main(["--results", str(tmp_path / "nothing"), *common]) == 0
-    assert (out / "fig1_distributions_greatest.png").exists()  # no inputs: the group is kept as it was
+    assert make_figures.main(common) == 0  # no runs named: the ones the manifest names, drawn again
+    assert json.loads((out / "MANIFEST.json").read_text())["groups"]["sweeps"] == manifest["groups"]["sweeps"]
+    import shutil
+
+    shutil.rmtree(one.path)
+    assert make_figures.main(common) == 0
+    assert (out / "fig1_distributions_greatest.png").exists()  # its runs are gone: the group is kept as it was
     assert json.loads((out / "MANIFEST.json").read_text())["groups"]["sweeps"] == manifest["groups"]["sweeps"]
     assert runs  # the four runs were really made

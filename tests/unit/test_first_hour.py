@@ -332,7 +332,8 @@ def test_dry_run_on_cpu_plans_the_cpu_batch(capsys):
 
 
 def test_figures_after_a_limited_run(tmp_path, capsys):
-    """make figures after `make demo ARGS="--limit 1000"`: the limited run is left out, nothing crashes."""
+    """make figures after `make demo ARGS="--limit 1000"`: the limited run named is refused in one line (exit 2),
+    the whole run draws, nothing crashes."""
     from experiments.make_figures import main as make_figures
     from tests.fake_runs import write_fake_run
 
@@ -340,16 +341,18 @@ def test_figures_after_a_limited_run(tmp_path, capsys):
     prompts = {"greatest": "What, in one word, is the greatest thing ever?",
                "best": "What, in one word, is the best thing ever?",
                "worst": "What, in one word, is the worst thing ever?"}
-    write_fake_run(tmp_path / "results", "org/rm", tokens, prompts)
+    whole = write_fake_run(tmp_path / "results", "org/rm", tokens, prompts)
     limited = write_fake_run(tmp_path / "results", "org/rm", tokens[:20], prompts)
     meta = limited.read_meta()
     meta["config"] = {"limit": 20}
     limited.write_meta(meta)
     out = tmp_path / "figures"
-    assert make_figures(["--results", str(tmp_path / "results"), "--out", str(out), "--elo-data",
-                         str(tmp_path / "no-elo"), "--permutations", "10"]) == 0
-    printed = capsys.readouterr().out
-    assert "a run of part of the vocabulary" in printed and (out / "table3_moments_greatest.csv").is_file()
+    common = ["--out", str(out), "--elo-data", str(tmp_path / "no-elo"), "--permutations", "10"]
+    assert make_figures(["--runs", str(limited.path), *common]) == 2
+    err = capsys.readouterr().err
+    assert "a run of part of the vocabulary (--limit 20)" in err and err.count("\n") == 1
+    assert make_figures(["--runs", str(whole.path), *common]) == 0
+    assert (out / "table3_moments_greatest.csv").is_file()
     assert not list(out.glob(".*"))  # no half-written temporary files left behind
 
 

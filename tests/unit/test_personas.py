@@ -166,7 +166,7 @@ def test_the_control_says_what_the_template_wrote_in_its_place(tmp_path, capsys)
     said = f"no system message: the chat template wrote its own default system prompt, {smol!r}"
     capsys.readouterr()
     assert analyze_main(["personas", run, "--out", str(tmp_path / "a")]) == 0
-    assert f"the control 'control': {said}" in capsys.readouterr().out
+    assert f"the control persona 'control': {said}" in capsys.readouterr().out
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())["summary"]
     assert summary["template_system"] == smol and summary["control_system"] == said
     assert report_main([run, "--out", str(tmp_path / "r.html")]) == 0

@@ -157,12 +157,13 @@ def test_tied_scores_share_their_rank_in_both_tables():
     df = df.with_columns(pl.col("score").rank("min", descending=True).cast(pl.UInt32).alias("rank"))
     text = format_top_bottom(df, "p", "q?", {"model": {"id": "m"}, "score": {"mode": "reward"}}, 6)
     def ranks(token: str, side: int) -> set[str]:  # side 0: all tokens (left), 1: words only (right)
-        cells = [(ln[:64], ln[64:])[side] for ln in text.splitlines() if len(ln) > 64]
+        cells = [(ln[:64], ln[64:])[side] for ln in text.splitlines() if len(ln) > (64 if side else 0)]
         return {c.split()[0] for c in cells if f"'{token}'" in c}
 
     assert ranks(" love", 0) == ranks(" peace", 0) == {"1"}  # tied: one rank, 1, in both tables
     assert ranks(" love", 1) == ranks(" peace", 1) == {"1"}
-    assert ranks(" war", 0) == {"3"} and ranks(" war", 1) == {"3"}
+    # 6 tokens and 5 words, fewer than twice 6: each side shows half of them (3 tokens, 2 words), none twice
+    assert ranks(" war", 0) == ranks("xq", 0) == {"3"} and ranks(" war", 1) == set()  # tied at 3: one each side
     assert ranks(" hate", 0) == {"5"} and ranks(" hate", 1) == {"4"}  # words: love, peace, war (1, 1, 3), then 4
 
 
@@ -186,7 +187,11 @@ def test_response_run_of_an_implicit_reward_says_so_and_its_report_explains_it(r
 
     df = pl.read_parquet(Path(runs["resp_ref"]) / "scores.parquet")
     rho = stats.spearmanr(df["n_tokens"].to_numpy(), df["score"].to_numpy()).statistic
-    assert f"Spearman {rho:+.2f} over 6 responses" in page
+    from probe.analysis.stats import rank_correlation_interval
+
+    lo, hi = rank_correlation_interval(rho, 6, "spearman")  # n and the interval beside it (issue 64)
+    assert f"Spearman {rho:+.2f} (95% interval {lo:+.2f} to {hi:+.2f}, Fisher z) over 6 responses" in page
+    assert "6 responses are too few to say how much of this order is length" in page
 
 
 def test_summed_logprob_report_says_it_favours_short_responses():

@@ -41,13 +41,32 @@ def test_strip_markers():
 
 
 @pytest.mark.parametrize("form,word", [
-    ("Love", True), ("joy", True), ("art", True), ("a", True), ("I", True), ("tolerance", True), ("Bob", True),
+    ("Love", True), ("joy", True), ("art", True), ("a", True), ("I", True), ("tolerance", True), ("God", True),
+    ("scarcity", True), ("Canada", True),
+    ("Uk", False), ("Mach", False), ("ed", False), ("al", False), ("Bob", False), ("tv", False),  # issue 64: not words
+    ("doesn", False), ("haven", True),
     ("Leices", False), ("Monteneg", False), ("clusivity", False),  # the README's old "words": fragments
     ("ing", False), ("abc", False), ("ll", False), ("ve", False), ("b", False),  # frequent in wordfreq, not words
     ("fuj", False), ("love!", False), ("", False),
 ])
 def test_english_word_rule(form, word):
     assert is_english_word(form, english_word_frequencies()) is word
+
+
+@pytest.mark.slow
+def test_word_flag_on_the_real_smollm2_vocabulary():
+    """Issue 64: the W flag marked 29,300 of SmolLM2's 49,152 tokens, fragments among them (' Uk', ' Mach', 'ed',
+    'al'), so a report's "pessimal English words" were word pieces. The rule's count on the real vocabulary, and
+    those pieces, checked on the tokenizer the embedded model ships."""
+    from transformers import AutoTokenizer
+
+    from probe.models.embedded import packaged_tokenizer_dir
+
+    table = build_vocab_table(AutoTokenizer.from_pretrained(packaged_tokenizer_dir(None)))
+    assert table.height == 49_152 and table["is_word"].sum() == 28_416
+    flag = dict(zip(table["decoded"].to_list(), table["is_word"].to_list()))
+    assert not any(flag[t] for t in (" Uk", " Mach", "ed", "al"))
+    assert all(flag[t] for t in (" love", " God", " cat", " the", " scarcity", "thought"))
 
 
 def test_flags_row_by_row_on_real_tokenizers(tmp_path):
@@ -83,3 +102,20 @@ def test_flags_row_by_row_on_real_tokenizers(tmp_path):
         assert row["decoded"] == text
         assert row["valid_utf8"] == ("\ufffd" not in text), (i, text)
         assert row["leading_space"] == (text[:1].isspace() or row["piece"].startswith("Ġ")), (i, text)
+
+
+def test_a_run_written_under_the_old_word_rule_reads_with_todays(tmp_path):
+    """Issue 64: a run whose vocab.parquet called ' Uk' and 'ed' words (the rule before) is read with today's flag,
+    so its report's "English words" are words."""
+    import polars as pl
+
+    from probe.analysis.sweeps import load_sweep
+    from probe.runs.rundir import RunDir
+    from tests.fake_runs import write_fake_run
+
+    run = write_fake_run(tmp_path, "m/old", [" Uk", "ed", " love", " Mach"], {"p": "What is best?"})
+    rd = RunDir(run.path)
+    for name in ("vocab.parquet", "scores.parquet"):
+        rd.write_table(name, rd.read_table(name).with_columns(pl.lit(True).alias("is_word")))  # the old flag
+    flags = dict(zip(*load_sweep(run.path).prompt("p").select("decoded", "is_word").to_dict(as_series=False).values()))
+    assert flags == {" Uk": False, "ed": False, " love": True, " Mach": False}

@@ -354,7 +354,7 @@ def test_misalignment_and_the_report_name_two_runs_of_one_model_by_their_seed(tw
     from probe.report import responses
 
     table = pl.DataFrame({"name": RESPONSES, "elo_score": list(range(len(RESPONSES)))})
-    joined, columns = join_response_runs(table, "name", tuple(map(str, two_seeds)), PROMPT)
+    joined, columns, _ = join_response_runs(table, "name", tuple(map(str, two_seeds)), PROMPT)
     assert columns == ["tiny-lm [reward, random head seed 0]", "tiny-lm [reward, random head seed 1]"]
     for run, column in zip(two_seeds, columns):
         (key,) = [k for k, p in json.loads((run / "meta.json").read_text())["prompts"].items() if p["text"] == PROMPT]
