@@ -3,10 +3,12 @@
 The input embeddings of the prompt's positions (the whole templated prefix: system turn, user prompt, the
 template's own ids) move on a straight line from a baseline (zero embeddings, or every position holding one
 baseline token's embedding) to their real values, the response's embeddings held; the attribution of position
-``p`` is ``(x_p - x0_p) . mean over the path of d score / d x_p``, the mean taken by the midpoint rule over
-``steps`` points, ``batch`` of them per forward and backward. Completeness: the attributions sum to
-``score - baseline score`` up to the midpoint rule's error, which shrinks as ``1 / steps**2`` on a smooth path
-(``residual`` reports it: the sum of the attributions minus that difference).
+``p`` is ``(x_p - x0_p) . integral over the path of d score / d x_p``. The integral runs over ``alpha = t**3``, the
+midpoint rule in ``t`` over ``steps`` points, ``batch`` of them per forward and backward: the first RMSNorm makes
+the score scale-invariant in the embeddings except near the zero baseline, where it changes fast (measured on the
+tiny Llama reward model: residual 7.3 at 64 evenly spaced steps, 0.003 at 32 steps in ``t**3``). Completeness: the
+attributions sum to ``score - baseline score`` up to the rule's error, which shrinks as ``1 / steps**2`` on a
+smooth path (``residual`` reports it: the sum of the attributions minus that difference).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class IGResult:
 
 
 def integrated_gradients(stack: Stack, rd: Reader, ids: Sequence[int], positions: Sequence[int], steps: int = 32,
-                         batch: int = 8, baseline_id: int | None = None) -> IGResult:
+                         batch: int = 8, baseline_id: int | None = None, power: float = 3.0) -> IGResult:
     emb_layer = stack.backbone.get_input_embeddings()
     dev = emb_layer.weight.device
     row = torch.tensor([list(ids)], device=dev)
@@ -55,12 +57,13 @@ def integrated_gradients(stack: Stack, rd: Reader, ids: Sequence[int], positions
         return e, s
 
     total = torch.zeros_like(x[0])
-    mids = (torch.arange(steps, dtype=torch.float32, device=dev) + 0.5) / steps
+    t = (torch.arange(steps, dtype=torch.float64, device=dev) + 0.5) / steps
+    alphas, weights = (t ** power).float(), (power * t ** (power - 1) / steps).float()
     for s in range(0, steps, batch):
-        e, out = scores(mids[s:s + batch], True)
+        e, out = scores(alphas[s:s + batch], True)
         (g,) = torch.autograd.grad(out.sum(), e)
-        total += g.float().sum(0)
-    attr = ((x - x0)[0] * total / steps).sum(-1)[pos]
+        total += (g.float() * weights[s:s + batch, None, None]).sum(0)
+    attr = ((x - x0)[0] * total).sum(-1)[pos]
     with torch.no_grad():
         _, ends = scores(torch.tensor([1.0, 0.0], device=dev), False)
     score, base = float(ends[0]), float(ends[1])
