@@ -118,9 +118,20 @@ def explain_items(loaded, head_for, items: Sequence[Item], baseline: Item | None
                  "median_per_response": float(np.median([p for p in per if p is not None]))
                  if any(p is not None for p in per) else None,
                  "n_pairs": len(pooled_direct)}
-    return {"responses": records, "agreement": agreement, "reader": note,
+    return {"responses": records, "difference": difference(records), "agreement": agreement, "reader": note,
             "timing": {"direct_s": round(t_direct, 3), "hooked_forwards": n_forwards, "patching_s": round(t_patch, 3),
                        "patched_forward_batches": n_patched, "ig_s": round(t_ig, 3)}}
+
+
+def difference(records: list[dict]) -> dict | None:
+    """The highest-scored response minus the lowest, part by part (a difference decomposes as each score does)."""
+    if len(records) < 2:
+        return None
+    hi = max(records, key=lambda r: r["score"])
+    lo = min(records, key=lambda r: r["score"])
+    return {"higher": hi["response"], "lower": lo["response"], "score": hi["score"] - lo["score"],
+            "components": {k: hi["components"][k] - lo["components"][k] for k in hi["components"]},
+            "rest": hi["rest"] - lo["rest"]}
 
 
 def _row(cap, r: int):
@@ -159,6 +170,12 @@ def summary_markdown(result: dict, title: str, top: int = 6) -> str:
         lines += [f"Agreement of the direct parts with activation patching (Spearman over components): overall "
                   f"{_f(ag['overall_spearman'])}, median per response {_f(ag['median_per_response'])} "
                   f"({ag['n_pairs']} component pairs).", ""]
+    diff = result.get("difference")
+    if diff:
+        big = sorted(diff["components"].items(), key=lambda kv: -abs(kv[1]))[:top]
+        lines += [f"{diff['higher']!r} minus {diff['lower']!r}: {diff['score']:+.4f} = parts "
+                  f"{sum(diff['components'].values()):+.4f} + rest {diff['rest']:+.4f}; largest "
+                  + ", ".join(f"{k} {v:+.3f}" for k, v in big), ""]
     for r in result["responses"]:
         comps = sorted(r["components"].items(), key=lambda kv: -abs(kv[1]))[:top]
         lines += [f"## {r['response']!r}: score {r['score']:+.4f}", "",

@@ -188,6 +188,8 @@ def test_the_command_writes_explain_json_with_the_scores_probe_score_gives(tiny_
         assert abs(r["score"] - (sum(r["components"].values()) + r["rest"])) <= r["check"]["closure_tolerance"] + 1e-5
         assert "integrated_gradients" in r and "heads" in r
     assert got["agreement"]["n_pairs"] > 0
+    diff = got["difference"]  # the highest-scored minus the lowest decomposes the same way
+    assert diff["score"] == pytest.approx(sum(diff["components"].values()) + diff["rest"], abs=2e-4)
     # a used --out is refused in one line, as probe trace refuses it
     assert explain_main(["--rm", tiny_dirs["rm"], "--response", "Love", "--device", "cpu", "--out", str(out)]) == 2
 
