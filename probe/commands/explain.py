@@ -19,8 +19,9 @@ For each response (scored exactly as ``probe score --responses`` scores it: the 
 
 Exact for reward heads read linearly (sequence classifiers, linear family heads, the Nemotron logit reader), the
 Yes/No judge and the log-probability; gated heads (ArmoRM), process models' softmax, rating judges, encoders'
-own forward, pairwise models and implicit rewards are refused with the reason. Writes ``explain.json`` and
-``explain.md`` into ``--out``, a new or empty folder, written whole at the end.
+own forward, pairwise models and implicit rewards are refused with the reason. Writes ``explain.json``,
+``explain.md`` and ``explain.html`` (the auditors' "why" section: parts by layer, top heads, prompt words, the
+agreement in words; probe/report/why.py) into ``--out``, a new or empty folder, written whole at the end.
 """
 
 from __future__ import annotations
@@ -193,6 +194,9 @@ def run(cfg: ExplainConfig) -> Path:
     def write(folder: Path) -> None:
         (folder / "explain.json").write_text(json.dumps(result, indent=1))
         (folder / "explain.md").write_text(md, encoding="utf-8")
+        from probe.report.why import why_page
+
+        (folder / "explain.html").write_text(why_page(result), encoding="utf-8")
     _write_whole(out, write)
     print(f"wrote {out}")
     return out

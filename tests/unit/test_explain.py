@@ -177,6 +177,7 @@ def test_the_command_writes_explain_json_with_the_scores_probe_score_gives(tiny_
                          "--heads", "--ig-steps", "4", "--out", str(out)]) == 0
     got = json.loads((out / "explain.json").read_text())
     assert (out / "explain.md").is_file()
+    assert "Spearman" in (out / "explain.html").read_text()
     assert score_main(["--rm", tiny_dirs["rm"], "--prompt", PROMPT, "--responses", str(answers), "--device", "cpu",
                        "--output", str(tmp_path / "runs")]) == 0
     run = next((tmp_path / "runs").rglob("scores.parquet")).parent
