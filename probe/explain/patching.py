@@ -10,7 +10,10 @@ Spearman correlation of the two over the components says how far the direct part
 
 Positions: the continuation's (the shared prefix's parts are equal in both), aligned from the right end (the
 read position and the template's closing ids line up); continuations of different lengths replace the last
-``min`` positions only (recorded as ``aligned_positions``).
+``min`` positions only (recorded as ``aligned_positions``). A log-probability's first token is read at the
+prompt's last position, which no response changes: patching from a baseline response moves only the later
+tokens' log-probabilities (and the direct differences are read at those positions alone), so on a sweep's one-token
+responses it explains the closing tokens' part of the score, not ``log p(token | prompt)``.
 """
 
 from __future__ import annotations
