@@ -15,6 +15,7 @@ the largest closure against its bound, the IG completeness residuals and the tim
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -51,6 +52,7 @@ def main(argv=None) -> None:
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--ig-steps", type=int, default=32)
     parser.add_argument("--gemma", action="store_true")
+    parser.add_argument("--no-judge", action="store_true")
     args = parser.parse_args(argv)
     meta, scores = read_sweep(args.run)
     lm = probe.load("smollm2", device="cpu", score="logprob")
@@ -64,12 +66,15 @@ def main(argv=None) -> None:
     res["timing"]["total_s"] = round(time.perf_counter() - t0, 2)
     texts = [it.label for it in items]
     rows = [_row(lm.model_id, "logprob (sweep tokens, --run)", res, texts)]
+    print(f"logprob: {res['timing']}", file=sys.stderr, flush=True)
     judged_texts = [t for t in texts if t.strip()] or texts
-    t0 = time.perf_counter()
-    judged = explain_responses(lm, "judge", prompt, judged_texts, opts, baseline=median.label if median.label.strip()
-                               else None, ig_steps=args.ig_steps)
-    judged["timing"]["total_s"] = round(time.perf_counter() - t0, 2)
-    rows.append(_row(lm.model_id, "judge (the same texts as responses)", judged, judged_texts))
+    if not args.no_judge:
+        t0 = time.perf_counter()
+        judged = explain_responses(lm, "judge", prompt, judged_texts, opts,
+                                   baseline=median.label if median.label.strip() else None, ig_steps=args.ig_steps)
+        judged["timing"]["total_s"] = round(time.perf_counter() - t0, 2)
+        rows.append(_row(lm.model_id, "judge (the same texts as responses)", judged, judged_texts))
+        print(f"judge: {judged['timing']}", file=sys.stderr, flush=True)
     if args.gemma:
         g = probe.load("gemma3-270m", device="cpu", score="logprob")
         t0 = time.perf_counter()
@@ -82,7 +87,7 @@ def main(argv=None) -> None:
     print(write_results(
         "explain_agreement_smollm2", "probe explain: direct parts against activation patching",
         f"`python -m experiments.explain_agreement --run <SmolLM2 logprob sweep> --top {args.top}"
-        f"{' --gemma' if args.gemma else ''}`, float32 on this CPU (2 cores shared). Prompt {prompt!r}; the sweep's "
+        f" --ig-steps {args.ig_steps}{' --gemma' if args.gemma else ''}{' --no-judge' if args.no_judge else ''}`, float32 on this CPU (2 cores shared). Prompt {prompt!r}; the sweep's "
         f"best and worst {args.top} tokens, patched from its median token {median.label!r}. Spearman: per token, "
         "its components' direct differences (part minus the baseline value's part, same frozen norm and reader) "
         "against their patching effects (score minus the score with that component replaced); pooled: all tokens' "
