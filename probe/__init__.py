@@ -17,7 +17,7 @@ The layout: ``probe.core`` (template split, vocabulary, heads, engine, sweep, GC
 
 from __future__ import annotations
 
-__all__ = ["load", "sweep", "score_responses", "trace", "gcg"]
+__all__ = ["load", "sweep", "score_responses", "trace", "gcg", "explain"]
 
 
 def __getattr__(name: str):

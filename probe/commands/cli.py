@@ -1,4 +1,5 @@
-"""The ``probe`` (or ``rm-probe``) console script: ``probe score | gcg | social | trace | analyze | report | batch``.
+"""The ``probe`` (or ``rm-probe``) console script: ``probe score | gcg | social | trace | analyze | report | batch |
+explain``.
 
 Each subcommand is also runnable alone (``python -m probe.exhaustive``, ``python -m probe.gcg``, ...). User errors
 print one line and exit with status 2; an interrupted run says how to resume.
@@ -24,6 +25,7 @@ SUBCOMMANDS = {
     "trace": ("probe.commands.trace", "per-token reward traces: the score of every prefix of a response"),
     "report": ("probe.commands.report", "the auditors' HTML report of one run or several side by side"),
     "batch": ("probe.commands.batch", "many sweeps from one job file: skip what is done, resume what is not"),
+    "explain": ("probe.commands.explain", "why a token wins: the score decomposed, checked against patching"),
 }
 
 

@@ -1,0 +1,116 @@
+"""What `probe explain` explains: whole responses under a prompt (rendered and scored as `probe score --responses`
+renders and scores them), or a sweep run's best and worst N tokens (under the run's own prefix ids, with the scores
+the sweep printed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from probe.errors import ProbeError
+from probe.explain.explain import Item, check_explainable, explain_items
+
+
+def response_items(loaded, mode, prompt: str, responses: Sequence[str], opts, system: str | None = None,
+                   batch_size: int = 64) -> tuple[list[Item], object]:
+    """Items of whole responses, each with the score `probe score --responses` gives it (the same rendering,
+    template split, head and engine: probe/core/responses.py)."""
+    from probe.core.responses import prepare, score_rows
+
+    rows = prepare(loaded, mode, "prompt", prompt, list(responses), opts, system)
+    scores = score_rows(loaded, mode, rows, opts=opts, batch_size=batch_size, verify=0)
+    items = [Item(text, tuple(rows.prefixes[i]), list(rows.continuations[i]), float(scores[i]),
+                  rows.head_offset(tuple(rows.prefixes[i])), {"n_tokens": rows.n_tokens[i]})
+             for i, text in enumerate(rows.responses)]
+    return items, rows
+
+
+def explain_responses(loaded, mode, prompt: str, responses: Sequence[str], opts, system: str | None = None, *,
+                      baseline: str | None = None, heads: bool = False, patch: bool = True, ig_steps: int = 32,
+                      ig_baseline: str = "zero", batch: int = 16) -> dict:
+    """Each response explained; patching against ``baseline`` (default: the response of median score among them,
+    where there are 3 or more; else none)."""
+    from probe.core.scoring import make_head
+
+    head_for = lambda k: make_head(loaded, mode, opts, response_in_prefix=k)  # noqa: E731
+    check_explainable(loaded, head_for(0))
+    given = list(dict.fromkeys(responses))
+    items, _ = response_items(loaded, mode, prompt, given + ([baseline] if baseline and baseline not in given else []),
+                              opts, system)
+    base_item, why = None, None
+    if baseline is not None:
+        base_item = next(it for it in items if it.label == baseline)
+        items = [it for it in items if it.label in given]
+    elif len(items) >= 3 and patch:
+        order = np.argsort([it.engine_score for it in items], kind="stable")
+        base_item = items[int(order[len(order) // 2])]
+        why = "the response of median score among those given"
+    elif patch:
+        why = "no patching: name a --baseline response (or give 3 or more responses: the median one is taken)"
+    result = explain_items(loaded, head_for, items, base_item, heads=heads, patch_components=patch,
+                           ig_steps=ig_steps, ig_baseline_id=ig_baseline_id(loaded.tokenizer, ig_baseline),
+                           batch=batch, tokenizer=loaded.tokenizer)
+    result["baseline"] = {"response": base_item.label if base_item else None,
+                          "score": base_item.engine_score if base_item else None,
+                          "chosen": "named (--baseline)" if baseline is not None else why}
+    result["prompt"] = prompt
+    return result
+
+
+def ig_baseline_id(tokenizer, baseline: str) -> int | None:
+    """``zero``: zero embeddings; ``pad``: the pad token's embedding; else a text that must be one token."""
+    if baseline == "zero":
+        return None
+    if baseline == "pad":
+        if tokenizer.pad_token_id is None:
+            raise ProbeError("--ig-baseline pad: this tokenizer has no pad token; use zero or a one-token text")
+        return int(tokenizer.pad_token_id)
+    ids = tokenizer.encode(baseline, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ProbeError(f"--ig-baseline {baseline!r}: {len(ids)} tokens; give zero, pad or a text that is one token")
+    return int(ids[0])
+
+
+def read_sweep(folder: str) -> tuple[dict, object]:
+    """A sweep run's meta.json and scores.parquet; one line where the folder is not a finished sweep."""
+    import polars as pl
+
+    from probe.runs.rundir import RunDir
+
+    path = Path(folder)
+    if not (path / "meta.json").is_file():
+        raise ProbeError(f"--run {folder}: no meta.json: not a probe score run folder")
+    meta = RunDir(folder).read_meta()
+    if meta.get("experiment") != "exhaustive":
+        raise ProbeError(f"--run {folder}: a {meta.get('experiment')} run, not a probe score sweep (its best and "
+                         "worst tokens are what --run explains)")
+    if not (path / "scores.parquet").is_file():
+        raise ProbeError(f"--run {folder}: no scores.parquet (an unfinished sweep? finish it with --resume)")
+    return meta, pl.read_parquet(path / "scores.parquet")
+
+
+def sweep_items(meta: dict, scores, top: int, prompt_key: str | None, tokenizer) -> tuple[list[Item], Item, str]:
+    """The best and worst ``top`` tokens of one prompt of a sweep, and its median token (the default baseline), as
+    items under the run's own prefix and suffix ids, with the scores the sweep printed."""
+    import polars as pl
+
+    prompts = meta["settings"]["prompts"]
+    key = prompt_key or next(iter(prompts))
+    if key not in prompts:
+        raise ProbeError(f"--prompt-key {key!r}: the run's prompts are {sorted(prompts)}")
+    prefix, suffix = prompts[key]
+    k_fixed = int((meta["settings"].get("head") or {}).get("response_in_prefix", 0) or 0)
+    df = scores.filter(pl.col("prompt_key") == key).sort("rank", "token_id")
+    if df.height < 3:
+        raise ProbeError(f"--run: prompt {key!r} has {df.height} scored tokens; explaining needs at least 3")
+    n = min(top, df.height // 2)
+
+    def item(row: dict, role: str) -> Item:
+        t = int(row["token_id"])
+        return Item(tokenizer.decode([t]), tuple(prefix), [t, *suffix], float(row["score"]), k_fixed,
+                    {"token_id": t, "rank": int(row["rank"]), "role": role})
+    rows = df.to_dicts()
+    items = [item(r, "best") for r in rows[:n]] + [item(r, "worst") for r in rows[-n:]]
+    return items, item(rows[len(rows) // 2], "median"), key

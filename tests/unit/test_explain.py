@@ -1,0 +1,221 @@
+"""probe explain (probe/explain/): the parts sum to the score and the score is the engine's; heads sum to their
+layer's attention part; patching is a forward with the component replaced; integrated gradients are complete."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+from probe.config import ScoringOptions
+from probe.core.scoring import make_head
+from probe.errors import ProbeError
+from probe.explain.direct import explain_ids, forward
+from probe.explain.inputs import response_items
+from probe.explain.model import stack_of
+from probe.explain.patching import patch_effects
+from probe.explain.readers import reader
+
+PROMPT = "What, in one word, is the greatest thing ever?"
+RESPONSES = ["Love and peace", "the", "freedom"]
+MODES = {"rm": ["reward"], "lm": ["logprob", "judge"]}
+
+
+def _cases(names):
+    return [(n, m) for n in names for m in (MODES["lm"] if n.endswith("-lm") else MODES["rm"])]
+
+
+TINY = ["llama-rm", "gemma2-rm", "chatml-rm-padeot", "llama-lm", "gemma2-lm", "qwen2-rm", "qwen3-rm", "qwen3-lm",
+        "gemma3-rm", "gemma3-lm"]
+
+
+def _explained(lm, mode, responses=RESPONSES, heads=True):
+    opts = ScoringOptions()
+    items, _ = response_items(lm, mode, PROMPT, responses, opts)
+    stack = stack_of(lm.model)
+    out = []
+    for it in items:
+        rd = reader(lm, make_head(lm, mode, opts, response_in_prefix=it.k_fixed), it.ids, len(it.prefix))
+        out.append((it, rd, explain_ids(stack, rd, it.ids, heads)))
+    return out
+
+
+@pytest.mark.parametrize("name,mode", _cases(TINY))
+def test_parts_sum_to_the_score_the_engine_gives_on_every_tiny_family(tiny_models, name, mode):
+    """score = sum(components) + rest within the rounding bound, and the engine's score (`probe score --responses`)
+    equals the decomposed forward's to the project's float32 rule; every block contributes."""
+    from probe.core.precision import FLOAT32_RTOL
+
+    for it, rd, dec in _explained(tiny_models[name], mode):
+        total = sum(dec.components.values()) + dec.rest_total
+        assert abs(dec.score - total) <= dec.tolerance, (name, it.label, dec.score, total, dec.tolerance)
+        assert abs(it.engine_score - dec.score) <= FLOAT32_RTOL * (1 + abs(it.engine_score))
+        n_blocks = len(stack_of(tiny_models[name].model).blocks)
+        assert len(dec.components) == 1 + 2 * n_blocks
+
+
+@pytest.mark.parametrize("name", ["llama-rm", "gemma2-rm", "gemma3-lm", "qwen3-rm"])
+def test_heads_sum_to_their_layers_attention_part(tiny_models, name):
+    """o_proj's columns per head (through Gemma's post-attention norm at its real scale) add up to the layer's part."""
+    mode = "logprob" if name.endswith("-lm") else "reward"
+    for _, _, dec in _explained(tiny_models[name], mode):
+        for layer in range(len(stack_of(tiny_models[name].model).blocks)):
+            heads = [v for k, v in dec.heads.items() if k.startswith(f"L{layer}.attn.")]
+            part = dec.components[f"L{layer}.attn"]
+            assert len(heads) == 4
+            assert abs(sum(heads) - part) <= 1e-5 * (1 + sum(abs(h) for h in heads)), (layer, sum(heads), part)
+
+
+def _hand_patched(lm, mode, it, base, module, head=None):
+    """The model's own forward (its head's own reading) with ``module``'s output replaced, over the continuation's
+    positions aligned from the right, by its output under ``base``: the module's forward swapped by hand."""
+    held = {}
+    original = module.forward
+
+    def record(*a, **k):
+        out = original(*a, **k)
+        held["v"] = (out[0] if isinstance(out, tuple) else out).detach().clone()
+        return out
+
+    def replaced(*a, **k):
+        out = original(*a, **k)
+        t = (out[0] if isinstance(out, tuple) else out).clone()
+        n = min(len(it.continuation), len(base.continuation))
+        if head is None:
+            t[:, -n:] = held["v"][:, -n:]
+        return (t, *out[1:]) if isinstance(out, tuple) else t
+
+    def replaced_input(x):
+        x = x.clone()
+        n = min(len(it.continuation), len(base.continuation))
+        h, dh = head
+        x[:, -n:, h * dh:(h + 1) * dh] = held["v"][:, -n:, h * dh:(h + 1) * dh]
+        return original(x)
+
+    def record_input(x):
+        held["v"] = x.detach().clone()
+        return original(x)
+
+    own = make_head(lm, mode, ScoringOptions())
+    with torch.no_grad():
+        module.forward = record if head is None else record_input
+        try:
+            lm.model(input_ids=torch.tensor([base.ids]))
+            module.forward = replaced if head is None else replaced_input
+            patched = float(own.own_forward(lm.model, torch.tensor([it.ids]), len(it.prefix))[0])
+        finally:
+            module.forward = original
+        clean = float(own.own_forward(lm.model, torch.tensor([it.ids]), len(it.prefix))[0])
+    return clean - patched
+
+
+@pytest.mark.parametrize("name,mode", [("llama-rm", "reward"), ("gemma2-lm", "logprob"), ("gemma3-lm", "judge")])
+def test_patching_equals_a_forward_with_the_component_replaced_by_hand(tiny_models, name, mode):
+    lm = tiny_models[name]
+    opts = ScoringOptions()
+    items, _ = response_items(lm, mode, PROMPT, ["Love and peace", "the cat sat"], opts)
+    it, base = items
+    stack = stack_of(lm.model)
+    rd = reader(lm, make_head(lm, mode, opts), it.ids, len(it.prefix))
+    base_cap = forward(stack, base.ids, heads=True)
+    names = ["L1.mlp", "L0.attn", "L1.attn.h2"]
+    effects, _ = patch_effects(stack, rd, it.ids, len(it.prefix), base_cap, len(base.prefix), names, batch=3)
+    b1, b0 = stack.blocks[1], stack.blocks[0]
+    want = {"L1.mlp": _hand_patched(lm, mode, it, base, b1.mlp_out),
+            "L0.attn": _hand_patched(lm, mode, it, base, b0.attn_out),
+            "L1.attn.h2": _hand_patched(lm, mode, it, base, b1.o_proj, head=(2, b1.head_dim))}
+    for k in names:
+        assert want[k] != 0
+        assert abs(effects[k] - want[k]) <= 1e-4 * (1 + abs(want[k])), (k, effects[k], want[k])
+
+
+def test_integrated_gradients_are_complete_to_the_rules_order(tiny_models):
+    """The rule: the midpoint rule's error shrinks as 1/steps^2 on a smooth path, so doubling the steps must cut the
+    completeness residual at least by 4 / 1.5 (a margin of 1.5 over the asymptotic 4), and at 32 steps it is under
+    1% of the score's distance from the baseline's."""
+    from probe.explain.ig import integrated_gradients
+
+    lm = tiny_models["llama-rm"]
+    (it, rd, _), = _explained(lm, "reward", ["Love and peace"], heads=False)
+    stack = stack_of(lm.model)
+    r16, r32 = (integrated_gradients(stack, rd, it.ids, range(len(it.prefix)), n, 8) for n in (16, 32))
+    assert abs(r32.residual) <= abs(r16.residual) / 4 * 1.5
+    assert abs(r32.residual) <= 1e-2 * abs(r32.score - r32.baseline_score)
+    assert r32.score == pytest.approx(it.engine_score, rel=1e-4, abs=1e-4)
+
+
+@pytest.mark.parametrize("name", ["armo-like", "qrm-like"])
+def test_gated_heads_are_refused_with_the_reason(tiny_models, name):
+    with pytest.raises(ProbeError, match="gating network"):
+        probe.explain(tiny_models[name], None, PROMPT, ["Love"], score="reward", ig_steps=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["logprob", "judge"])
+def test_parts_sum_to_the_score_on_the_embedded_smollm2(smol, mode):
+    out = probe.explain(smol, None, PROMPT, ["Love"], score=mode, ig_steps=0, patch=False)
+    engine = probe.score_responses(smol, None, PROMPT, ["Love"], score=mode, verify=0)["score"][0]
+    r = out["responses"][0]
+    assert r["score"] == pytest.approx(float(engine), abs=1e-6)
+    assert abs(r["score"] - (sum(r["components"].values()) + r["rest"])) <= r["check"]["closure_tolerance"]
+    assert abs(r["check"]["closure"]) <= 1e-3 * (1 + abs(r["score"]))  # the project's float32 rule too
+
+
+@pytest.mark.slow
+def test_the_command_writes_explain_json_with_the_scores_probe_score_gives(tiny_dirs, tmp_path):
+    from probe.commands.explain import main as explain_main
+    from probe.commands.score import main as score_main
+    from probe.runs.rundir import RunDir
+
+    answers = tmp_path / "answers.txt"
+    answers.write_text("Love and peace\nthe\nfreedom\n")
+    out = tmp_path / "ex"
+    assert explain_main(["--rm", tiny_dirs["rm"], "--prompt", PROMPT, "--responses", str(answers), "--device", "cpu",
+                         "--heads", "--ig-steps", "4", "--out", str(out)]) == 0
+    got = json.loads((out / "explain.json").read_text())
+    assert (out / "explain.md").is_file()
+    assert "Spearman" in (out / "explain.html").read_text()
+    assert score_main(["--rm", tiny_dirs["rm"], "--prompt", PROMPT, "--responses", str(answers), "--device", "cpu",
+                       "--output", str(tmp_path / "runs")]) == 0
+    run = next((tmp_path / "runs").rglob("scores.parquet")).parent
+    want = dict(zip(*RunDir(run).read_table("scores.parquet").select("response", "score").to_dict(as_series=False)
+                    .values()))
+    assert got["baseline"]["response"] == "the" or got["baseline"]["response"] in want
+    for r in got["responses"]:
+        assert r["score"] == pytest.approx(want[r["response"]], abs=0)
+        assert abs(r["score"] - (sum(r["components"].values()) + r["rest"])) <= r["check"]["closure_tolerance"] + 1e-5
+        assert "integrated_gradients" in r and "heads" in r
+    assert got["agreement"]["n_pairs"] > 0
+    diff = got["difference"]  # the highest-scored minus the lowest decomposes the same way
+    assert diff["score"] == pytest.approx(sum(diff["components"].values()) + diff["rest"], abs=2e-4)
+    # a used --out is refused in one line, as probe trace refuses it
+    assert explain_main(["--rm", tiny_dirs["rm"], "--response", "Love", "--device", "cpu", "--out", str(out)]) == 2
+
+
+@pytest.mark.slow
+def test_a_sweeps_best_and_worst_tokens_are_explained_with_the_sweeps_scores(tiny_dirs, tmp_path, capsys):
+    from probe.commands.explain import main as explain_main
+    from probe.commands.score import main as score_main
+
+    assert score_main(["--rm", tiny_dirs["lm"], "--score", "logprob", "--prompt", PROMPT, "--limit", "40",
+                       "--device", "cpu", "--output", str(tmp_path / "runs")]) == 0
+    run = next((tmp_path / "runs").rglob("scores.parquet")).parent
+    out = tmp_path / "ex"
+    assert explain_main(["--run", str(run), "--top", "2", "--ig-steps", "0", "--out", str(out)]) == 0
+    got = json.loads((out / "explain.json").read_text())
+    import polars as pl
+
+    sweep = pl.read_parquet(run / "scores.parquet")
+    assert [r["role"] for r in got["responses"]] == ["best", "best", "worst", "worst"]
+    assert got["timing"]["hooked_forwards"] == 1  # one forward for all four tokens
+    for r in got["responses"]:
+        want = float(sweep.filter(pl.col("token_id") == r["token_id"])["score"][0])
+        assert r["score"] == want
+        total = sum(r["components"].values()) + r["rest"]
+        assert abs(r["check"]["decomposed_forward_score"] - total) <= r["check"]["closure_tolerance"]
+        assert abs(want - total) <= 1e-3 * (1 + abs(want))
+        assert r["patching"]["spearman"] is not None
+    assert got["baseline"]["chosen"] == "the run's median token"
