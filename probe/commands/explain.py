@@ -3,6 +3,7 @@
     probe explain --rm MODEL --prompt "What, in one word, is the greatest thing ever?" --response Love --out DIR
     probe explain --rm MODEL --responses answers.txt --baseline "I don't know." --out DIR
     probe explain --run results/<model>/exhaustive_<time>/ --top 5 --out DIR     # a sweep's best and worst 5
+    probe explain --run results/<model>/gcg_max_<time>/ --baseline the --out DIR  # a GCG or beam search's best
 
 For each response (scored exactly as ``probe score --responses`` scores it: the same rendering, head and engine):
 
@@ -48,8 +49,9 @@ class ExplainConfig(ModelOptions):
     responses: str | None = field(default=None, metadata={
         "help": "a text file of responses, one per line", "metavar": "FILE"})
     run: str | None = field(default=None, metadata={
-        "help": "a probe score sweep run folder: explain its best and worst --top tokens, under its own ids, with "
-                "its model and score mode", "metavar": "DIR"})
+        "help": "a probe score sweep run folder (its best and worst --top tokens, under its own ids) or a probe gcg "
+                "or beam run folder (its best response, under its own prompt, system and date), with the run's model "
+                "and score mode and the scores it reported", "metavar": "DIR"})
     top: int = field(default=5, metadata={"help": "with --run: how many best and how many worst tokens"})
     prompt_key: str | None = field(default=None, metadata={
         "help": "with --run: which of the run's prompts (default: its first)", "metavar": "KEY"})
@@ -107,8 +109,10 @@ def _sweep_model(cfg: ExplainConfig, meta: dict) -> tuple[ExplainConfig, str]:
     """The sweep's model and score mode (its model record, spec and output column, dtype)."""
     from probe.commands.trace import _model_ref
 
+    from probe.explain.inputs import SEARCHES, search_config
+
     s, model = meta.get("settings") or {}, meta.get("model") or {}
-    mode = s.get("mode")
+    mode = search_config(meta).mode if meta.get("experiment") in SEARCHES else s.get("mode")
     if mode not in ("reward", "logprob", "judge"):
         raise ProbeError(f"--run {cfg.run}: scored with --score {mode}; explain reads reward, logprob or judge")
     if cfg.score not in ("auto", mode):
@@ -127,7 +131,8 @@ def run(cfg: ExplainConfig) -> Path:
     from probe.config import ScoringOptions, model_kind, resolve_score_mode
     from probe.core.scoring import make_head
     from probe.explain.explain import check_explainable, explain_items, summary_markdown
-    from probe.explain.inputs import explain_responses, ig_baseline_id, read_sweep, sweep_items
+    from probe.explain.inputs import (SEARCHES, explain_responses, ig_baseline_id, read_sweep, search_items,
+                                      sweep_items)
     from probe.models.loading import load_for_config
     from probe.runs.rundir import utc_stamp
 
@@ -156,6 +161,21 @@ def run(cfg: ExplainConfig) -> Path:
 
         s = meta["settings"]
         check_weights(loaded, [TracedRun("--run", cfg.run, {}, s.get("weights"), None, seed, False, False, None)])
+    if cfg.run and meta["experiment"] in SEARCHES:
+        items, base, run_opts = search_items(meta, scores, loaded, cfg.baseline)
+        head_for = lambda k: make_head(loaded, mode, run_opts, response_in_prefix=k)  # noqa: E731
+        check_explainable(loaded, head_for(0))
+        result = explain_items(loaded, head_for, items, base if cfg.patch else None, heads=cfg.heads,
+                               patch_components=cfg.patch, ig_steps=cfg.ig_steps,
+                               ig_baseline_id=ig_baseline_id(loaded.tokenizer, cfg.ig_baseline),
+                               batch=cfg.batch_size, tokenizer=loaded.tokenizer)
+        result["baseline"] = {"response": base.label if base else None, "score": None,
+                              "chosen": "named (--baseline)" if base else
+                              "no patching: name a --baseline response to patch the search's best from"}
+        result["prompt"] = s["prompt"]
+        result["run"] = {"folder": cfg.run, "experiment": meta["experiment"],
+                         "scores": "the search's (result.json's best_score: its own full forward)"}
+    elif cfg.run:
         items, median, key = sweep_items(meta, scores, cfg.top, cfg.prompt_key, loaded.tokenizer)
         base = median
         if cfg.baseline is not None:

@@ -4,6 +4,7 @@ the sweep printed)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -73,22 +74,61 @@ def ig_baseline_id(tokenizer, baseline: str) -> int | None:
     return int(ids[0])
 
 
+SEARCHES = ("gcg_max", "gcg_min", "beam")
+
+
 def read_sweep(folder: str) -> tuple[dict, object]:
-    """A sweep run's meta.json and scores.parquet; one line where the folder is not a finished sweep."""
+    """A sweep run's meta.json and scores.parquet, or a GCG or beam run's meta.json and result.json; one line where
+    the folder is neither, or unfinished."""
     import polars as pl
 
     from probe.runs.rundir import RunDir
 
     path = Path(folder)
     if not (path / "meta.json").is_file():
-        raise ProbeError(f"--run {folder}: no meta.json: not a probe score run folder")
+        raise ProbeError(f"--run {folder}: no meta.json: not a probe score, gcg or beam run folder")
     meta = RunDir(folder).read_meta()
-    if meta.get("experiment") != "exhaustive":
-        raise ProbeError(f"--run {folder}: a {meta.get('experiment')} run, not a probe score sweep (its best and "
-                         "worst tokens are what --run explains)")
+    experiment = meta.get("experiment")
+    if experiment in SEARCHES:
+        if not (path / "result.json").is_file():
+            raise ProbeError(f"--run {folder}: no result.json (an unfinished search? finish it with --resume)")
+        return meta, json.loads((path / "result.json").read_text())
+    if experiment != "exhaustive":
+        raise ProbeError(f"--run {folder}: a {experiment} run; --run explains a probe score sweep's best and worst "
+                         "tokens or a gcg or beam search's best response")
     if not (path / "scores.parquet").is_file():
         raise ProbeError(f"--run {folder}: no scores.parquet (an unfinished sweep? finish it with --resume)")
     return meta, pl.read_parquet(path / "scores.parquet")
+
+
+def search_config(meta: dict):
+    """The GCG or beam run's own settings as the command's config (its prompt, system turn, date, score mode)."""
+    from dataclasses import fields
+
+    from probe.config import GCGConfig
+
+    names = {f.name for f in fields(GCGConfig)} - {"beam", "init", "output", "resume"}
+    return GCGConfig(**{k: v for k, v in meta["settings"].items() if k in names})
+
+
+def search_items(meta: dict, result: dict, loaded, baseline: str | None) -> tuple[list[Item], Item | None, object]:
+    """A GCG or beam run's best response as an item under the run's own prompt, system turn and date (its settings
+    rebuilt into the command's config, the split made as the search made it), with the score the search reported
+    (its own full forward); a ``baseline`` text as the response patched from (none: no patching, one response)."""
+    from probe.core.scoring import prompt_split
+
+    config = search_config(meta)
+    opts = config.scoring_options()
+    split = prompt_split(loaded, config.mode, config.prompt, config.system, opts, len(loaded.tokenizer))
+    best = [int(t) for t in result["best_ids"]]
+    item = Item(result.get("best_text") or loaded.tokenizer.decode(best), tuple(split.prefix_ids),
+                [*best, *split.suffix_ids], float(result["best_score"]), 0, {"token_ids": best, "role": "search"})
+    base = None
+    if baseline is not None:
+        ids = loaded.tokenizer.encode(baseline, add_special_tokens=False)
+        base = Item(baseline, tuple(split.prefix_ids), [*ids, *split.suffix_ids], None, 0,
+                    {"token_ids": ids, "role": "baseline"})
+    return [item], base, opts
 
 
 def sweep_items(meta: dict, scores, top: int, prompt_key: str | None, tokenizer) -> tuple[list[Item], Item, str]:

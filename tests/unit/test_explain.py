@@ -219,3 +219,27 @@ def test_a_sweeps_best_and_worst_tokens_are_explained_with_the_sweeps_scores(tin
         assert abs(want - total) <= 1e-3 * (1 + abs(want))
         assert r["patching"]["spearman"] is not None
     assert got["baseline"]["chosen"] == "the run's median token"
+
+
+@pytest.mark.parametrize("search", [["--length", "2", "--steps", "2", "--search-width", "8", "--topk", "4"],
+                                    ["--beam", "2", "--length", "2", "--allowed", "ascii"]])
+def test_a_gcg_or_beam_result_is_explained_with_its_own_score(tiny_dirs, tmp_path, search):
+    """`--run` of a GCG or beam run folder: its best response, under the run's own prompt, system and date, with the
+    score the search reported for it (its own forward), decomposed to that score."""
+    from probe.commands.explain import main as explain_main
+    from probe.commands.gcg import main as gcg_main
+
+    assert gcg_main(["--rm", tiny_dirs["rm"], "--prompt", PROMPT, "--system", "Be brief.", "--date", "2024-07-26",
+                     "--device", "cpu", "--output", str(tmp_path / "runs"), *search]) == 0
+    run = next((tmp_path / "runs").rglob("result.json")).parent
+    result = json.loads((run / "result.json").read_text())
+    out = tmp_path / "ex"
+    assert explain_main(["--run", str(run), "--ig-steps", "0", "--baseline", "the", "--out", str(out)]) == 0
+    got = json.loads((out / "explain.json").read_text())
+    (r,) = got["responses"]
+    assert r["token_ids"] == result["best_ids"] and r["role"] == "search"
+    assert r["score"] == result["best_score"]
+    assert abs(r["score"] - (sum(r["components"].values()) + r["rest"])) <= r["check"]["closure_tolerance"]
+    assert abs(r["check"]["decomposed_forward_score"] - r["score"]) <= 1e-5 * (1 + abs(r["score"]))
+    assert got["baseline"]["response"] == "the" and r["patching"]["effects"]
+    assert got["run"]["scores"].startswith("the search's")
