@@ -44,7 +44,7 @@ from pathlib import Path
 
 import polars as pl
 
-from probe.commands.args import config_from_args
+from probe.commands.args import checked_settings, config_from_args, setting_actions, setting_value
 from probe.config import ScoringOptions, SocialConfig, judge_prompt_for, model_kind
 from probe.core.template import resolve_date
 from probe.errors import DataFormatError, ProbeError
@@ -104,6 +104,14 @@ def suite_entries(cfg: SocialConfig) -> list[dict]:
             if unknown:
                 raise DataFormatError(f"{path} datasets[{k}]: unknown key {', '.join(sorted(unknown))} (a data set "
                                       "entry has dataset, data, limit, subset (or config), split)")
+            if "limit" in e:  # as --limit takes it: a whole number >= 1
+                limit = setting_value(setting_actions(SocialConfig)["limit"], "limit", e["limit"],
+                                      f"{path} datasets[{k}]")
+                if limit < 1:
+                    raise DataFormatError(f"{path} datasets[{k}]: limit: {limit}: --limit must be >= 1")
+            for key in ("config", "split"):
+                if key in e:
+                    setting_value(argparse.Action([key], key, type=str), key, e[key], f"{path} datasets[{k}]")
             data = e.get("data")
             if data is not None and not isinstance(data, str):
                 raise DataFormatError(f"{path} datasets[{k}]: data {data!r}: a path, hf:ORG/NAME or offline")
@@ -128,6 +136,14 @@ def suite_models(cfg: SocialConfig) -> list[dict]:
             m = {"rm": m} if isinstance(m, str) or m is None else m
             if not isinstance(m, dict) or set(m) - MODEL_KEYS:
                 raise DataFormatError(f"{path} models[{k}]: a model id or a mapping of {sorted(MODEL_KEYS)}")
+            if m.get("rm") is not None and not isinstance(m["rm"], str):  # one model: one --rm's text
+                setting_value(argparse.Action(["--rm"], "rm", type=str), "rm", m["rm"], f"{path} models[{k}]")
+            m = {**m, **checked_settings(SocialConfig, {x: v for x, v in m.items() if x not in ("rm", "label")},
+                                         f"{path} models[{k}]")}
+            try:  # the checks the command line's flags get (--beta 0: one line)
+                _model_config(cfg, m)
+            except (TypeError, ValueError) as err:
+                raise DataFormatError(f"{path} models[{k}]: {err}") from None
             if m.get("label") is not None and not (isinstance(m["label"], str) and m["label"].strip()):
                 raise DataFormatError(f"{path} models[{k}]: label {m['label']!r}: a name for the tables (text)")
             if m.get("label") and m["label"] in [o.get("label") for o in out]:
