@@ -254,6 +254,13 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     batch_size = kept_batch_size(cfg.batch_size, meta, dist.main)  # (not fingerprinted)
     t0 = time.perf_counter()
     frames, scored = [], 0
+    # this session's timing, in the run's list of sessions from its start and updated after each data set: an
+    # interrupted session's time and rows stay in the record of the run its resume finishes
+    session = {"started": utc_stamp(), "wall_s": 0.0, "rows_scored": 0, **({"processes": dist.world} if dist.enabled
+                                                                            else {})}
+    if dist.main:
+        meta.setdefault("timing", []).append(session)
+        run.write_meta(meta)
     for k, (entry, items) in enumerate(datasets):
         part = run.path / "checkpoints" / f"{k:03d}.parquet"
         if k in done:
@@ -267,12 +274,20 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
         keep = ChunkFiles(run, f"{k:03d}")  # every process's finished chunks, until the data set's file is written
         with tqdm(total=None if dist.enabled else sum(len(i.options) for i in items), desc=desc, unit="resp",
                   file=sys.stderr, disable=not cfg.progress) as bar:  # under torchrun: rank 0's rows, counted
-            scores = score_items(loaded, mode, items, opts, cfg.system, batch_size, progress=bar.update,
-                                 dist=dist, keep=keep)
+            try:
+                scores = score_items(loaded, mode, items, opts, cfg.system, batch_size, progress=bar.update,
+                                     dist=dist, keep=keep)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: this session's time stays in the record
+                if dist.main:
+                    session.update(wall_s=round(time.perf_counter() - t0, 2))
+                    run.write_meta(meta)
+                raise
         if dist.main:
             run.write_table(str(part.relative_to(run.path)), scores)
             _drop_chunks(run, k)
             scored += scores.height - keep.kept_rows
+            session.update(wall_s=round(time.perf_counter() - t0, 2), rows_scored=scored)
+            run.write_meta(meta)
         frames.append(scores)
     if not dist.main:
         barrier(dist)
@@ -285,8 +300,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     if bbq_scores := _bbq_scores(summary):
         pl.DataFrame(bbq_table(bbq_scores)).write_csv(run.path / "bbq_table.csv")
     meta.update(status="complete", finished=utc_stamp())
-    meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2), "rows_scored": scored,
-                                          **({"processes": dist.world} if dist.enabled else {})})
+    session.update(wall_s=round(time.perf_counter() - t0, 2), rows_scored=scored)
     run.write_meta(meta)
     barrier(dist)
     return run, summary
