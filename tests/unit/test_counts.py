@@ -39,3 +39,19 @@ def test_under_torchrun_only_rank_0_prints_the_results(monkeypatch, capsys, tmp_
         monkeypatch.setenv("RANK", rank)
         assert score.main(argv) == 0
         assert len(printed) == (rank == "0")
+
+
+def test_a_dry_run_prints_each_prompts_row_where_they_differ(capsys):
+    """The packaged SmolLM2's tokenizer renders each prompt: a short and a long prompt have rows of other prefix
+    lengths, each said (not one typical 48 + 3 line for all); a judge's rows hold its question's ids too."""
+    import re
+
+    from probe.commands.score import main
+
+    long = "What, in one word, is the greatest thing ever, and why would anyone say so?"
+    assert main(["--dry-run", "--prompt", "Hi?", "--prompt", long]) == 0
+    rows = re.findall(r"per batch row \((\d+) prefix \+ (\d+) new tokens, \w+ path; (\w+)\)", capsys.readouterr().out)
+    assert len(rows) == 2 and rows[0][0] != rows[1][0] and [r[2] for r in rows] == ["prompt1", "prompt2"]
+    assert main(["--dry-run", "--prompt", "Hi?", "--score", "judge"]) == 0
+    (judge,) = re.findall(r"per batch row \((\d+) prefix \+ (\d+) new tokens", capsys.readouterr().out)
+    assert int(judge[0]) > int(rows[0][0]) and int(judge[1]) > int(rows[0][1])
