@@ -108,6 +108,18 @@ def judge_prompt_for(mode: str, value: str | None, unit_test: str | None = None,
     return load_judge_prompt(value or own, JUDGE_KINDS[mode]).with_unit_test(unit_test)  # type: ignore[arg-type]
 
 
+def texts_of(config: object, *names: str) -> None:
+    """A repeatable setting (a tuple of texts) given one text (``prompt="What is good?"`` from the API) is that one
+    text, as one flag is, never one per character; a list is its tuple; a value that is not text is refused."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, str):
+            value = (value,)
+        if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"--{name.replace('_', '-')}: {value!r}: one text or a list of texts")
+        object.__setattr__(config, name, tuple(value))
+
+
 def check_not_blank(config: object, *names: str) -> None:
     """Raise a one-line error naming the flag where a setting that names something (a file, a model, a device, a
     column) is given as an empty or blank text (each text of a repeated flag too): an empty ``--responses ""``
@@ -194,7 +206,7 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class ScoreVocabConfig(ModelOptions):
-    prompt: tuple[str, ...] = field(default=(), metadata={
+    prompt: tuple[str, ...] | str = field(default=(), metadata={  # one text (the API's prompt="..."): one prompt
         "help": "a prompt to sweep (repeatable); default: the paper's greatest/best/worst prompts", "repeat": True})
     prompts: str | None = field(default=None, metadata={
         "help": "file of prompts: YAML (key: text, or a list) or text (one per line)", "metavar": "FILE"})
@@ -263,6 +275,7 @@ class ScoreVocabConfig(ModelOptions):
         self.check_reference()
         check_at_least(self, 1, "shard_size", "top", "batch_size", "limit", "devices")
         check_at_least(self, 0, "verify")
+        texts_of(self, "prompt")
         check_not_blank(self, "prompts", "systems", "control", "responses", "response_column", "output",
                         "judge_prompt", "judge_question", "resume")
         if self.device_memory is not None and not (math.isfinite(self.device_memory) and self.device_memory > 0):

@@ -136,3 +136,11 @@ def test_a_social_suite_is_checked_as_the_command_line(capsys, tmp_path, text, w
     code, err = _main(capsys, "social", "--suite", str(path), "--output", str(tmp_path / "out"))
     assert code == 2
     assert re.search(where, _one_line(err)), err
+
+
+def test_one_text_given_as_the_prompts_is_one_prompt():
+    """The API's ``prompt="What is good?"`` is one prompt, as one --prompt is (it was one per character)."""
+    from probe.config import ScoreVocabConfig
+
+    assert ScoreVocabConfig(prompt="What is good?").prompt == ("What is good?",)
+    assert ScoreVocabConfig(prompt=("a?", "b?")).prompt == ("a?", "b?")
