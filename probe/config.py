@@ -108,6 +108,30 @@ def judge_prompt_for(mode: str, value: str | None, unit_test: str | None = None,
     return load_judge_prompt(value or own, JUDGE_KINDS[mode]).with_unit_test(unit_test)  # type: ignore[arg-type]
 
 
+def texts_of(config: object, *names: str) -> None:
+    """A repeatable setting (a tuple of texts) given one text (``prompt="What is good?"`` from the API) is that one
+    text, as one flag is, never one per character; a list is its tuple; a value that is not text is refused."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, str):
+            value = (value,)
+        if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"--{name.replace('_', '-')}: {value!r}: one text or a list of texts")
+        object.__setattr__(config, name, tuple(value))
+
+
+def check_not_blank(config: object, *names: str) -> None:
+    """Raise a one-line error naming the flag where a setting that names something (a file, a model, a device, a
+    column) is given as an empty or blank text (each text of a repeated flag too): an empty ``--responses ""``
+    read as not given would silently sweep the vocabulary instead. None (not set) passes."""
+    for name in names:
+        value = getattr(config, name)
+        for text in value if isinstance(value, tuple) else (value,):
+            if isinstance(text, str) and not text.strip():
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} is empty: give a value, or leave the flag out for its default")
+
+
 def check_at_least(config: object, minimum: int, *names: str) -> None:
     """Raise a one-line error naming the flag where a setting (None: not set) is below ``minimum``."""
     for name in names:
@@ -161,7 +185,11 @@ class ModelOptions:
                 "the run)", "metavar": "TEXT"})
 
     def check_reference(self) -> None:
-        """--beta 0 and --beta without --ref are errors (one line, before anything loads)."""
+        """--beta 0 and --beta without --ref are errors (one line, before anything loads); so are the model
+        settings given as an empty text."""
+        check_not_blank(self, "device", "dtype", "device_map", "revision", "chat_template", "spec", "ref")
+        if isinstance(self.rm, str):
+            check_not_blank(self, "rm")
         if self.beta == 0:
             raise ValueError("--beta 0 makes every implicit reward 0; give DPO's beta (> 0, e.g. 0.1)")
         if not math.isfinite(self.beta) or self.beta < 0:
@@ -178,7 +206,7 @@ class ModelOptions:
 
 @dataclass(frozen=True)
 class ScoreVocabConfig(ModelOptions):
-    prompt: tuple[str, ...] = field(default=(), metadata={
+    prompt: tuple[str, ...] | str = field(default=(), metadata={  # one text (the API's prompt="..."): one prompt
         "help": "a prompt to sweep (repeatable); default: the paper's greatest/best/worst prompts", "repeat": True})
     prompts: str | None = field(default=None, metadata={
         "help": "file of prompts: YAML (key: text, or a list) or text (one per line)", "metavar": "FILE"})
@@ -247,6 +275,11 @@ class ScoreVocabConfig(ModelOptions):
         self.check_reference()
         check_at_least(self, 1, "shard_size", "top", "batch_size", "limit", "devices")
         check_at_least(self, 0, "verify")
+        texts_of(self, "prompt")
+        check_not_blank(self, "prompts", "systems", "control", "responses", "response_column", "output",
+                        "judge_prompt", "judge_question", "resume")
+        if self.device_memory is not None and not (math.isfinite(self.device_memory) and self.device_memory > 0):
+            raise ValueError(f"--device-memory {self.device_memory}: GiB of device memory, a number > 0")
         resolve_date(self.date)  # a bad --date fails before any model loads
         if self.systems and self.system is not None:
             raise ValueError("--system and --systems: a persona grid gives each persona its own system prompt; "
@@ -343,6 +376,7 @@ class GCGConfig(ModelOptions):
         self.check_reference()
         check_at_least(self, 1, "length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs")
         check_at_least(self, 1, "beam", "patience")
+        check_not_blank(self, "prompt", "init", "output", "resume")
         if self.n_replace > self.length:
             raise ValueError("--n-replace cannot exceed --length")
         if self.mode not in ("reward", "logprob", "judge"):
@@ -419,6 +453,8 @@ class SocialConfig(ModelOptions):
     def __post_init__(self) -> None:
         self.check_reference()
         check_at_least(self, 1, "limit", "batch_size")
+        check_not_blank(self, "rm", "dataset", "data", "subset", "split", "suite", "bbq_metadata", "judge_prompt",
+                        "output", "resume")
         if self.data and len(self.data) != len(self.dataset):
             raise ValueError("give one --data per --dataset (or none, for the default Hub copies)")
         if not self.dataset and not self.suite:

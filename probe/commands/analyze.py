@@ -30,8 +30,9 @@ from typing import Literal
 import polars as pl
 
 from probe.commands.args import config_from_args
-from probe.report.text import plain_table
+from probe.config import check_not_blank
 from probe.errors import DataFormatError, ProbeError
+from probe.report.text import plain_table
 from probe.runs.rundir import atomic_write_json, utc_stamp, writable_dir
 
 ANALYSES = ("top", "agreement", "framing", "exposure", "misalignment", "contrast", "input-method", "values", "personas")
@@ -81,6 +82,8 @@ class AnalysisConfig:
             raise ValueError(f"unknown analysis {self.analysis!r}; choose from {ANALYSES}")
         if not 0 < self.rbo_p < 1:
             raise ValueError("--rbo-p must be in (0, 1)")
+        check_not_blank(self, "prompt", "bnc", "table", "human", "name_column", "models", "identity_terms_file",
+                        "dictionary", "out")
 
 
 def _out_dir(config: AnalysisConfig) -> Path:

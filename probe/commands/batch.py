@@ -23,9 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
+from probe.commands.args import _shown, blame, checked_settings, setting_actions, setting_value
 from probe.errors import DataFormatError, ProbeError
 from probe.textfile import read_yaml
 from probe.models.embedded import model_id_for
@@ -35,7 +36,6 @@ from probe.commands.score import EXPERIMENT, ScoreVocabConfig, dry_run, run
 from probe.core.prompts import PAPER_PROMPTS
 from probe.runs.rundir import model_runs_dir, run_metas
 
-FIELDS = {f.name for f in fields(ScoreVocabConfig)}
 
 
 def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
@@ -43,22 +43,32 @@ def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
     if not path.is_file():
         raise DataFormatError(f"{path}: no such file")
     data = read_yaml(path, "YAML job file") or {}
-    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
-        raise DataFormatError(f"{path}: expected a mapping with a 'models' list")
-    defaults = data.get("defaults") or {}
+    if not isinstance(data, dict) or not isinstance(data.get("models"), list) or not data["models"]:
+        raise DataFormatError(f"{path}: expected a mapping with a 'models' list (each entry a model id, or a "
+                              "mapping with at least rm)")
+    unknown = sorted(set(map(str, data)) - {"defaults", "prompts", "models"})
+    if unknown:
+        raise DataFormatError(f"{path}: unknown keys {unknown}; a job file has defaults, prompts and models")
+    defaults = checked_settings(ScoreVocabConfig, data.get("defaults") or {}, f"{path} defaults")
     prompts = data.get("prompts", "paper")
-    prompts = tuple(PAPER_PROMPTS.values()) if prompts == "paper" else tuple(prompts)
+    if prompts == "paper":
+        prompts = tuple(PAPER_PROMPTS.values())
+    else:  # texts, as --prompt takes them: one text is one prompt
+        prompts = setting_value(setting_actions(ScoreVocabConfig)["prompt"], "prompts", prompts, str(path))
     jobs = []
     for k, entry in enumerate(data["models"], start=1):
+        where = f"{path} models[{k}]"
         if isinstance(entry, str):
             entry = {"rm": entry}
-        unknown = sorted(set(entry) - FIELDS) + sorted(set(defaults) - FIELDS)
-        if unknown:
-            raise DataFormatError(f"{path} models[{k}]: unknown settings {unknown}")
+        if not isinstance(entry, dict):
+            raise DataFormatError(f"{where}: {_shown(entry)}: a model id, or a mapping of settings with at least rm")
+        entry = checked_settings(ScoreVocabConfig, entry, where)
+        if "rm" not in entry and "rm" not in defaults:
+            raise DataFormatError(f"{where}: no rm: name the model (rm: smollm2 for the embedded SmolLM2)")
         try:
             jobs.append(ScoreVocabConfig(**{"prompt": prompts, **defaults, **entry}))
         except (TypeError, ValueError) as err:
-            raise DataFormatError(f"{path} models[{k}]: {err}") from None
+            raise DataFormatError(blame(err, {where: set(entry), f"{path} defaults": set(defaults)}, where)) from None
     return jobs
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probe.commands.args import config_from_args
+from probe.config import check_not_blank
 from probe.runs.rundir import RunDir, atomic_write_bytes, writable_file
 
 
@@ -33,6 +34,7 @@ class ReportConfig:
     def __post_init__(self) -> None:
         if self.rows < 1:
             raise ValueError("--rows must be >= 1")
+        check_not_blank(self, "out", "dictionary")
 
 
 def main_from_args(ns: argparse.Namespace) -> int:

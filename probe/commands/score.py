@@ -95,7 +95,12 @@ def _run(config: ScoreVocabConfig, dist, t_start: float, started: str) -> RunDir
             timing.record(key, before, now, t_start)
             run_dir.write_meta(meta)
 
+        def checked(check: dict, key: str = p.key) -> None:
+            meta["self_check"][key] = check
+            run_dir.write_meta(meta)
+
         scores = sweep.score_prompt(p, run_dir, dist, on_shard=record if dist.main else None,
+                                    on_check=checked if dist.main else None,
                                     position=(i + 1, len(prompts)),
                                     tokens_after=sweep.token_ids.size * (len(prompts) - i - 1))
         if not dist.main:
@@ -182,6 +187,7 @@ def dry_run(config: ScoreVocabConfig) -> dict:
 
 def main_from_args(ns: argparse.Namespace) -> int:
     from probe.commands.args import config_from_args
+    from probe.runs.distributed import launched
 
     config = config_from_args(ScoreVocabConfig, ns)
     if config.dry_run:
@@ -190,10 +196,13 @@ def main_from_args(ns: argparse.Namespace) -> int:
     if config.responses:
         from probe.commands.responses import print_response_summary, run_responses
 
-        print_response_summary(run_responses(config), config.top)
+        run_dir = run_responses(config)
+        if launched().main:
+            print_response_summary(run_dir, config.top)
         return 0
     run_dir = run(config)
-    print_summary(run_dir, config.top)
+    if launched().main:  # under torchrun the results table once, from rank 0
+        print_summary(run_dir, config.top)
     return 0
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import polars as pl
 
-from probe.commands.args import config_from_args
+from probe.commands.args import checked_settings, config_from_args, setting_actions, setting_value
 from probe.config import ScoringOptions, SocialConfig, judge_prompt_for, model_kind
 from probe.core.template import resolve_date
 from probe.errors import DataFormatError, ProbeError
@@ -104,6 +104,14 @@ def suite_entries(cfg: SocialConfig) -> list[dict]:
             if unknown:
                 raise DataFormatError(f"{path} datasets[{k}]: unknown key {', '.join(sorted(unknown))} (a data set "
                                       "entry has dataset, data, limit, subset (or config), split)")
+            if "limit" in e:  # as --limit takes it: a whole number >= 1
+                limit = setting_value(setting_actions(SocialConfig)["limit"], "limit", e["limit"],
+                                      f"{path} datasets[{k}]")
+                if limit < 1:
+                    raise DataFormatError(f"{path} datasets[{k}]: limit: {limit}: --limit must be >= 1")
+            for key in ("config", "split"):
+                if key in e:
+                    setting_value(argparse.Action([key], key, type=str), key, e[key], f"{path} datasets[{k}]")
             data = e.get("data")
             if data is not None and not isinstance(data, str):
                 raise DataFormatError(f"{path} datasets[{k}]: data {data!r}: a path, hf:ORG/NAME or offline")
@@ -128,6 +136,14 @@ def suite_models(cfg: SocialConfig) -> list[dict]:
             m = {"rm": m} if isinstance(m, str) or m is None else m
             if not isinstance(m, dict) or set(m) - MODEL_KEYS:
                 raise DataFormatError(f"{path} models[{k}]: a model id or a mapping of {sorted(MODEL_KEYS)}")
+            if m.get("rm") is not None and not isinstance(m["rm"], str):  # one model: one --rm's text
+                setting_value(argparse.Action(["--rm"], "rm", type=str), "rm", m["rm"], f"{path} models[{k}]")
+            m = {**m, **checked_settings(SocialConfig, {x: v for x, v in m.items() if x not in ("rm", "label")},
+                                         f"{path} models[{k}]")}
+            try:  # the checks the command line's flags get (--beta 0: one line)
+                _model_config(cfg, m)
+            except (TypeError, ValueError) as err:
+                raise DataFormatError(f"{path} models[{k}]: {err}") from None
             if m.get("label") is not None and not (isinstance(m["label"], str) and m["label"].strip()):
                 raise DataFormatError(f"{path} models[{k}]: label {m['label']!r}: a name for the tables (text)")
             if m.get("label") and m["label"] in [o.get("label") for o in out]:
@@ -238,6 +254,13 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     batch_size = kept_batch_size(cfg.batch_size, meta, dist.main)  # (not fingerprinted)
     t0 = time.perf_counter()
     frames, scored = [], 0
+    # this session's timing, in the run's list of sessions from its start and updated after each data set: an
+    # interrupted session's time and rows stay in the record of the run its resume finishes
+    session = {"started": utc_stamp(), "wall_s": 0.0, "rows_scored": 0, **({"processes": dist.world} if dist.enabled
+                                                                            else {})}
+    if dist.main:
+        meta.setdefault("timing", []).append(session)
+        run.write_meta(meta)
     for k, (entry, items) in enumerate(datasets):
         part = run.path / "checkpoints" / f"{k:03d}.parquet"
         if k in done:
@@ -251,12 +274,20 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
         keep = ChunkFiles(run, f"{k:03d}")  # every process's finished chunks, until the data set's file is written
         with tqdm(total=None if dist.enabled else sum(len(i.options) for i in items), desc=desc, unit="resp",
                   file=sys.stderr, disable=not cfg.progress) as bar:  # under torchrun: rank 0's rows, counted
-            scores = score_items(loaded, mode, items, opts, cfg.system, batch_size, progress=bar.update,
-                                 dist=dist, keep=keep)
+            try:
+                scores = score_items(loaded, mode, items, opts, cfg.system, batch_size, progress=bar.update,
+                                     dist=dist, keep=keep)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: this session's time stays in the record
+                if dist.main:
+                    session.update(wall_s=round(time.perf_counter() - t0, 2))
+                    run.write_meta(meta)
+                raise
         if dist.main:
             run.write_table(str(part.relative_to(run.path)), scores)
             _drop_chunks(run, k)
             scored += scores.height - keep.kept_rows
+            session.update(wall_s=round(time.perf_counter() - t0, 2), rows_scored=scored)
+            run.write_meta(meta)
         frames.append(scores)
     if not dist.main:
         barrier(dist)
@@ -269,8 +300,7 @@ def run_model(cfg: SocialConfig, model: dict, datasets: list[tuple[dict, list[It
     if bbq_scores := _bbq_scores(summary):
         pl.DataFrame(bbq_table(bbq_scores)).write_csv(run.path / "bbq_table.csv")
     meta.update(status="complete", finished=utc_stamp())
-    meta.setdefault("timing", []).append({"wall_s": round(time.perf_counter() - t0, 2), "rows_scored": scored,
-                                          **({"processes": dist.world} if dist.enabled else {})})
+    session.update(wall_s=round(time.perf_counter() - t0, 2), rows_scored=scored)
     run.write_meta(meta)
     barrier(dist)
     return run, summary

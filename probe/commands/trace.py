@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Literal
 
 from probe.commands.args import config_from_args
-from probe.config import DEFAULT_DATE, ModelOptions, resolve_date
+from probe.config import DEFAULT_DATE, ModelOptions, check_not_blank, resolve_date
 from probe.errors import ProbeError
 
 FROM_RUN = "default: the run's with --gcg/--social, else "
@@ -72,6 +72,7 @@ class TraceConfig(ModelOptions):
 
     def __post_init__(self) -> None:
         self.check_reference()
+        check_not_blank(self, "responses", "gcg", "social", "out")
         if not (self.response or self.responses or self.gcg or self.social):
             raise ValueError("give --response TEXT, --responses FILE, --gcg RUN_DIR or --social RUN_DIR")
         if any(not r.strip() for r in self.response):

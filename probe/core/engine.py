@@ -21,7 +21,7 @@ from torch import Tensor
 
 from probe.core.cache import check_replicable, replicate
 from probe.core.heads import ScoreHead
-from probe.core.invariance import attention_tiles, buckets, check_cpu, row_tiles, tile_rows
+from probe.core.invariance import attention_tiles, buckets, check_cpu, cpu_activations, row_tiles, tile_rows
 from probe.models.attention import require_trained_attention
 
 
@@ -105,7 +105,7 @@ class PrefixScorer:
         self.backbone = backbone_of(model)
         self.device = input_device(model)
         self.prefix = torch.tensor(list(prefix_ids), device=self.device)[None]
-        with torch.no_grad():  # not inference_mode: GCG back-propagates through rows that attend to this cache
+        with torch.no_grad(), cpu_activations(model):  # not inference_mode: GCG back-propagates through this cache
             out = self.backbone(input_ids=self.prefix, use_cache=True)
         self.cache = out.cache if "cache" in out else out.past_key_values  # renamed in transformers 5.2x
         check_replicable(self.cache)

@@ -203,12 +203,50 @@ def _tiled_linear(module: torch.nn.Linear, rows: int):
     return forward
 
 
+# elements per call of an activation on a CPU: below ATen's grain size (32,768), so one thread runs each call, and a
+# multiple of every vector width, so each call's vector loop starts aligned
+PIECE = 16_384
+NOT_ELEMENTWISE = (torch.nn.Softmax, torch.nn.Softmin, torch.nn.LogSoftmax, torch.nn.Softmax2d,
+                   torch.nn.MultiheadAttention, torch.nn.GLU)
+
+
+def in_pieces(fn, x: Tensor) -> Tensor:
+    """``fn(x)`` for an elementwise ``fn`` on a CPU, ``PIECE`` elements of ``x`` at a time. ATen splits an elementwise
+    op over its threads at element counts that follow the thread count, and the vector loop and its scalar tail
+    round some functions differently (GELU's tanh form, SiLU, the sigmoid: 11 of 286,720 elements of Gemma 3's MLP
+    differ between 1 and 3 threads, and torchrun's ``OMP_NUM_THREADS=1`` moved traces by 9.5e-7); in pieces below
+    the grain size each call runs on one thread from an aligned start, the same bits at every thread count."""
+    if x.device.type != "cpu" or x.numel() <= PIECE:
+        return fn(x)
+    return torch.cat([fn(p) for p in x.contiguous().view(-1).split(PIECE)]).view(x.shape)
+
+
+def _elementwise_activation(m: torch.nn.Module) -> bool:
+    return (type(m).__module__ in ("torch.nn.modules.activation", "transformers.activations")
+            and not isinstance(m, NOT_ELEMENTWISE) and next(m.parameters(), None) is None)
+
+
+@contextmanager
+def cpu_activations(model: torch.nn.Module):
+    """Every activation module of ``model`` on a CPU computed `in_pieces` for the duration of the block: the same
+    bits at every thread count."""
+    patched = [m for m in model.modules() if _elementwise_activation(m) and "forward" not in vars(m)]
+    for m in patched:
+        m.forward = (lambda f: lambda x, *a, **k: in_pieces(lambda t: f(t, *a, **k), x))(m.forward)
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m.forward
+
+
 @contextmanager
 def row_tiles(model: torch.nn.Module, rows: int | None):
-    """Every ``nn.Linear`` of ``model`` computed ``rows`` token rows at a time for the duration of the block (no-op
-    where ``rows`` is None)."""
+    """Every ``nn.Linear`` of ``model`` computed ``rows`` token rows at a time for the duration of the block (where
+    ``rows`` is None, none); on a CPU every activation `in_pieces` (`cpu_activations`)."""
     if rows is None:
-        yield
+        with cpu_activations(model):
+            yield
         return
     patched = [m for m in model.modules() if type(m) is torch.nn.Linear]
     for m in patched:

@@ -33,7 +33,7 @@ from probe.core.template import TemplateSplit
 from probe.core.vocab import build_vocab_table
 from probe.errors import ProbeError
 from probe.models.loading import LoadedModel, load_for_config
-from probe.runs.distributed import Dist, barrier
+from probe.runs.distributed import Dist, gather
 from probe.runs.rundir import RunDir
 from probe.runs.timing import minutes, shard_timing
 
@@ -120,10 +120,11 @@ class VocabSweep:
 
     def score_prompt(self, prompt: Prompt, run: RunDir | None = None, dist: Dist = Dist(),
                      on_shard: Callable[[dict], None] | None = None, position: tuple[int, int] = (1, 1),
-                     tokens_after: int = 0) -> np.ndarray | None:
+                     tokens_after: int = 0, on_check: Callable[[dict], None] | None = None) -> np.ndarray | None:
         """This prompt's scores for every token (None on ranks other than 0 of a multi-process sweep).
         ``on_shard(timing so far)`` is called after each shard is written (the run records its time, so that
-        a killed session's work is still counted). ``position`` (i, n) and ``tokens_after`` (still to score for
+        a killed session's work is still counted); ``on_check(self-check)`` once the self-check has run (the run
+        records it before the sweep, so that an interrupted run keeps it). ``position`` (i, n) and ``tokens_after`` (still to score for
         later prompts) label the progress bar and its estimate for the whole run."""
         t0 = time.perf_counter()
         source = self.row_source(prompt)
@@ -132,6 +133,8 @@ class VocabSweep:
             rng = np.random.default_rng(self.config.seed)
             sample = rng.choice(self.token_ids, size=min(self.config.verify, self.token_ids.size), replace=False)
             self.checks[prompt.key] = self_check(self.loaded, self.head, source, scorer, sample.tolist()).to_json()
+            if on_check:
+                on_check(self.checks[prompt.key])
         batcher = AdaptiveBatcher(self.batch_size, on_change=self._batch_size_changed)
         k = self.config.shard_size
         n_shards = -(-self.token_ids.size // k)
@@ -163,10 +166,11 @@ class VocabSweep:
             if on_shard:
                 on_shard(shard_timing(t0, t1, time.perf_counter(), done_now))
         bar.close()
-        if dist.enabled:  # the other ranks' shards are on disk once everyone reaches the barrier
-            barrier(dist)
+        if dist.enabled:  # the other ranks' shards are on disk once every rank has sent its count
+            counts = gather(dist, n_todo)
             if not dist.main:
                 return None
+            n_todo = sum(counts)  # the tokens every rank scored this session, not rank 0's share
             for s in range(n_shards):
                 ids = self.token_ids[s * k : (s + 1) * k]
                 shard = run.read_shard(prompt.key, s, ids.size)

@@ -7,6 +7,8 @@ their base models' published shapes (probe/models/shapes.py), so it works offlin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from probe.errors import ModelLoadError
@@ -114,8 +116,12 @@ def describe(p: dict) -> str:
     lines = [f"{p['model']}: {p['architecture']} ({p['config_source']}), {p['parameters'] / 1e9:.2f} B parameters, "
              f"{p['weights_gib']:.1f} GiB of weights in {p['dtype']}"
              + (f" (with the reference {p['reference']})" if p.get("reference") else ""),
-             f"  per batch row ({p['prefix_tokens']} prefix + {p['new_tokens_per_row']} new tokens, "
-             f"{p.get('path', 'shared')} path): {p['bytes_per_row'] / 2**20:.2f} MiB",
+             *([f"  per batch row ({r['prefix_tokens']} prefix + {r['new_tokens_per_row']} new tokens, "
+                f"{p.get('path', 'shared')} path; {', '.join(r['prompts'])}): {r['bytes_per_row'] / 2**20:.2f} MiB"
+                for r in p["rows"]] if p.get("rows") else
+               [f"  per batch row ({p['prefix_tokens']} prefix + {p['new_tokens_per_row']} new tokens"
+                + (" (a typical chat prefix: the tokenizer was not read)" if p.get("estimated_lengths") else "")
+                + f", {p.get('path', 'shared')} path): {p['bytes_per_row'] / 2**20:.2f} MiB"]),
              f"  on {on} GiB of {p.get('device_type', 'cuda')} memory: "
              + (f"batch size {p['batch_size']}" if p["fits"] else
                                                          "does NOT fit: use --device-map auto over several GPUs"),
@@ -155,5 +161,57 @@ def plan_for_config(config) -> dict:
     n_devices = 1
     if config.device_map is not None and wants_gpu:
         n_devices = config.devices or (torch.cuda.device_count() if torch.cuda.is_available() else 1)
-    return plan(config.rm, dtype, memory, config.mode, n_prompts=len(grid_for(config)),
-                device_type="cuda" if wants_gpu else "cpu", reference=config.ref, n_devices=n_devices)
+    prompts = grid_for(config)
+    shapes = prompt_shapes(config, prompts)
+    kw = dict(n_prompts=len(prompts), device_type="cuda" if wants_gpu else "cpu", reference=config.ref,
+              n_devices=n_devices)
+    if shapes is None:  # no tokenizer here: a typical chat prefix, said so
+        return plan(config.rm, dtype, memory, config.mode, **kw) | {"estimated_lengths": True}
+    plans = {shape: plan(config.rm, dtype, memory, config.mode, n_prefix=shape[0], n_new=shape[1], **kw)
+             for shape in shapes}
+    out = max(plans.values(), key=lambda q: q["bytes_per_row"])  # the largest row bounds the run's one batch size
+    out = dict(out, batch_size=min(q["batch_size"] for q in plans.values()))
+    out["fits"] = out["batch_size"] > 0
+    if len(plans) > 1:  # prompts (or modes) whose rows differ: a line each
+        out["rows"] = [{"prompts": keys, "prefix_tokens": q["prefix_tokens"], "new_tokens_per_row":
+                        q["new_tokens_per_row"], "bytes_per_row": q["bytes_per_row"]}
+                       for keys, q in ((shapes[sh], q) for sh, q in plans.items())]
+    return out
+
+
+def prompt_shapes(config, prompts) -> dict[tuple[int, int], list[str]] | None:
+    """(prefix tokens, new tokens per row) -> the prompt keys whose rows have that shape, from the tokenizer and
+    the chat template (no weights): the rendered prefix, and one token plus the template's closing ids. None where
+    the tokenizer cannot be read here (a Hub id not in the cache, offline)."""
+    from probe.core.scoring import conversation
+    from probe.core.template import split_template
+    from probe.errors import ProbeError
+    from probe.models.embedded import packaged, packaged_tokenizer_dir
+    from probe.models.loading import load_tokenizer
+    from probe.models.registry import lookup
+
+    try:
+        path = str(packaged_tokenizer_dir(config.rm)) if packaged(config.rm) is not None else config.rm
+        if path is None:
+            path = str(packaged_tokenizer_dir("smollm2"))
+        folder = Path(path).expanduser()
+        if packaged(config.rm) is None and config.rm is not None and not any(
+                (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            return None  # a Hub id (its config is read, or its published shape, never its tokenizer), or no tokenizer
+        from probe.config import model_kind
+        from probe.models.loading import family_template
+
+        spec = lookup(config.rm or "embedded")[0]
+        family, replaces = (family_template(spec, config.input_method) if model_kind(config.mode) == "reward"
+                            else (None, False))
+        tok = load_tokenizer(path, config.revision, config.trust_remote_code, config.chat_template, family,
+                             need_template=False, family_replaces=replaces)
+        opts = config.scoring_options()
+        out: dict[tuple[int, int], list[str]] = {}
+        for p in prompts:
+            split = split_template(tok, conversation(config.mode, p.text, p.system_or(config.system), opts),
+                                   n_verify=0)
+            out.setdefault((len(split.prefix_ids), 1 + len(split.suffix_ids)), []).append(p.key)
+        return out
+    except (ProbeError, OSError, ValueError, AttributeError, ImportError):  # a tokenizer this install cannot read
+        return None

@@ -215,3 +215,26 @@ def test_invariance_batches():
     # a batch halved to 1 or 2 by memory: nothing larger is tried (before: a batch of 3 compared against)
     assert invariance_batches(2, 4096) == [2, 1] and invariance_batches(1, 4096) == [1]
     assert all(invariance_batches(r, 4096)[0] == r == max(invariance_batches(r, 4096)) for r in range(1, 40))
+
+
+@pytest.mark.parametrize("name,mode", [("gemma3-lm", "logprob"), ("llama-lm", "logprob"), ("gemma2-rm", "reward")])
+def test_a_trace_has_the_same_bits_at_every_thread_count(tiny_models, name, mode):
+    """torchrun sets ``OMP_NUM_THREADS=1``: a trace under it must be one process's. ATen splits an activation (GELU's
+    tanh form, SiLU) over threads at element counts that follow the thread count, and rounds the split's scalar
+    tails otherwise than its vector loop; 3 threads split 41 responses of one length (one forward: a CPU runs each
+    length alone) off the vector width."""
+    lm, head, split = _setup(tiny_models, name, mode)
+    rng = random.Random(11)
+    sc = PrefixScorer(lm.model, head, split.prefix_ids)
+    threads = torch.get_num_threads()
+    for length in (19, 20, 21):
+        responses = [[rng.randrange(len(lm.tokenizer)) for _ in range(length)] + list(split.suffix_ids)
+                     for _ in range(41)]
+        try:
+            got = {}
+            for n in (1, 3):
+                torch.set_num_threads(n)
+                got[n] = torch.cat(sc.score_prefixes(responses))
+        finally:
+            torch.set_num_threads(threads)
+        assert got[1].std() > 1e-3 and torch.equal(got[1], got[3]), length

@@ -138,8 +138,12 @@ def test_a_sweep_under_torchrun_with_two_ranks_equals_one_process(wide_rm, tmp_p
     args = ["-m", "probe.exhaustive", "--rm", wide_rm, "--device", "cpu", "--prompt", PROMPT, "--no-progress",
             "--shard-size", "512"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args,
-                    "--output", str(tmp_path / "ranks")], env=env, check=True, capture_output=True, timeout=600)
+    ranks = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                            *args, "--output", str(tmp_path / "ranks")], env=env, check=True, capture_output=True,
+                           text=True, timeout=600)
+    assert ranks.stdout.count("wrote ") == 1  # the results table once, from rank 0
+    timing = json.loads(next((tmp_path / "ranks").rglob("meta.json")).read_text())["timing"]
+    assert [p["tokens_scored"] for p in timing["prompts"].values()] == [3200]  # both ranks' tokens, not rank 0's 1,536
     subprocess.run([sys.executable, *args, "--output", str(tmp_path / "one"), "--batch-size", "85"],
                    env={**env, "OMP_NUM_THREADS": "2"}, check=True, capture_output=True, timeout=600)
     a, b = (pl.read_parquet(next((tmp_path / n).rglob("scores.parquet"))).sort("token_id") for n in ("ranks", "one"))

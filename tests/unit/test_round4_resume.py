@@ -173,7 +173,9 @@ def test_a_social_run_cut_inside_a_data_set_scores_only_the_chunks_it_lacks(tiny
     assert main([*social_args(tiny_dirs, data, tmp_path / "cut"), "--resume"]) == 0
     assert rows == [2 * 3]
     assert pl.read_parquet(cut / "scores.parquet").equals(pl.read_parquet(run / "scores.parquet"))
-    assert json.loads((cut / "meta.json").read_text())["timing"][-1]["rows_scored"] == 2 * 3
+    timing = json.loads((cut / "meta.json").read_text())["timing"]
+    assert timing[-1]["rows_scored"] == 2 * 3
+    assert len(timing) == 2 and timing[0]["wall_s"] > 0  # the interrupted session's time is kept, not only the last
 
 
 # --- probe score (a sweep) -----------------------------------------------------------------------------------------
