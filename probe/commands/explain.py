@@ -162,41 +162,33 @@ def run(cfg: ExplainConfig) -> Path:
         s = meta["settings"]
         check_weights(loaded, [TracedRun("--run", cfg.run, {}, s.get("weights"), None, seed, False, False, None)])
     if cfg.run and meta["experiment"] in SEARCHES:
-        items, base, run_opts = search_items(meta, scores, loaded, cfg.baseline)
-        head_for = lambda k: make_head(loaded, mode, run_opts, response_in_prefix=k)  # noqa: E731
-        check_explainable(loaded, head_for(0))
-        result = explain_items(loaded, head_for, items, base if cfg.patch else None, heads=cfg.heads,
-                               patch_components=cfg.patch, ig_steps=cfg.ig_steps,
-                               ig_baseline_id=ig_baseline_id(loaded.tokenizer, cfg.ig_baseline),
-                               batch=cfg.batch_size, tokenizer=loaded.tokenizer)
-        result["baseline"] = {"response": base.label if base else None, "score": None,
-                              "chosen": "named (--baseline)" if base else
-                              "no patching: name a --baseline response to patch the search's best from"}
-        result["prompt"] = s["prompt"]
-        result["run"] = {"folder": cfg.run, "experiment": meta["experiment"],
-                         "scores": "the search's (result.json's best_score: its own full forward)"}
+        items, base, opts = search_items(meta, scores, loaded, cfg.baseline)
+        said = {"baseline": {"response": base.label if base else None, "score": None,
+                             "chosen": "named (--baseline)" if base else
+                             "no patching: name a --baseline response to patch the search's best from"},
+                "prompt": s["prompt"],
+                "run": {"folder": cfg.run, "experiment": meta["experiment"],
+                        "scores": "the search's (result.json's best_score: its own full forward)"}}
     elif cfg.run:
         items, median, key = sweep_items(meta, scores, cfg.top, cfg.prompt_key, loaded.tokenizer)
         base = median
         if cfg.baseline is not None:
-            from probe.explain.inputs import response_items
-
             ids = loaded.tokenizer.encode(cfg.baseline, add_special_tokens=False)
             if len(ids) != 1:
                 raise ProbeError(f"--baseline {cfg.baseline!r}: {len(ids)} tokens; a sweep's baseline is one token")
             base = replace(median, label=cfg.baseline, continuation=[ids[0], *median.continuation[1:]],
                            engine_score=None, extra={"token_id": ids[0], "role": "baseline"})
+        said = {"baseline": {"response": base.label, "score": base.engine_score,
+                             "chosen": "named (--baseline)" if cfg.baseline else "the run's median token"},
+                "prompt": meta["prompts"].get(key, {}).get("text", key) if meta.get("prompts") else key,
+                "run": {"folder": cfg.run, "prompt_key": key, "top": cfg.top, "scores": "the sweep's (scores.parquet)"}}
+    if cfg.run:
         head_for = lambda k: make_head(loaded, mode, opts, response_in_prefix=k)  # noqa: E731
         check_explainable(loaded, head_for(0))
         result = explain_items(loaded, head_for, items, base if cfg.patch else None, heads=cfg.heads,
                                patch_components=cfg.patch, ig_steps=cfg.ig_steps,
                                ig_baseline_id=ig_baseline_id(loaded.tokenizer, cfg.ig_baseline),
-                               batch=cfg.batch_size, tokenizer=loaded.tokenizer)
-        result["baseline"] = {"response": base.label, "score": base.engine_score,
-                              "chosen": "named (--baseline)" if cfg.baseline else "the run's median token"}
-        result["prompt"] = meta["prompts"].get(key, {}).get("text", key) if meta.get("prompts") else key
-        result["run"] = {"folder": cfg.run, "prompt_key": key, "top": cfg.top,
-                         "scores": "the sweep's (scores.parquet)"}
+                               batch=cfg.batch_size, tokenizer=loaded.tokenizer) | said
     else:
         from probe.config import PAPER_PROMPTS
 
