@@ -30,11 +30,15 @@ class ReportConfig:
     dictionary: str | None = field(default=None, metadata={
         "help": "response runs: a value dictionary (Big Two nouns CSV or MFD 2.0 .dicx) whose categories' median "
                 "ranks the page shows", "metavar": "FILE"})
+    explain: str | None = field(default=None, metadata={
+        "help": "one sweep: a probe explain folder of this run (probe explain --run RUN --out DIR) whose why "
+                "section (parts by layer, top heads, prompt words, agreement with patching) the page adds",
+        "metavar": "DIR"})
 
     def __post_init__(self) -> None:
         if self.rows < 1:
             raise ValueError("--rows must be >= 1")
-        check_not_blank(self, "out", "dictionary")
+        check_not_blank(self, "out", "dictionary", "explain")
 
 
 def main_from_args(ns: argparse.Namespace) -> int:
@@ -60,9 +64,11 @@ def main_from_args(ns: argparse.Namespace) -> int:
             raise other_run(run.path, meta.get("experiment", "other"), "probe report shows sweeps and response runs")
         if meta.get("status") != "complete":
             raise ProbeError(f"{run.path}: the run is not complete; finish it with --resume first")
+    if cfg.explain and len(runs) != 1:
+        raise ProbeError("--explain: one sweep's page only (the explanation is of one run)")
     if len(runs) == 1:
         out = Path(cfg.out) if cfg.out else runs[0].path / "report.html"
-        page = single.build(runs[0].path, cfg.rows)
+        page = single.build(runs[0].path, cfg.rows, why=_why(cfg.explain, runs[0].path) if cfg.explain else "")
     else:
         from probe.report import multi as report_multi
 
@@ -71,6 +77,24 @@ def main_from_args(ns: argparse.Namespace) -> int:
     atomic_write_bytes(out, page.encode("utf-8"))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
+
+
+def _why(folder: str, run: Path) -> str:
+    """The why section of ``folder``'s explain.json, refused in one line where it explains another run."""
+    import json
+
+    from probe.errors import ProbeError
+    from probe.report.why import why_section
+
+    path = Path(folder) / "explain.json"
+    if not path.is_file():
+        raise ProbeError(f"--explain {folder}: no explain.json (write one with probe explain --run RUN --out DIR)")
+    result = json.loads(path.read_text())
+    of = (result.get("run") or {}).get("folder")
+    if of is None or Path(of).resolve() != Path(run).resolve():
+        raise ProbeError(f"--explain {folder}: it explains {of or 'responses, not a run'}, not {run}: run probe "
+                         f"explain --run {run}")
+    return why_section(result)
 
 
 def _responses_report(cfg: ReportConfig, runs: list[RunDir], ns: argparse.Namespace) -> int:

@@ -67,12 +67,13 @@ def findings_html(run: RunDir, data: dict) -> str:
 PAGE = page_template("single.html")
 
 
-def build(run_dir: str | Path, rows: int = 50) -> str:
+def build(run_dir: str | Path, rows: int = 50, why: str = "") -> str:
+    """The page; ``why``: an HTML section to add after the findings (probe/report/why.py, `probe report --explain`)."""
     run = RunDir(run_dir)
     meta = run.read_meta()
     data = report_data(run)
     payload = json.dumps(data, ensure_ascii=True, separators=(",", ":")).replace("</", "<\\/")
     title = html.escape(str(meta["model"]["id"]))
     return (PAGE.replace("__TITLE__", title).replace("__ROWS__", str(int(rows)))
-            .replace("__MEASURED__", measured_box(meta)).replace("__FINDINGS__", findings_html(run, data))
+            .replace("__MEASURED__", measured_box(meta)).replace("__FINDINGS__", findings_html(run, data) + why)
             .replace("__PROVENANCE__", provenance_table(meta)).replace("__DATA__", payload))

@@ -219,6 +219,18 @@ def test_a_sweeps_best_and_worst_tokens_are_explained_with_the_sweeps_scores(tin
         assert abs(want - total) <= 1e-3 * (1 + abs(want))
         assert r["patching"]["spearman"] is not None
     assert got["baseline"]["chosen"] == "the run's median token"
+    # the auditors' page of the run gains the why section; an explanation of another run is refused in one line
+    from probe.commands.report import main as report_main
+
+    assert report_main([str(run), "--explain", str(out), "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "<section class='why'>" in page and page.count("<section class='why'>") == 1
+    assert report_main([str(run), "--explain", str(tmp_path), "--out", str(tmp_path / "r2.html")]) == 2
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "explain.json").write_text(json.dumps({**got, "run": {"folder": str(tmp_path)}}))
+    assert report_main([str(run), "--explain", str(other), "--out", str(tmp_path / "r3.html")]) == 2
+    assert "not " + str(run) in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("search", [["--length", "2", "--steps", "2", "--search-width", "8", "--topk", "4"],
