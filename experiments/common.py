@@ -157,6 +157,20 @@ def script_config(config_cls, doc: str | None, script: str):
     return config_from_args(config_cls, parser.parse_args())
 
 
+def run_script(config_cls, doc: str | None, script: str, body) -> int:
+    """``python -m experiments.<name>``: its config from the command line, then ``body(config)``; a missing or
+    malformed input (the paper's data release, a run) is one line and exit 2, as in the commands."""
+    from probe.errors import ProbeError
+
+    cfg = script_config(config_cls, doc, script)
+    try:
+        body(cfg)
+    except ProbeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def write_results(stem: str, title: str, intro: str, columns, rows: list[dict]) -> str:
     """``experiments/results/<stem>.json`` (the rows) and ``.md`` (the title, a line saying how it was made, and a
     table whose ``columns`` are (header, row -> cell text)); returns the markdown, which the caller prints."""

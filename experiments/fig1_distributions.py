@@ -6,6 +6,7 @@ of the paper's Table 3 (mean, variance, skewness) in a CSV beside it.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from scipy import stats as sps
 
 
 from experiments.common import SweepFigureConfig, colors, named_runs, load_runs, plt, save, save_csv
-from experiments.common import script_config, sweep_label
+from experiments.common import run_script, sweep_label
 
 
 @dataclass(frozen=True)
@@ -56,4 +57,4 @@ def main(cfg: Fig1Config) -> Path:
 
 
 if __name__ == "__main__":
-    print(main(script_config(Fig1Config, __doc__, __file__)))
+    sys.exit(run_script(Fig1Config, __doc__, __file__, lambda cfg: print(main(cfg))))

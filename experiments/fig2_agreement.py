@@ -11,6 +11,7 @@ e.g. an EloEverything CSV of the paper's release: one score column per model).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from experiments.common import (
     place_labels,
     plt,
     save,
-    script_config,
+    run_script,
     sweep_label,
 )
 from probe.analysis import stats
@@ -117,4 +118,4 @@ def main(cfg: Fig2Config) -> dict:
 
 
 if __name__ == "__main__":
-    print(main(script_config(Fig2Config, __doc__, __file__))["rsa"])
+    sys.exit(run_script(Fig2Config, __doc__, __file__, lambda cfg: print(main(cfg)["rsa"])))

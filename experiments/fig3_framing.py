@@ -7,6 +7,7 @@ prompt x affect; (d) the slope of score on log word frequency (controlling for v
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from dataclasses import dataclass, field
 
@@ -15,7 +16,7 @@ import polars as pl
 
 
 from experiments.common import SweepFigureConfig, colors, named_runs, load_runs, plt, save, save_csv
-from experiments.common import script_config, sweep_label
+from experiments.common import run_script, sweep_label
 from probe.analysis.lexicons import valence
 from probe.analysis.regressions import exposure_slopes, framing_slopes, lexicon_matches
 
@@ -103,4 +104,4 @@ def main(cfg: Fig3Config) -> dict:
 
 
 if __name__ == "__main__":
-    main(script_config(Fig3Config, __doc__, __file__))
+    sys.exit(run_script(Fig3Config, __doc__, __file__, lambda cfg: main(cfg)))

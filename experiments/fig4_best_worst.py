@@ -6,13 +6,14 @@ Tokens above the diagonal score higher when asked for the worst thing.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
 
 
 from experiments.common import SweepFigureConfig, colors, named_runs, load_runs, plt, save
-from experiments.common import script_config, sweep_label
+from experiments.common import run_script, sweep_label
 from probe.analysis import stats
 
 
@@ -52,4 +53,4 @@ def main(cfg: Fig4Config) -> list[dict]:
 
 
 if __name__ == "__main__":
-    print(main(script_config(Fig4Config, __doc__, __file__)))
+    sys.exit(run_script(Fig4Config, __doc__, __file__, lambda cfg: print(main(cfg))))

@@ -16,6 +16,7 @@ figures for the user's own models. Each table is paired with the runs that score
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import numpy as np
 import polars as pl
 
 
-from experiments.common import PAPER_RELEASE, nickname, plt, save, script_config
+from experiments.common import PAPER_RELEASE, nickname, plt, run_script, save
 from probe.analysis import stats
 from probe.analysis.misalignment import ELO_TABLE_PROMPTS, Misalignment, identity_ranks, identity_terms, misalignment
 from probe.errors import DataFormatError
@@ -243,11 +244,14 @@ def main(cfg: EloConfig) -> dict:
     return summary
 
 
-if __name__ == "__main__":
-    cfg = script_config(EloConfig, __doc__, __file__)
+def _said(cfg: EloConfig) -> None:
     summary = main(cfg)
     for stem, s in summary.items():
         taus = s["kendall_tau_human"].values()
         print(f"{stem}: tau(human, model) {min(taus):.3f}..{max(taus):.3f}; most undervalued: "
               f"{', '.join(s['most_undervalued'][:3])}")
     print(f"wrote {cfg.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(EloConfig, __doc__, __file__, _said))

@@ -148,3 +148,20 @@ def test_make_figures_is_one_consistent_set(tmp_path, paper_release):
     assert (out / "fig1_distributions_greatest.png").exists()  # its runs are gone: the group is kept as it was
     assert json.loads((out / "MANIFEST.json").read_text())["groups"]["sweeps"] == manifest["groups"]["sweeps"]
     assert runs  # the four runs were really made
+
+
+@pytest.mark.parametrize("script", ["fig1_distributions", "fig5_elo"])
+def test_a_figure_script_without_its_inputs_says_so_in_one_line(tmp_path, script):
+    """Run as `python -m experiments.<name>` on a checkout without the paper's data release beside it (or without
+    --runs): one line and exit 2, not a traceback."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "RM_PROBE_PAPER_RELEASE": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", f"experiments.{script}", "--out", str(tmp_path / "figs")], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
