@@ -44,8 +44,8 @@ def main(argv=None) -> None:
     from experiments.common import write_results
     from probe.config import ScoringOptions
     from probe.core.scoring import make_head
-    from probe.explain.explain import explain_items
-    from probe.explain.inputs import explain_responses, read_sweep, sweep_items
+    from probe.attribution.explain import explain_items
+    from probe.attribution.inputs import explain_responses, read_sweep, sweep_items
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", required=True)

@@ -269,7 +269,7 @@ def explain(model, tokenizer, prompt: str, responses: str | Sequence[str], *, sc
             baseline: str | None = None, heads: bool = False, patch: bool = True, ig_steps: int = 32,
             ig_baseline: str = "zero", system: str | None = None, date: str = DEFAULT_DATE,
             logprob_reduce: str = "sum", judge_question: str = JUDGE_QUESTION, batch_size: int = 16) -> dict:
-    """Why a response scores what it does (probe/explain/): for each response, ``score`` (what `score_responses`
+    """Why a response scores what it does (probe/attribution/): for each response, ``score`` (what `score_responses`
     gives it), ``components`` (the embedding and each layer's attention and MLP part, through the final norm frozen
     at its real scale; ``heads=True``: each attention head too) and ``rest`` (head bias, minus the log-sum-exp of a
     log-probability, a soft-cap's bend), ``score = sum(components) + rest`` to the dtype's rounding; ``patching``
@@ -279,7 +279,7 @@ def explain(model, tokenizer, prompt: str, responses: str | Sequence[str], *, sc
 
     >>> probe.explain(lm, None, "What is the greatest thing ever?", ["Love", "freedom", "The Beatles"])  # doctest: +SKIP
     """
-    from probe.explain.inputs import explain_responses
+    from probe.attribution.inputs import explain_responses
 
     loaded, mode = _loaded(model, tokenizer, score)
     if mode not in ("reward", "logprob", "judge"):

@@ -109,7 +109,7 @@ def _sweep_model(cfg: ExplainConfig, meta: dict) -> tuple[ExplainConfig, str]:
     """The sweep's model and score mode (its model record, spec and output column, dtype)."""
     from probe.commands.trace import _model_ref
 
-    from probe.explain.inputs import SEARCHES, search_config
+    from probe.attribution.inputs import SEARCHES, search_config
 
     s, model = meta.get("settings") or {}, meta.get("model") or {}
     mode = search_config(meta).mode if meta.get("experiment") in SEARCHES else s.get("mode")
@@ -130,8 +130,8 @@ def run(cfg: ExplainConfig) -> Path:
     """Reads and checks every input, loads the model, explains, writes ``--out`` whole."""
     from probe.config import ScoringOptions, model_kind, resolve_score_mode
     from probe.core.scoring import make_head
-    from probe.explain.explain import check_explainable, explain_items, summary_markdown
-    from probe.explain.inputs import (SEARCHES, explain_responses, ig_baseline_id, read_sweep, search_items,
+    from probe.attribution.explain import check_explainable, explain_items, summary_markdown
+    from probe.attribution.inputs import (SEARCHES, explain_responses, ig_baseline_id, read_sweep, search_items,
                                       sweep_items)
     from probe.models.loading import load_for_config
     from probe.runs.rundir import utc_stamp

@@ -1,4 +1,4 @@
-"""probe explain (probe/explain/): the parts sum to the score and the score is the engine's; heads sum to their
+"""probe explain (probe/attribution/): the parts sum to the score and the score is the engine's; heads sum to their
 layer's attention part; patching is a forward with the component replaced; integrated gradients are complete."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import probe
 from probe.config import ScoringOptions
 from probe.core.scoring import make_head
 from probe.errors import ProbeError
-from probe.explain.direct import explain_ids, forward
-from probe.explain.inputs import response_items
-from probe.explain.model import stack_of
-from probe.explain.patching import patch_effects
-from probe.explain.readers import reader
+from probe.attribution.direct import explain_ids, forward
+from probe.attribution.inputs import response_items
+from probe.attribution.model import stack_of
+from probe.attribution.patching import patch_effects
+from probe.attribution.readers import reader
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 RESPONSES = ["Love and peace", "the", "freedom"]
@@ -136,7 +136,7 @@ def test_integrated_gradients_are_complete_to_the_rules_order(tiny_models):
     """The rule: the midpoint rule's error shrinks as 1/steps^2 on a smooth path, so doubling the steps must cut the
     completeness residual at least by 4 / 1.5 (a margin of 1.5 over the asymptotic 4), and at 32 steps it is under
     1% of the score's distance from the baseline's."""
-    from probe.explain.ig import integrated_gradients
+    from probe.attribution.ig import integrated_gradients
 
     lm = tiny_models["llama-rm"]
     (it, rd, _), = _explained(lm, "reward", ["Love and peace"], heads=False)

@@ -208,14 +208,19 @@ def test_judge_and_logprob_responses_equal_the_models_own_forward(tiny_dirs):
 def test_elo_figures_from_response_runs(tiny_dirs, tmp_path, paper_release):
     from experiments import fig5_elo
 
-    names = pl.read_csv(paper_release / "elo_greatest_ever.csv")["name"].head(60).to_list() + ["Black people"]
+    table = pl.read_csv(paper_release / "elo_greatest_ever.csv")
+    names = table["name"].head(60).to_list() + ["Black people"]
     (tmp_path / "names.txt").write_text("\n".join(dict.fromkeys(names)) + "\n", encoding="utf-8")
+    # the table cut to the items scored: a figure ranks every item of its table (a run of part of it is refused)
+    release = tmp_path / "release"
+    release.mkdir()
+    table.filter(pl.col("name").is_in(names)).write_csv(release / "elo_greatest_ever.csv")
     text = fig5_elo.PROMPT_TEXT["elo_greatest_ever"]
     for rm, score in (("rm", "reward"), ("lm", "logprob")):
         assert main(["--rm", tiny_dirs[rm], "--score", score, "--device", "cpu", "--responses", str(tmp_path / "names.txt"),
                      "--prompt", text, "--output", str(tmp_path / "runs"), "--no-progress", "--verify", "2"]) == 0
     runs = tuple(str(p) for p in sorted((tmp_path / "runs").glob("*/responses_*")))
-    summary = fig5_elo.main(fig5_elo.EloConfig(data=str(paper_release), out=str(tmp_path / "fig"), runs=runs))
+    summary = fig5_elo.main(fig5_elo.EloConfig(data=str(release), out=str(tmp_path / "fig"), runs=runs))
     assert list(summary) == ["elo_greatest_ever"]  # the one table whose prompt the runs scored
     s = summary["elo_greatest_ever"]
     assert s["n_items"] == len(set(names)) and len(s["kendall_tau_human"]) == 2

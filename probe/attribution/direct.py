@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from probe.explain.model import Captured, Stack, capture, freeze
-from probe.explain.readers import Reader
+from probe.attribution.model import Captured, Stack, capture, freeze
+from probe.attribution.readers import Reader
 
 
 @dataclass

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from probe.explain.model import Captured, Stack, freeze, patching
-from probe.explain.readers import Reader
+from probe.attribution.model import Captured, Stack, freeze, patching
+from probe.attribution.readers import Reader
 
 
 @dataclass

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from probe.explain.direct import decompose, forward
-from probe.explain.model import stack_of
-from probe.explain.patching import patch, spearman
-from probe.explain.readers import reader, refusal
+from probe.attribution.direct import decompose, forward
+from probe.attribution.model import stack_of
+from probe.attribution.patching import patch, spearman
+from probe.attribution.readers import reader, refusal
 
 
 @dataclass
@@ -52,7 +52,7 @@ def explain_items(loaded, head_for, items: Sequence[Item], baseline: Item | None
                   batch: int = 16, tokenizer=None) -> dict:
     """Every item explained; ``head_for(k_fixed)`` gives the score head (make_head). Returns
     ``{"responses": [...], "agreement": {...}, "timing": {...}, "reader": note}``."""
-    from probe.explain.ig import integrated_gradients
+    from probe.attribution.ig import integrated_gradients
 
     stack = stack_of(loaded.model)
     t0 = time.perf_counter()
@@ -136,7 +136,7 @@ def difference(records: list[dict]) -> dict | None:
 
 def _row(cap, r: int):
     """Row ``r`` of a captured batch as a one-row capture."""
-    from probe.explain.model import Captured
+    from probe.attribution.model import Captured
 
     one = lambda t: None if t is None else t[r:r + 1]  # noqa: E731
     return Captured(one(cap.embed), [one(t) for t in cap.attn], [one(t) for t in cap.mlp],

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from probe.errors import ProbeError
-from probe.explain.explain import Item, check_explainable, explain_items
+from probe.attribution.explain import Item, check_explainable, explain_items
 
 
 def response_items(loaded, mode, prompt: str, responses: Sequence[str], opts, system: str | None = None,

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from probe.explain.model import Stack
-from probe.explain.readers import Reader
+from probe.attribution.model import Stack
+from probe.attribution.readers import Reader
 
 
 @dataclass
