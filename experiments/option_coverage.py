@@ -50,12 +50,14 @@ FAMILY_FIELDS = {
 
 def config_classes():
     from probe.commands.analyze import AnalysisConfig
+    from probe.commands.explain import ExplainConfig
     from probe.commands.report import ReportConfig
     from probe.commands.trace import TraceConfig
     from probe.config import GCGConfig, ScoreVocabConfig, SocialConfig
 
     return {"probe score": ScoreVocabConfig, "probe gcg": GCGConfig, "probe social": SocialConfig,
-            "probe analyze": AnalysisConfig, "probe report": ReportConfig, "probe trace": TraceConfig}
+            "probe analyze": AnalysisConfig, "probe report": ReportConfig, "probe trace": TraceConfig,
+            "probe explain": ExplainConfig}
 
 
 def test_functions() -> list[tuple[str, str]]:

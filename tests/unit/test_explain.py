@@ -255,3 +255,33 @@ def test_a_gcg_or_beam_result_is_explained_with_its_own_score(tiny_dirs, tmp_pat
     assert abs(r["check"]["decomposed_forward_score"] - r["score"]) <= 1e-5 * (1 + abs(r["score"]))
     assert got["baseline"]["response"] == "the" and r["patching"]["effects"]
     assert got["run"]["scores"].startswith("the search's")
+
+
+@pytest.mark.slow
+def test_a_sweeps_second_prompt_and_a_token_baseline_for_integrated_gradients(tiny_dirs, tmp_path):
+    """`--prompt-key` picks which of a sweep's prompts is explained (its own prefix, its own scores); `--ig-baseline`
+    a one-token text puts that token's embedding at every prompt position as the path's start (and a text of two
+    tokens is refused in one line)."""
+    import polars as pl
+
+    from probe.commands.explain import main as explain_main
+    from probe.commands.score import main as score_main
+
+    assert score_main(["--rm", tiny_dirs["lm"], "--score", "logprob", "--prompt", PROMPT, "--prompt",
+                       "What is the worst thing?", "--limit", "12", "--device", "cpu", "--output",
+                       str(tmp_path / "runs")]) == 0
+    run = next((tmp_path / "runs").rglob("scores.parquet")).parent
+    keys = json.loads((run / "meta.json").read_text())["prompts"]
+    second = [k for k, v in keys.items() if v["text"] == "What is the worst thing?"][0]
+    out = tmp_path / "ex"
+    assert explain_main(["--run", str(run), "--top", "1", "--prompt-key", second, "--ig-steps", "4",
+                         "--ig-baseline", " the", "--no-patch", "--out", str(out)]) == 0
+    got = json.loads((out / "explain.json").read_text())
+    assert got["prompt"] == "What is the worst thing?" and got["run"]["prompt_key"] == second
+    sweep = pl.read_parquet(run / "scores.parquet").filter(pl.col("prompt_key") == second)
+    for r in got["responses"]:
+        assert r["score"] == float(sweep.filter(pl.col("token_id") == r["token_id"])["score"][0])
+        ig = r["integrated_gradients"]
+        assert ig["baseline"].startswith("id ") and ig["steps"] == 4
+    assert explain_main(["--run", str(run), "--top", "1", "--ig-baseline", "the worst", "--out",
+                         str(tmp_path / "ex2")]) == 2
