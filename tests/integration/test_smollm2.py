@@ -115,7 +115,10 @@ def test_cli_kill_and_resume_is_identical(tmp_path):
     assert meta["timing"]["prompts"]["greatest"]["tokens_scored_now"] == 1536 - 256 * n_before
     a = pl.read_parquet(ref_dir / "scores.parquet")
     b = pl.read_parquet(run_dir / "scores.parquet")
-    assert a.equals(b)
+    # which columns differ, and where, if any (seen once on a loaded 2-core machine, not reproduced alone)
+    differ = {c: int((a[c] != b[c]).sum()) for c in a.columns if not a[c].equals(b[c])}
+    by_id = a.sort("token_id")["score"] - b.sort("token_id")["score"]
+    assert a.equals(b), (differ, float(by_id.abs().max()), int((by_id != 0).sum()))
 
 
 def test_response_run_on_smollm2_equals_its_own_forward(smol, tmp_path):
