@@ -54,19 +54,10 @@ def _working(x: Tensor) -> Tensor:
 
 def shared_prefix_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, scaling=None,
                             dropout: float = 0.0, softcap=None, sliding_window=None, rm_shared_prefix=None, **kwargs):
-    """query [B, H, n, d]; key/value [B, KVH, n, d] of the new tokens only. Returns ([B, n, H, d], None).
-
-    Where the device has fixed product shapes (probe/core/invariance.py: a GPU), the rows are taken a fixed number
-    at a time (the last group zero-padded), so that every product below has one shape whatever the batch."""
-    from probe.core.invariance import in_tiles, tile_rows
-
-    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return _attend(module, q, k, v, scaling, softcap, sliding_window, rm_shared_prefix)
-
-    rows = tile_rows(query.device)
-    if rows is None:
-        return attend(query, key, value), None
-    return in_tiles(attend, max(1, rows // query.shape[2]), query, key, value), None  # ~`rows` token rows a group
+    """query [B, H, n, d]; key/value [B, KVH, n, d] of the new tokens only. Returns ([B, n, H, d], None). The
+    scoring forwards call it through packed tiles (kernels/packed_attention.py), a fixed number of rows a call;
+    called directly (GCG's gradient, one row) it takes the batch as it comes."""
+    return _attend(module, query, key, value, scaling, softcap, sliding_window, rm_shared_prefix), None
 
 
 def _attend(module, query: Tensor, key: Tensor, value: Tensor, scaling, softcap, sliding_window,

@@ -12,7 +12,6 @@ by length. Tests compare the two; every sweep re-checks a sample with it before 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -21,7 +20,8 @@ from torch import Tensor
 
 from probe.core.cache import check_replicable, replicate
 from probe.core.heads import ScoreHead
-from probe.core.invariance import attention_tiles, buckets, check_cpu, cpu_activations, row_tiles, tile_rows
+from probe.core.invariance import (bucket_length, buckets, check_device, cpu_activations, fixed_groups, group_rows,
+                                   rows_per_forward, tile_rows)
 from probe.models.attention import require_trained_attention
 
 
@@ -52,20 +52,6 @@ def fit(cont: Tensor, width: int) -> Tensor:
     return torch.cat([cont, cont[:, -1:].expand(-1, width - m)], 1)
 
 
-def by_bucket(cont: Tensor, lengths: Tensor, fn) -> list[tuple[Tensor, Any]]:
-    """``fn(rows, lengths)`` on each length bucket of the rows (probe/core/invariance.py: a row is padded to a
-    length set by itself alone, never to the longest row beside it), as (row indices, result) pairs."""
-    groups = buckets(lengths.tolist(), cont.device)
-    if len(groups) == 1:
-        (width, _), = groups.items()
-        return [(torch.arange(cont.shape[0], device=cont.device), fn(fit(cont, width), lengths))]
-    out = []
-    for width, idx in groups.items():
-        sel = torch.tensor(idx, device=cont.device)
-        out.append((sel, fn(fit(cont[sel], width), lengths[sel])))
-    return out
-
-
 def _on(hidden: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
     """``tensors`` on the device of the final hidden states: the last layers' device when ``--device-map`` spread
     the model over several GPUs (the backbone's outputs stay where its last layer ran), where the heads read."""
@@ -88,22 +74,38 @@ def cache_keyword(module: torch.nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
+def _assemble(parts: list[tuple[list[int], Tensor]], n: int) -> Tensor:
+    """Per-group results (row indices, scores) as one tensor in row order, on the first group's device."""
+    if not parts:
+        return torch.empty(0, dtype=torch.float32)
+    dev = parts[0][1].device
+    out = torch.empty(n, dtype=torch.float32, device=dev)
+    for rows, part in parts:
+        out[torch.tensor(rows, device=dev)] = part.to(dev)
+    return out
+
+
 class PrefixScorer:
-    """Scores continuations of one prefix: ``score([[t, *suffix], ...]) -> scores``."""
+    """Scores continuations of one prefix: ``score([[t, *suffix], ...]) -> scores``.
+
+    Every forward, attention call and head call has a shape set by the row alone (probe/core/invariance.py): on the
+    shared-prefix attention's families rows are packed into tiles of ``TILE_ROWS`` tokens (kernels/packed_attention.py),
+    elsewhere a fixed number of rows of one length go through each forward. The scores are then the same bits at
+    every batch size, order and split of the rows."""
 
     def __init__(self, model: torch.nn.Module, head: ScoreHead, prefix_ids: Sequence[int], use_cache: bool = True,
                  shared_attention: bool = True):
-        """``shared_attention`` (default): read the prefix K/V once per batch (kernels/prefix_attention.py) instead
-        of a per-row view of the cache, for the families that kernel supports (measured 1.49x on the CPU sweep,
-        experiments/results/bench_sweep.md); other families, and ``False``, take the plain cache path."""
+        """``shared_attention`` (default): read the prefix K/V once per attention call (kernels/prefix_attention.py)
+        with the rows packed into full tiles, for the families that kernel supports (measured 1.49x on the CPU
+        sweep, experiments/results/bench_sweep.md); other families, and ``False``, take the plain cache path."""
         if not prefix_ids:
             raise ValueError("empty prefix")
         require_trained_attention(model)
         self.model, self.head, self.use_cache = model, head, use_cache
-        self.tiles = tile_rows(input_device(model))  # fixed product shapes on a GPU (probe/core/invariance.py)
-        check_cpu(input_device(model))
         self.backbone = backbone_of(model)
         self.device = input_device(model)
+        self.tiles = tile_rows(self.device)  # token rows per forward (probe/core/invariance.py)
+        self.row_check = check_device(model, self.device)
         self.prefix = torch.tensor(list(prefix_ids), device=self.device)[None]
         with torch.no_grad(), cpu_activations(model):  # not inference_mode: GCG back-propagates through this cache
             out = self.backbone(input_ids=self.prefix, use_cache=True)
@@ -117,6 +119,9 @@ class PrefixScorer:
 
             if supported(model):
                 self.shared = SharedPrefix.from_cache(self.cache, self.n_prefix)
+        self.packed = self.shared is not None and self.tiles is not None
+        self.layout = "packed" if self.packed else "rows"
+        self.fill = TileFill()
 
     @property
     def n_prefix(self) -> int:
@@ -125,18 +130,18 @@ class PrefixScorer:
     def hidden(
         self, input_ids: Int[Tensor, "b n"] | None = None, inputs_embeds: Float[Tensor, "b n d"] | None = None
     ) -> Float[Tensor, "b n d"]:
-        """Final hidden states of the new tokens (ids or embeddings) on top of the shared prefix."""
+        """Final hidden states of the new tokens (ids or embeddings) on top of the shared prefix, the rows as given
+        (the scoring methods give a fixed number of rows of one length; GCG's gradient one row)."""
         x = input_ids if input_ids is not None else inputs_embeds
         b, n = x.shape[0], x.shape[1]
         if n == 0:
             return self.prefix_hidden.new_zeros(b, 0, self.prefix_hidden.shape[-1])
         if self.shared is not None and self.use_cache:
             return self._hidden_shared(input_ids, inputs_embeds, b, n)
-        with attention_tiles(self.backbone, self.tiles if input_ids is not None else None):  # not GCG's gradient
-            if not self.use_cache:
-                return self._hidden_uncached(input_ids, inputs_embeds)
-            out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=True,
-                                **{cache_keyword(self.backbone): replicate(self.cache, b)})
+        if not self.use_cache:
+            return self._hidden_uncached(input_ids, inputs_embeds)
+        out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=True,
+                            **{cache_keyword(self.backbone): replicate(self.cache, b)})
         return out.last_hidden_state
 
     def _hidden_shared(self, input_ids, inputs_embeds, b: int, n: int):
@@ -158,52 +163,113 @@ class PrefixScorer:
             out = self.backbone(inputs_embeds=torch.cat([emb, inputs_embeds.to(emb.dtype)], 1), use_cache=False)
         return out.last_hidden_state[:, self.n_prefix :]
 
+    def _packed(self, cont: Tensor, n_in: list[int]):
+        """The rows' first ``n_in[i]`` ids through packed tiles (kernels/packed_attention.py). Returns ``hidden_of
+        (rows, width)``: their final hidden states as [len(rows), width, d] (past a row's own tokens, its last)."""
+        from probe.kernels.packed_attention import plan, using_packed
+
+        size = self.tiles
+        order = sorted((i for i, n in enumerate(n_in) if n > 0), key=lambda i: (-n_in[i], i))
+        tiles: list[list] = []  # [used, length, [(row, start), ...]]
+        for i in order:  # first fit, longest first: where a row goes changes no bit of it, only how full tiles are
+            n = n_in[i]
+            if n > size:  # longer than a tile: a tile of its own, its length set by the row alone
+                tiles.append([n, bucket_length(n, self.device), [(i, 0)]])
+                continue
+            for t in tiles:
+                if t[1] == size and t[0] + n <= size:
+                    t[2].append((i, t[0]))
+                    t[0] += n
+                    break
+            else:
+                tiles.append([n, size, [(i, 0)]])
+        start = [0] * len(n_in)
+        outs, offset = [], 0
+        for used, length, members in tiles:
+            row_of, col_of = [members[0][0]] * length, [0] * length
+            for i, s in members:
+                row_of[s : s + n_in[i]] = [i] * n_in[i]
+                col_of[s : s + n_in[i]] = range(n_in[i])
+                start[i] = offset + s
+            rows_t = torch.tensor(row_of, device=cont.device)
+            cols_t = torch.tensor(col_of, device=cont.device)
+            ids = cont[rows_t, cols_t][None]
+            pos = (cols_t + self.n_prefix)[None].to(self.device)
+            pack = plan(self.shared, [(s, n_in[i]) for i, s in members], length, self.device)
+            with using_packed(self.backbone):
+                out = self.backbone(input_ids=ids.to(self.device), position_ids=pos, use_cache=False, rm_pack=pack)
+            outs.append(out.last_hidden_state[0])
+            offset += length
+            self.fill.add(used, length)
+        flat = torch.cat(outs) if outs else None
+
+        def hidden_of(rows: list[int], width: int) -> Tensor:
+            if width == 0 or flat is None:
+                return self.prefix_hidden.new_zeros(len(rows), width, self.prefix_hidden.shape[-1])
+            index = [[start[i] + min(j, max(n_in[i], 1) - 1) for j in range(width)] for i in rows]
+            return flat[torch.tensor(index, device=flat.device)]
+
+        return hidden_of
+
+    def _in_groups(self, cont: Tensor, lengths: Tensor, fn) -> list[tuple[list[int], Any]]:
+        """``fn(hidden, rows, lengths)`` on fixed groups of rows of one length bucket, as (row indices, results)."""
+        n_drop = int(self.head.drops_last_input)
+        sizes = lengths.tolist()
+        hidden_of = self._packed(cont, [max(0, n - n_drop) for n in sizes]) if self.packed else None
+        out = []
+        for width, idx in buckets(sizes, self.device).items():
+            n_in = width - n_drop
+            if self.packed:
+                per = max(1, group_rows(self.device) // max(1, width))
+            else:
+                per = rows_per_forward(n_in + (0 if self.use_cache else self.n_prefix), self.device)
+                if per is not None:
+                    self.fill.add(len(idx) * width, -(-len(idx) // per) * per * width)
+            for group, real in fixed_groups(idx, per):
+                sel = torch.tensor(group, device=cont.device)
+                rows, n = fit(cont[sel], width), lengths[sel]
+                hidden = hidden_of(group, n_in) if hidden_of else self.hidden(input_ids=rows[:, :n_in])
+                out.append((group[:real], fn(hidden, rows, n)[:real]))
+        return out
+
     def score(
         self, cont: Int[Tensor, "b m"] | Sequence[Sequence[int]], lengths: Int[Tensor, " b"] | None = None
     ) -> Float[Tensor, " b"]:
         """One float32 score per row; rows are right-padded continuations with true ``lengths``."""
         cont, lengths = _as_batch(cont, lengths, self.device)
-        with torch.inference_mode(), row_tiles(self.model, self.tiles):
-            parts = by_bucket(cont, lengths, self._score_rows)
-            if len(parts) == 1:
-                return parts[0][1]
-            out = parts[0][1].new_empty(cont.shape[0])
-            for sel, part in parts:
-                out[sel.to(out.device)] = part
-            return out
-
-    def _score_rows(self, cont: Tensor, lengths: Tensor) -> Tensor:
-        n_in = cont.shape[1] - int(self.head.drops_last_input)
-        hidden = self.hidden(input_ids=cont[:, :n_in])
-        return self.head.score(hidden, *_on(hidden, cont, lengths)).float()
+        with torch.inference_mode(), cpu_activations(self.model):
+            parts = self._in_groups(cont, lengths, lambda h, c, n: self.head.score(h, *_on(h, c, n)).float())
+        return _assemble(parts, cont.shape[0])
 
     def score_prefixes(self, responses: Sequence[Sequence[int]], chunk: int = 256) -> list[Float[Tensor, " m"]]:
-        """For each response, the score of every prefix ``ids[:k]`` (k = 1..m) as the continuation, from one
-        batched forward over the responses (right-padded): in a causal model the hidden state at position k is
-        that of ``prefix + ids[:k]`` alone, so the head reads each prefix's score there (a reward head at its k-th
-        token, the log-probability summed over the first k). The head runs on ``chunk`` prefixes at a time."""
+        """For each response, the score of every prefix ``ids[:k]`` (k = 1..m) as the continuation, from its forward
+        (in a causal model the hidden state at position k is that of ``prefix + ids[:k]`` alone, so the head reads
+        each prefix's score there: a reward head at its k-th token, the log-probability summed over the first k).
+        The head runs on ``chunk`` prefixes of one response at a time (the last chunk padded)."""
         cont, lengths = _as_batch([list(r) for r in responses], None, self.device)
         out: list = [None] * cont.shape[0]
-        with torch.inference_mode(), row_tiles(self.model, self.tiles):
-            for sel, part in by_bucket(cont, lengths, lambda c, n: self._prefix_scores(c, n, chunk)):
-                for i, scores in zip(sel.tolist(), part):
+        with torch.inference_mode(), cpu_activations(self.model):
+            for rows, part in self._in_groups(cont, lengths, lambda h, c, n: self._prefix_scores(h, c, n, chunk)):
+                for i, scores in zip(rows, part):
                     out[i] = scores
         return out
 
-    def _prefix_scores(self, cont: Tensor, lengths: Tensor, chunk: int) -> list[Float[Tensor, " m"]]:
-        n_in = cont.shape[1] - int(self.head.drops_last_input)
+    def _prefix_scores(self, hidden: Tensor, cont: Tensor, lengths: Tensor, chunk: int) -> list[Float[Tensor, " m"]]:
         sizes = lengths.tolist()
-        hidden = self.hidden(input_ids=cont[:, :n_in])
         if hasattr(self.head, "prefix_scores"):  # the log-probabilities: each token's read once, then summed
             table = self.head.prefix_scores(hidden, *_on(hidden, cont, lengths)).float()
             return [table[b, :n] for b, n in enumerate(sizes)]
-        # one virtual row per prefix: row ``which[i]`` of the batch, its first ``upto[i]`` ids
-        which = torch.cat([torch.full((n,), b) for b, n in enumerate(sizes)])
-        upto = torch.cat([torch.arange(1, n + 1) for n in sizes])
-        rows, which, upto = _on(hidden, cont, which, upto)
-        flat = torch.cat([self.head.score(hidden[which[s : s + chunk]], rows[which[s : s + chunk]],
-                                          upto[s : s + chunk]).float() for s in range(0, len(which), chunk)])
-        return list(flat.split(sizes))
+        rows, upto_all = _on(hidden, cont, torch.arange(1, cont.shape[1] + 1))
+        out = []
+        for b, n in enumerate(sizes):  # one virtual row per prefix of row b, ``chunk`` of them a call
+            parts = []
+            for group, real in fixed_groups(range(n), min(chunk, n)):  # a call's shape set by the row alone
+                upto = upto_all[torch.tensor(group, device=upto_all.device)]
+                k = len(group)
+                parts.append(self.head.score(hidden[b : b + 1].expand(k, -1, -1), rows[b : b + 1].expand(k, -1),
+                                             upto).float()[:real])
+            out.append(torch.cat(parts))
+        return out
 
     def score_embeds(
         self,
@@ -229,11 +295,27 @@ class PrefixScorer:
         return self.head.score(hidden, cont, lengths, onehot=None if onehot is None else onehot.to(hidden.device)).float()
 
 
+class TileFill:
+    """Token rows scored over token rows computed in fixed-shape forwards (1.0: every tile full)."""
+
+    def __init__(self):
+        self.real = self.computed = 0
+
+    def add(self, real: int, computed: int) -> None:
+        self.real += real
+        self.computed += computed
+
+    @property
+    def ratio(self) -> float | None:
+        return self.real / self.computed if self.computed else None
+
+
 class FullSequenceScorer:
     """Reference path: ``prefix + continuation`` through the model's own forward, no cache, no padding. Rows of one
-    length run together, ``batch_size`` at a time (None: all of them, the batch the caller planned: the fast path of
-    the families scored by their own forward, encoders and PairRM); the scores stay on the device until one copy to
-    the host per call."""
+    length run together, a fixed number per forward (``TILE_ROWS`` tokens' worth, probe/core/invariance.py: the last
+    group padded by repeating a row), whatever the model's code does inside (encoders, T5, remote code); the scores
+    stay on the device until one copy to the host per call. ``batch_size``: rows per forward where tiles are off
+    (``RM_PROBE_TILE_ROWS=0``; None: all rows of a length)."""
 
     def __init__(self, model: torch.nn.Module, head: ScoreHead, prefix_ids: Sequence[int],
                  batch_size: int | None = 1):
@@ -241,6 +323,9 @@ class FullSequenceScorer:
         self.model, self.head, self.batch_size = model, head, batch_size
         self.prefix_ids = list(prefix_ids)
         self.device = input_device(model)
+        self.row_check = check_device(model, self.device)
+        self.layout = "rows"
+        self.fill = TileFill()
 
     def score(self, cont, lengths=None) -> Float[Tensor, " b"]:
         cont, lengths = _as_batch(cont, lengths, self.device)
@@ -251,22 +336,17 @@ class FullSequenceScorer:
         by_len: dict[int, list[int]] = {}
         for i, n in enumerate(sizes):
             by_len.setdefault(n, []).append(i)
-        step = self.batch_size or len(sizes)
-        parts, order = [], []
-        from probe.kernels.prefix_attention import supported
-
-        tiles = tile_rows(self.device)
-        # the model's own attention in fixed row groups, for the decoder families whose modules call transformers'
-        # attention interface (encoders, T5 and remote code keep theirs)
-        attention = attention_tiles(backbone_of(self.model), tiles) if supported(self.model) else nullcontext()
-        with torch.inference_mode(), row_tiles(self.model, tiles), attention:
+        parts = []
+        with torch.inference_mode(), cpu_activations(self.model):
             for n, idx in by_len.items():
-                for s in range(0, len(idx), step):
-                    part = idx[s : s + step]
-                    rows = cont[torch.tensor(part, device=self.device), :n]
-                    ids = torch.cat([prefix[None].expand(len(part), -1), rows], 1)
-                    parts.append(self.head.own_forward(self.model, ids, len(self.prefix_ids)).float())
-                    order += part
-        out = torch.empty(len(sizes), dtype=torch.float32)
-        out[torch.tensor(order)] = torch.cat([p.to(parts[0].device) for p in parts]).cpu()  # one copy to the host
-        return out
+                per = rows_per_forward(len(self.prefix_ids) + n, self.device)
+                if per is None:
+                    per = self.batch_size or len(idx)
+                else:
+                    self.fill.add(len(idx) * n, -(-len(idx) // per) * per * n)
+                for group, real in fixed_groups(idx, per):
+                    rows = cont[torch.tensor(group, device=self.device), :n]
+                    ids = torch.cat([prefix[None].expand(len(group), -1), rows], 1)
+                    parts.append((group[:real], self.head.own_forward(self.model, ids, len(self.prefix_ids))
+                                  .float()[:real]))
+        return _assemble(parts, len(sizes)).cpu()  # one copy to the host

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probe.core.invariance import dot_rows, in_tiles, linear, running_sum, tile_rows, tree_sum
+from probe.core.invariance import dot_rows, running_sum, tree_sum
 from probe.errors import ProbeError
 
 # rows x positions x vocabulary floats materialised at once by the log-probability head (1 GiB of float32)
@@ -195,12 +195,12 @@ class GatedRewardHead(ScoreHead):
         bias = None if reg.bias is None else reg.bias.float()
         # everything on the hidden states' device (the weights may sit elsewhere under --device-map)
         dev = h_last.device
-        rewards = linear(h_last.float(), reg.weight.float().to(dev), None if bias is None else bias.to(dev))
+        rewards = F.linear(h_last.float(), reg.weight.float().to(dev), None if bias is None else bias.to(dev))
         if self.n_quantiles:
             rewards = tree_sum(rewards.reshape(rewards.shape[0], -1, self.n_quantiles)) / self.n_quantiles
         transform = getattr(self.model, "reward_transform_matrix", None)  # ArmoRM, QRM-Llama; not QRM-Gemma
         if transform is not None:
-            rewards = linear(rewards, transform.float().to(dev).t())
+            rewards = F.linear(rewards, transform.float().to(dev).t())
         gating = self.model.gating
         gate = gating(h_gate.to(next(gating.parameters()).dtype)).float().to(dev)
         return tree_sum(gate * rewards, 1)
@@ -382,8 +382,7 @@ class LogprobHead(ScoreHead):
                 return fused_token_logprobs(h, head.weight, t, head.bias, transform)
 
             h, t = hidden.reshape(b * n, -1).to(dev, head.weight.dtype), targets.reshape(-1).to(dev)
-            rows = tile_rows(dev)  # a GPU: the vocabulary chunks' products one shape whatever the batch
-            flat = fused(h, t) if rows is None else in_tiles(fused, rows, h, t)
+            flat = fused(h, t)  # a fixed group of rows (probe/core/invariance.py): one shape whatever the batch
             return flat.reshape(b, n).to(hidden.device)
         vocab = head.weight.shape[0]
         rows = max(1, self.logits_budget // max(1, n * vocab))

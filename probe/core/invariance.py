@@ -1,50 +1,62 @@
-"""Scores that depend only on what was asked: batch-invariant arithmetic for the engine.
+"""Scores that depend only on what was asked: batch invariance by construction.
 
 A score must be a function of (model, input, dtype, device type, software stack), never of the batch it shared:
 the batch size, an out-of-memory halving, a resume, a shard, torchrun's world size or the thread count change
-speed, not numbers. Three things made a row's score move with its batch (measured, issue 62):
+speed, not numbers. No library promises that a row's result is independent of how many rows share a product:
+MKL's strict reproducibility mode promises the same bits for the same call (rows, threads), yet on an AMD EPYC
+with AVX2 only ``F.linear`` over 1-3 rows differs from the same rows inside a larger product (issue 70), and
+cuBLAS picks its GEMM kernel by the row count. So rm-probe asks a library for one thing only: **the same call on
+the same inputs gives the same bits**. Four rules make every row's work such a call:
 
-* **BLAS on the CPU.** MKL picks another code path and another split of the reduction over threads by the
-  matrix's row count (float32 ``addmm`` of 4,096 x 4,096 weights differs at every row count below 300 from a
-  1,024-row product; 1 and 2 threads differ at 64 and 256 rows). MKL's strict Conditional Numerical
-  Reproducibility mode (``MKL_CBWR=AUTO,STRICT``, read once, at MKL's first call) makes each output row's sum
-  the same at every row count and thread count (checked here on AVX-512 and on MKL's AVX2 path): the commands and
-  the API set it before any product (`probe.runs.cpu.reproducible_blas`), and `blas_mode` reads back what is in
-  effect for the run's record.
-* **Matrix-vector products and reductions whose order follows the batch.** ``h @ w`` (a reward head's dot
-  product) runs MKL's ``sgemv``, which splits rows by count: 1,122 of 3,200 sweep scores of a tiny reward model
-  moved between batches of 256 and 7. The heads read every dot product and every sum over a row's tokens through
-  `tree_sum`: a fixed pairwise tree of elementwise additions, the same for every row at every batch size, on every
-  device and library, and the same for a row padded with zeros to any length (the folds past its own length add
-  exact zeros).
-* **Rows padded to the longest row beside them.** A whole response padded to the batch's longest row meets other
-  kernel shapes (attention over more keys, more positions) than alone: the engine pads a row to a length set by
-  the row alone (`bucket_length`: on a CPU none, each length its own forward; on a GPU a multiple of 8) and runs
-  each length bucket as its own forward (probe/core/engine.py).
+* **Every forward has a fixed shape** (`TILE_ROWS` token rows per device type). Where the engine runs rm-probe's
+  own attention (the shared-prefix families, kernels/packed_attention.py), rows are *packed*: each forward holds
+  exactly ``TILE_ROWS`` token rows, rows of any length back to back (a row never split), the rest padding; every
+  linear layer, norm and activation of the model sees that one shape. Elsewhere (the plain cache path, the
+  uncached path, the model's own forward: encoders, remote code, recurrent layers) a forward holds a fixed number
+  of rows of one length, ``max(1, TILE_ROWS // tokens per row)``, the last group padded by repeating a row: its
+  shape is a function of the row's own length (`rows_per_forward`).
+* **Every attention and head call has a fixed shape.** In a packed tile, attention runs per group of rows of one
+  length bucket, ``max(1, GROUP_ROWS // bucket)`` rows a call (padded by repeating a row); the heads read the rows
+  in the same fixed groups (`fixed_groups`). A row's length bucket is set by the row alone (`bucket_length`).
+* **Sums over a row's terms in a fixed order** (`tree_sum`: elementwise additions in a pairwise tree, the same on
+  every device and library and for a row padded with zeros to any length).
+* **Activations in fixed pieces on a CPU** (`in_pieces`): ATen splits an elementwise op over its threads at element
+  counts that follow the thread count, and its vector loop and scalar tail round some functions differently.
 
-On a GPU, cuBLAS also picks its GEMM kernel by the row count (an H200 moved every bf16 score by up to 0.17 at one
-batch size per shape). `row_tiles` computes every linear layer of the model, and the shared-prefix attention's
-products, in tiles of a fixed number of token rows (`TILE_ROWS`, the last tile zero-padded), so every product has
-one shape whatever the batch; whether a kernel of that shape gives a row the same bits at every position in the
-tile (it does, unless cuBLAS splits the reduction across thread blocks) is what the GPU kit measures.
+What the construction cannot give is checked: within one call of a fixed shape, a row's result must not depend on
+where in the call it sits or what sits beside it (a row-wise property of every GEMM kernel known, but promised by
+none). `row_check` computes a few of the model's own products with a row alone in its tile and inside tiles of
+other rows at other places, and compares them bit for bit (and, on a CPU, at one thread against all); the run
+records what it found, and ``batch_invariant`` is true only where the design holds and that check passed
+(`describe`). MKL's strict mode (``MKL_CBWR=AUTO,STRICT``, which does promise the same bits for one call at any
+thread count) is still set by the commands and the API for the thread-count part, and recorded.
+
+tests/unit/test_hostile_blas.py proves the construction with a test double whose products round by their row count:
+under it every path's scores stay bitwise the same at every batch size, after a halving, a resume, a shard, over
+torchrun's world size and thread counts, on any CPU.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor
 
-# token rows per product on a GPU (a multiple of every GEMM kernel's row tile; large enough to keep an H100/H200's
-# tensor cores busy: Llama-3.1-8B's MLP at 4,096 rows is 0.48 TFLOP per product). RM_PROBE_TILE_ROWS overrides it
-# (the GPU kit's variants; 0: no tiles), and the run records the value that ran.
-TILE_ROWS = {"cuda": 4096}
+# token rows per forward (a tile). A GPU: a multiple of every GEMM kernel's row tile and large enough to keep an
+# H100/H200's tensor cores busy (Llama-3.1-8B's MLP at 4,096 rows is 0.48 TFLOP per product). A CPU: where the
+# embedded SmolLM2's sweep costs what unbounded batches did (experiments/results/bench_invariance_cpu.md).
+# RM_PROBE_TILE_ROWS overrides it (the GPU kit's variants; 0: no tiles, not batch-invariant) and the run records it.
+TILE_ROWS = {"cpu": 512, "cuda": 4096}
+# query rows per attention call and rows' tokens per head call inside a packed tile: the larger, the fewer calls;
+# the smaller, the less padding where a tile holds few rows of a length
+GROUP_ROWS = {"cpu": 64, "cuda": 2048}
 # a row's padded length: its own length if at most this, else rounded up to a multiple of it. A CPU runs each exact
-# length on its own (padding costs it more than the extra forwards: 512 whole responses of SmolLM2, 1.12x the time
-# before invariance with buckets of 8, 0.93x with exact lengths); a GPU, whose products run in whole tiles, fewer and
-# fuller forwards
+# length (padding costs it more than the extra calls); a GPU fewer, fuller calls
 BUCKET = {"cpu": 1, "cuda": 8}
+DEFAULT_TILE, DEFAULT_GROUP = 4096, 2048  # a device type not listed (mps, xpu, ...)
 
 
 def tree_sum(x: Tensor, dim: int = -1, inplace: bool = False) -> Tensor:
@@ -85,14 +97,18 @@ def dot_rows(h: Tensor, w: Tensor) -> Tensor:
     return tree_sum(h * w)
 
 
+def _setting(table: dict, device: torch.device | str, default: int) -> int:
+    return table.get(torch.device(device).type, default)
+
+
 def bucket_length(n: int, device: torch.device | str = "cpu") -> int:
     """The length a row of ``n`` continuation ids is padded to on ``device``, a function of the row alone: ``n``
     itself up to the device's `BUCKET` (a sweep's rows: no padding), else ``n`` rounded up to a multiple of it."""
-    step = BUCKET.get(torch.device(device).type, 8)
+    step = _setting(BUCKET, device, 8)
     return n if n <= step else -(-n // step) * step
 
 
-def buckets(lengths: list[int], device: torch.device | str = "cpu") -> dict[int, list[int]]:
+def buckets(lengths: Sequence[int], device: torch.device | str = "cpu") -> dict[int, list[int]]:
     """Row indices grouped by `bucket_length`, in order of first appearance."""
     out: dict[int, list[int]] = {}
     for i, n in enumerate(lengths):
@@ -100,107 +116,51 @@ def buckets(lengths: list[int], device: torch.device | str = "cpu") -> dict[int,
     return out
 
 
-def tile_rows(device: torch.device) -> int | None:
-    """Token rows per product on ``device`` (None: the device's kernels are row-invariant as they are)."""
-    import os
+def tile_rows(device: torch.device | str) -> int | None:
+    """Token rows per forward on ``device`` (None: ``RM_PROBE_TILE_ROWS=0``, forwards as large as the batch, which is
+    then not batch-invariant)."""
+    rows = _setting(TILE_ROWS, device, DEFAULT_TILE)
+    if os.environ.get("RM_PROBE_TILE_ROWS"):
+        rows = int(os.environ["RM_PROBE_TILE_ROWS"])
+    return rows or None
 
-    rows = TILE_ROWS.get(torch.device(device).type)
-    if rows is not None and os.environ.get("RM_PROBE_TILE_ROWS"):
-        rows = int(os.environ["RM_PROBE_TILE_ROWS"]) or None
-    return rows
+
+def group_rows(device: torch.device | str) -> int:
+    """Query rows per attention call and token rows per head call in a packed tile (at most a tile)."""
+    rows = tile_rows(device)
+    group = _setting(GROUP_ROWS, device, DEFAULT_GROUP)
+    return min(group, rows) if rows else group
+
+
+def rows_per_forward(tokens_per_row: int, device: torch.device | str) -> int | None:
+    """Rows of ``tokens_per_row`` tokens in one fixed-shape forward on ``device`` (None: no tiles)."""
+    rows = tile_rows(device)
+    return None if rows is None else max(1, rows // max(1, tokens_per_row))
+
+
+def fixed_groups(indices: Sequence[int], per: int | None) -> list[tuple[list[int], int]]:
+    """``indices`` in groups of exactly ``per`` (None: one group of all), the last padded by repeating its first index;
+    each as (the group's indices, how many are real)."""
+    indices = list(indices)
+    if per is None:
+        return [(indices, len(indices))] if indices else []
+    out = []
+    for s in range(0, len(indices), per):
+        part = indices[s : s + per]
+        out.append((part + [part[0]] * (per - len(part)), len(part)))
+    return out
 
 
 def in_tiles(fn, rows: int, *tensors: Tensor) -> Tensor:
     """``fn(*tensors)`` (each tensor's first dimension the rows; ``fn`` row by row) computed ``rows`` rows at a
     time, the last tile zero-padded: every call of ``fn`` sees ``rows`` rows, laid out alike (contiguous: a kernel
-    library picks its kernel by the strides too, and a slice of a transposed view is laid out otherwise than the
-    zero-padded copy of the last tile; the first GPU run with tiles moved the shared path's scores so)."""
+    library picks its kernel by the strides too)."""
     tensors = tuple(t.contiguous() for t in tensors)
     n = tensors[0].shape[0]
     pad = (-n) % rows
     if pad:
         tensors = tuple(torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) for t in tensors)
     return torch.cat([fn(*(t[s : s + rows] for t in tensors)) for s in range(0, n + pad, rows)])[:n]
-
-
-def tiled(fn, x: Tensor, rows: int) -> Tensor:
-    """``fn(x)`` for ``x`` [..., k] (leading dimensions flattened to token rows), computed ``rows`` token rows at a
-    time (`in_tiles`)."""
-    out = in_tiles(fn, rows, x.reshape(-1, x.shape[-1]))
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear`` in the device's fixed row tiles (`tile_rows`): for the heads' own products."""
-    rows = tile_rows(x.device)
-    fn = lambda t: torch.nn.functional.linear(t, weight, bias)  # noqa: E731
-    return fn(x) if rows is None else tiled(fn, x, rows)
-
-
-TILED = "rm_tiled_"  # + the model's own implementation: that implementation, a fixed number of rows at a time
-
-
-def _own_attention(module, name: str):
-    """The attention function the model's module would call under implementation ``name``: its own file's eager
-    function (Gemma 2's caps its logits), else transformers' registered one."""
-    import sys
-
-    if name == "eager":
-        return sys.modules[type(module).__module__].eager_attention_forward
-    from transformers import AttentionInterface
-
-    return AttentionInterface._global_mapping[name]
-
-
-def _tiled_attention(name: str):
-    def attend(module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
-        own = _own_attention(module, name)
-        b = query.shape[0]
-        batched_mask = attention_mask is not None and attention_mask.dim() == 4 and attention_mask.shape[0] == b > 1
-
-        def call(q, k, v, *mask):
-            return own(module, q, k, v, mask[0] if mask else attention_mask, **kwargs)[0]
-
-        per = max(1, tile_rows(query.device) // query.shape[2])  # about TILE_ROWS query rows a group
-        return in_tiles(call, per, query, key, value, *([attention_mask] if batched_mask else [])), None
-
-    return attend
-
-
-_registered: set[str] = set()
-
-
-@contextmanager
-def attention_tiles(backbone: torch.nn.Module, rows: int | None):
-    """The backbone's own attention (SDPA, eager, ...) run on a fixed number of batch rows at a time for the
-    duration of the block: the kernel a library picks for attention (FlashAttention splits the keys over thread
-    blocks when a batch has few rows) is then the same whatever the batch. A no-op where ``rows`` is None."""
-    config = backbone.config
-    name = config._attn_implementation
-    if rows is None or name is None or name.startswith(TILED) or name.startswith("rm_"):
-        yield
-        return
-    tiled_name = TILED + name
-    if tiled_name not in _registered:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-        AttentionInterface.register(tiled_name, _tiled_attention(name))
-        if name in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:  # the same mask as the implementation it wraps
-            AttentionMaskInterface.register(tiled_name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[name])
-        _registered.add(tiled_name)
-    config._attn_implementation = tiled_name
-    try:
-        yield
-    finally:
-        config._attn_implementation = name
-
-
-def _tiled_linear(module: torch.nn.Linear, rows: int):
-    def forward(x: Tensor) -> Tensor:
-        return tiled(lambda t: torch.nn.functional.linear(t, module.weight, module.bias), x, rows)
-
-    return forward
 
 
 # elements per call of an activation on a CPU: below ATen's grain size (32,768), so one thread runs each call, and a
@@ -240,56 +200,178 @@ def cpu_activations(model: torch.nn.Module):
             del m.forward
 
 
-@contextmanager
-def row_tiles(model: torch.nn.Module, rows: int | None):
-    """Every ``nn.Linear`` of ``model`` computed ``rows`` token rows at a time for the duration of the block (where
-    ``rows`` is None, none); on a CPU every activation `in_pieces` (`cpu_activations`)."""
-    if rows is None:
-        with cpu_activations(model):
-            yield
-        return
-    patched = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    for m in patched:
-        m.forward = _tiled_linear(m, rows)
+# ---------------------------------------------------------------------------------------------------------------
+# What the construction cannot give: a row's bits the same wherever it sits in a call of one shape
+
+
+def _product_shapes(model: torch.nn.Module, limit: int = 6) -> list[tuple[str, Tensor]]:
+    """The model's distinct linear products (by weight shape and dtype), the output embedding's first vocabulary
+    chunk among them: (name, weight [out, in])."""
+    seen, out = set(), []
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    named = [(n, m.weight) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    if head is not None and getattr(head, "weight", None) is not None:
+        named.append(("output embedding (first 4,096 rows)", head.weight[:4096]))
+    for name, w in named:
+        if w.dim() != 2 or w.device.type == "meta":
+            continue
+        key = (tuple(w.shape), w.dtype, w.device)
+        if key not in seen:
+            seen.add(key)
+            out.append((name, w.detach()))
+    return out[:limit] if len(out) <= limit else out[: limit - 1] + out[-1:]  # the output embedding always
+
+
+def row_check(model: torch.nn.Module, device: torch.device | str | None = None) -> dict:
+    """Whether a row's result is the same wherever it sits in a product of one shape, on this device: for each of
+    the model's distinct linear products, a row alone in a zero tile and inside tiles of other rows at the first,
+    a middle and the last place, compared bit for bit; on a CPU also at one thread against the process's threads;
+    and a softmax and a mean over rows of the model's width the same way. Cached on the model per device.
+    Returns ``{"row_stable", "thread_stable", "checked", "first_difference"}``."""
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    cache = getattr(model, "_rm_row_check", {})
+    key = str(device)
+    if key in cache:
+        return cache[key]
+    rows = tile_rows(device) or DEFAULT_TILE
+    gen = torch.Generator(device="cpu").manual_seed(20261128)
+    checked, first, thread_first = [], None, None
+    places = (0, rows // 2 + 1, rows - 1)
+    with torch.no_grad():
+        for name, w in _product_shapes(model):
+            if w.device != device:
+                continue
+            x = torch.randn(rows, w.shape[1], generator=gen).to(device, w.dtype)
+            row = x[1].clone()
+            alone = torch.zeros_like(x)
+            alone[0] = row
+            want = torch.nn.functional.linear(alone, w)[0]
+            got = []
+            for p in places:
+                y = torch.randn(rows, w.shape[1], generator=gen).to(device, w.dtype)
+                y[p] = row
+                got.append((p, torch.nn.functional.linear(y, w)[p]))
+            checked.append(f"{name} {tuple(w.shape)} {str(w.dtype).removeprefix('torch.')}")
+            for p, g in got:
+                if first is None and not torch.equal(g, want):
+                    first = f"{name}: a row at place {p} of {rows} differs from the row alone"
+            if device.type == "cpu" and torch.get_num_threads() > 1 and thread_first is None:
+                before = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    one = torch.nn.functional.linear(alone, w)[0]
+                finally:
+                    torch.set_num_threads(before)
+                if not torch.equal(one, want):
+                    thread_first = f"{name}: one thread differs from {before}"
+        width = getattr(model.config.get_text_config(), "hidden_size", 64) if hasattr(model, "config") else 64
+        x = torch.randn(rows, width, generator=gen).to(device)
+        alone = torch.zeros_like(x)
+        alone[0] = x[1]
+        for label, fn in (("softmax", lambda t: torch.softmax(t, -1)), ("mean", lambda t: t.pow(2).mean(-1))):
+            want = fn(alone)[0]
+            for p in places:
+                y = torch.randn(rows, width, generator=gen).to(device)
+                y[p] = x[1]
+                if first is None and not torch.equal(fn(y)[p], want):
+                    first = f"{label} over {width}: a row at place {p} of {rows} differs from the row alone"
+        checked += [f"softmax and mean over {width}"]
+    out = {"row_stable": first is None, "checked": checked, "tile_rows": rows,
+           "thread_stable": None if device.type != "cpu" else thread_first is None}
+    if first is not None:
+        out["first_difference"] = first
+    if thread_first is not None:
+        out["first_thread_difference"] = thread_first
+    cache[key] = out
     try:
-        yield
-    finally:
-        for m in patched:
-            del m.forward  # the class's own forward again
+        model._rm_row_check = cache
+    except AttributeError:
+        pass
+    return out
 
 
-_warned = False
+_warned: set[str] = set()
 
 
-def check_cpu(device: torch.device) -> None:
-    """One warning per process where the CPU's BLAS is not in its reproducible mode (scores then move with the
-    batch in their last bits)."""
-    global _warned
-    if _warned or torch.device(device).type != "cpu":
-        return
-    from probe.runs.cpu import blas_mode
+def check_device(model: torch.nn.Module, device: torch.device | str) -> dict:
+    """`row_check` of ``model`` on ``device`` (once per model and device), and one warning where the run's scores
+    are not batch-invariant (`warn_once`)."""
+    device = torch.device(device)
+    check = row_check(model, device)
+    blas = None
+    if device.type == "cpu":
+        from probe.runs.cpu import blas_mode
 
-    mode = blas_mode()
-    if not mode["strict"]:
+        blas = blas_mode()
+    warn_once(device, check, blas)
+    return check
+
+
+def warn_once(device: torch.device, check: dict, blas: dict | None) -> None:
+    """One line per process and device where scores may move with the batch or the thread count, naming the device
+    and why (the run's meta.json says the same)."""
+    why = not_invariant_because(device, check, blas)
+    if why and str(device) not in _warned:
         import logging
 
-        logging.getLogger(__name__).warning("scores may change in their last bits with the batch size: %s", mode["why"])
-    _warned = True
+        logging.getLogger(__name__).warning("scores may change in their last bits with the batch on %s: %s",
+                                            device_name(device), why)
+        _warned.add(str(device))
 
 
-def describe(device: torch.device) -> dict:
-    """What this run's scores are invariant to, and how, for meta.json."""
-    from probe.runs.cpu import blas_mode
-
+def device_name(device: torch.device | str) -> str:
+    """The device in words: the CPU's model name or the GPU's."""
     device = torch.device(device)
-    step = BUCKET.get(device.type, 8)
-    out = {"row_sums": "tree_sum (fixed pairwise order)",
-           "padding": "none: each length its own forward" if step == 1 else f"per-row length buckets of {step}"}
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
     if device.type == "cpu":
-        mode = blas_mode()
-        out["cpu_blas"] = mode
-        out["batch_invariant"] = mode.get("strict", False)
-    else:
-        out["tile_rows"] = tile_rows(device)
-        out["batch_invariant"] = "measured by the GPU kit (experiments/results/gpu/)"
+        try:
+            for line in open("/proc/cpuinfo"):
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        import platform
+
+        return platform.processor() or platform.machine() or "cpu"
+    return str(device)
+
+
+def not_invariant_because(device: torch.device | str, check: dict | None, blas: dict | None) -> str | None:
+    """Why this run's scores are not batch-invariant (None where they are)."""
+    if tile_rows(device) is None:
+        return "RM_PROBE_TILE_ROWS=0: forwards as large as the batch"
+    if check is not None and not check.get("row_stable", True):
+        return "a product's row changes with its place in the product: " + check.get("first_difference", "")
+    if check is not None and check.get("thread_stable") is False:
+        return "a product's row changes with the thread count: " + check.get("first_thread_difference", "")
+    if blas is not None and not blas.get("strict", True) and torch.device(device).type == "cpu":
+        return "the thread count: " + blas.get("why", "the CPU BLAS is not in a reproducible mode")
+    return None
+
+
+def describe(device: torch.device | str, model: torch.nn.Module | None = None) -> dict:
+    """What this run's scores are invariant to, how, and what was checked, for meta.json."""
+    device = torch.device(device)
+    out = {"design": "every forward, attention call and head call of a fixed shape set by the row alone "
+                     "(probe/core/invariance.py)",
+           "tile_rows": tile_rows(device), "group_rows": group_rows(device),
+           "row_sums": "tree_sum (fixed pairwise order)",
+           "padding": ("none: each length its own calls" if _setting(BUCKET, device, 8) == 1
+                       else f"per-row length buckets of {_setting(BUCKET, device, 8)}"),
+           "device": device_name(device)}
+    blas = None
+    if device.type == "cpu":
+        from probe.runs.cpu import blas_mode
+
+        blas = out["cpu_blas"] = blas_mode()
+    check = row_check(model, device) if model is not None else None
+    if check is not None:
+        out["row_check"] = check
+    why = not_invariant_because(device, check, blas)
+    out["batch_invariant"] = why is None and check is not None
+    if why:
+        out["why_not"] = why
+    elif check is None:
+        out["why_not"] = "the row check did not run"
     return out

@@ -43,7 +43,7 @@ def model_record(loaded, revision: str | None = None) -> dict:
         "architecture": (getattr(model.config, "architectures", None) or [type(model).__name__])[0],
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(loaded.dtype), "device": str(loaded.device), "attention": attention_record(model),
-        "batch_invariance": invariance_record(loaded.device),
+        "batch_invariance": invariance_record(loaded.device, model),
         "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
         "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
         "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
@@ -87,13 +87,13 @@ def model_settings(loaded, revision: str | None, mode: str, head) -> dict:
     Sweeps and response runs add what they scored."""
     from probe.models.loading import weights_identity
 
-    from probe.core.invariance import tile_rows
+    from probe.core.invariance import group_rows, tile_rows
 
     out = {"model": loaded.model_id, "weights": weights_identity(loaded), "revision": revision,
            "spec": loaded.spec.name, "label_index": loaded.spec.label_index, "dtype": str(loaded.dtype),
            "device_type": loaded.device.type, "mode": mode, "head": head.describe()}
-    if tile_rows(loaded.device) is not None:  # a GPU's product shapes: another tile rounds otherwise
-        out["tile_rows"] = tile_rows(loaded.device)
+    if tile_rows(loaded.device) is not None:  # the forwards' and calls' fixed shapes: another tile rounds otherwise
+        out["tile_rows"], out["group_rows"] = tile_rows(loaded.device), group_rows(loaded.device)
     return out | reference_settings(loaded)
 
 
