@@ -90,8 +90,9 @@ def expected(run_dir: Path, prompt: str, rows: int, keep, query: str | None = No
 
     scores = pl.read_parquet(run_dir / "scores.parquet").filter(pl.col("prompt_key") == prompt).sort("rank", "token_id")
     kept = [r for r in scores.iter_rows(named=True) if keep(r)]
-    best = [r["token_id"] for r in kept[:rows]]
-    worst = [r["token_id"] for r in kept[::-1][:rows]]
+    side = min(rows, len(kept) // 2)  # fewer than 2 x rows: half a side, as the page shows them (never one in both)
+    best = [r["token_id"] for r in kept[:side]]
+    worst = [r["token_id"] for r in kept[::-1][:side]]
     matches = [r["token_id"] for r in kept if query and query.lower() in r["decoded"].lower()]
     return best, worst, matches[:200], len(matches)
 

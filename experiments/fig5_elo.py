@@ -97,13 +97,15 @@ def tables_from_runs(tables: dict[str, tuple[pl.DataFrame, list[str]]],
 
 
 def fig_rank_diff(res: Misalignment, n: int, title: str):
-    under = res.items.sort("rank_diff", descending=True).head(n)
-    over = res.items.sort("rank_diff").head(n).reverse()
-    fig, ax = plt.subplots(figsize=(7, 0.42 * (2 * n + 1) + 1))
+    # the two sides as the summary lists them (Misalignment.most_undervalued/overvalued): disjoint, each at most n
+    d = pl.col("rank_diff")
+    under = res.items.filter(d > 0).sort("rank_diff", descending=True, maintain_order=True).head(n)
+    over = res.items.filter(d < 0).sort("rank_diff", maintain_order=True).head(n).reverse()
+    fig, ax = plt.subplots(figsize=(7, 0.42 * (under.height + over.height + 1) + 1))
     names = under["name"].to_list() + [""] + over["name"].to_list()
     vals = under["rank_diff"].to_list() + [0.0] + over["rank_diff"].to_list()
-    greens = plt.get_cmap("Greens")(np.linspace(0.9, 0.35, n))
-    purples = plt.get_cmap("Purples")(np.linspace(0.35, 0.9, n))
+    greens = plt.get_cmap("Greens")(np.linspace(0.9, 0.35, under.height))
+    purples = plt.get_cmap("Purples")(np.linspace(0.35, 0.9, over.height))
     cols = list(greens) + [(0, 0, 0, 0)] + list(purples)
     y = np.arange(len(names))[::-1]
     ax.barh(y, vals, color=cols)

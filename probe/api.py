@@ -182,6 +182,8 @@ def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str,
     """
     from probe.core.responses import prepare, ranked_responses, response_batch_size, score_rows
 
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):  # 0 was read as not given
+        raise ProbeError(f"batch_size={batch_size!r}: rows per forward, >= 1 (None: by memory)")
     loaded, mode = _loaded(model, tokenizer, score)
     judge = _judge_prompt(mode, judge_prompt, unit_test, *_named(loaded))
     _check_reading(loaded, mode, judge)

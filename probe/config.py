@@ -188,6 +188,7 @@ class ModelOptions:
         """--beta 0 and --beta without --ref are errors (one line, before anything loads); so are the model
         settings given as an empty text."""
         check_not_blank(self, "device", "dtype", "device_map", "revision", "chat_template", "spec", "ref")
+        check_at_least(self, 0, "label_index")  # -1 reached the registry's check as a traceback
         if isinstance(self.rm, str):
             check_not_blank(self, "rm")
         if self.beta == 0:
@@ -375,7 +376,7 @@ class GCGConfig(ModelOptions):
     def __post_init__(self) -> None:
         self.check_reference()
         check_at_least(self, 1, "length", "steps", "search_width", "topk", "n_replace", "buffer_size", "runs")
-        check_at_least(self, 1, "beam", "patience")
+        check_at_least(self, 1, "beam", "patience", "batch_size")  # --batch-size 0 was read as not given
         check_not_blank(self, "prompt", "init", "output", "resume")
         if self.n_replace > self.length:
             raise ValueError("--n-replace cannot exceed --length")

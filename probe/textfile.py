@@ -60,8 +60,16 @@ class _DuplicateKey(Exception):
         self.key, self.line, self.first = key, line, first
 
 
+# YAML 1.1 (PyYAML) reads a number in exponent form without a dot or without a signed exponent (1e-3, 1E5, 1.5e3)
+# as a string, so a setting written `beta: 1e-3` was refused as "not a number" while `--beta 1e-3` was taken; these
+# read as YAML 1.2 and Python's float read them. A quoted "1e-3" stays a string.
+EXPONENT_FLOAT = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
+
+
 def _unique_keys_loader():
-    """yaml's safe loader, refusing a mapping that holds one key twice."""
+    """yaml's safe loader, refusing a mapping that holds one key twice, with YAML 1.2's numbers in exponent form."""
+    import re
+
     import yaml
 
     class UniqueKeys(yaml.SafeLoader):
@@ -79,4 +87,5 @@ def _unique_keys_loader():
                     continue
             return super().construct_mapping(node, deep)
 
+    UniqueKeys.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(EXPONENT_FLOAT), list("-+0123456789."))
     return UniqueKeys

@@ -43,10 +43,22 @@ def contrast(a: pl.DataFrame, b: pl.DataFrame, on: str = "token_id", k: int = 10
     rb = stats.descending_ranks(j[lb].to_numpy())
     j = j.with_columns(pl.Series(f"{la}_rank", ra), pl.Series(f"{lb}_rank", rb), pl.Series("rank_change", rb - ra))
     kk = max(1, min(k, n // 2))  # the top and bottom k are disjoint: on 5 strings, k = 2, not the same 5 twice
-    top = len(set(np.argsort(ra, kind="stable")[:kk]) & set(np.argsort(rb, kind="stable")[:kk])) / kk
-    bottom = len(set(np.argsort(-ra, kind="stable")[:kk]) & set(np.argsort(-rb, kind="stable")[:kk])) / kk
-    moved = pl.concat([j.sort("rank_change", descending=True).head(n_moved), j.sort("rank_change").head(n_moved)])
+    (ta, ba), (tb, bb) = ends(ra, kk), ends(rb, kk)
+    top, bottom = len(ta & tb) / kk, len(ba & bb) / kk
+    # the largest falls (rank_change > 0), then the largest rises (< 0): a string in at most one half, never one
+    # that did not move (on 10 strings with n_moved 10, each half listed all 10)
+    change = pl.col("rank_change")
+    moved = pl.concat([j.filter(change > 0).sort("rank_change", descending=True, maintain_order=True).head(n_moved),
+                       j.filter(change < 0).sort("rank_change", maintain_order=True).head(n_moved)])
     return Contrast(n, stats.kendall_tau_b(j[la], j[lb]), stats.spearman(j[la], j[lb]), top, bottom, kk, moved)
+
+
+def ends(ranks: np.ndarray, k: int) -> tuple[set[int], set[int]]:
+    """The positions of the ``k`` best and the ``k`` worst ``ranks`` (1 = best), both ends of one order (ties in
+    position order), so disjoint for k <= n/2. Two stable sorts, of the ranks and of their negatives, keep tied strings
+    in the same order, so their first k could be the same strings (every string tied: top k = bottom k)."""
+    order = np.argsort(ranks, kind="stable")
+    return set(order[:k].tolist()), set(order[::-1][:k].tolist())
 
 
 def contrast_strings(a: pl.DataFrame, b: pl.DataFrame, mode: str = "exact", **kw) -> Contrast:

@@ -37,10 +37,21 @@ class Misalignment:
     models: list[str]
 
     def most_undervalued(self, n: int = 20) -> list[str]:
-        return self.items.sort("rank_diff", descending=True, maintain_order=True)["name"].head(n).to_list()
+        """The ``n`` items the models rank furthest below humans (rank difference > 0, largest first): fewer where
+        fewer are undervalued, and never an item the models rank above humans or as humans do, so never one of
+        `most_overvalued` (on six items, head(6) of each side listed all six twice)."""
+        under = self.items.filter(pl.col("rank_diff") > 0)
+        return under.sort("rank_diff", descending=True, maintain_order=True)["name"].head(n).to_list()
 
     def most_overvalued(self, n: int = 20) -> list[str]:
-        return self.items.sort("rank_diff", maintain_order=True)["name"].head(n).to_list()
+        """The ``n`` items the models rank furthest above humans (rank difference < 0, most negative first)."""
+        over = self.items.filter(pl.col("rank_diff") < 0)
+        return over.sort("rank_diff", maintain_order=True)["name"].head(n).to_list()
+
+    def counts(self) -> dict[str, int]:
+        """How many items the models rank below, above and level with humans (what the two lists are drawn from)."""
+        d = self.items["rank_diff"]
+        return {"undervalued": int((d > 0).sum()), "overvalued": int((d < 0).sum()), "level": int((d == 0).sum())}
 
 
 def misalignment(df: pl.DataFrame, human: str, models: list[str], name: str = "name", center: str = "median"

@@ -30,7 +30,7 @@ from typing import Literal
 import polars as pl
 
 from probe.commands.args import config_from_args
-from probe.config import check_not_blank
+from probe.config import check_at_least, check_not_blank
 from probe.errors import DataFormatError, ProbeError
 from probe.report.text import plain_table
 from probe.runs.rundir import atomic_write_json, utc_stamp, writable_dir
@@ -82,6 +82,8 @@ class AnalysisConfig:
             raise ValueError(f"unknown analysis {self.analysis!r}; choose from {ANALYSES}")
         if not 0 < self.rbo_p < 1:
             raise ValueError("--rbo-p must be in (0, 1)")
+        # --top -1 wrote every token but the last as "best" (head(-1)); --top 0, empty tables
+        check_at_least(self, 1, "top", "permutations")
         check_not_blank(self, "prompt", "bnc", "table", "human", "name_column", "models", "identity_terms_file",
                         "dictionary", "out")
 
@@ -144,11 +146,16 @@ def run_top(config, sweeps, out) -> dict:
             best = df.sort("score", descending=True)
             words = best.filter(pl.col("is_word"))
             cols = ["rank", "token_id", "decoded", "score", "is_special", "is_word", "leading_space", "roundtrips"]
-            for tag, part in (("best", best.head(config.top)), ("worst", best.tail(config.top).reverse()),
-                              ("best_words", words.head(config.top)), ("worst_words", words.tail(config.top).reverse())):
+            # as the terminal table (format_top_bottom): where there are fewer than 2 x --top, each side holds half,
+            # so that no token is both best and worst (a 200-id run's 4 words were all in both files)
+            k, k_words = min(config.top, best.height // 2), min(config.top, words.height // 2)
+            for tag, part in (("best", best.head(k)), ("worst", best.tail(k).reverse()),
+                              ("best_words", words.head(k_words)), ("worst_words", words.tail(k_words).reverse())):
                 part.select(cols).write_csv(out / safe_name(f"{name}__{label}__{tag}.csv"))
-            summary[f"{name}/{label}"] = {"best": best["decoded"].head(10).to_list(),
-                                          "worst": best["decoded"].tail(10).reverse().to_list()}
+            k10 = min(10, k)
+            summary[f"{name}/{label}"] = {"n_tokens": best.height, "n_words": words.height, "per_side": k,
+                                          "per_side_words": k_words, "best": best["decoded"].head(k10).to_list(),
+                                          "worst": best["decoded"].tail(k10).reverse().to_list()}
         if len(sweeps) > 1:
             wide = shared_vocabulary({n: s.prompt(k) for s, k, n in zip(sweeps, keys, _names(sweeps))}, config.normalise)
             wide.write_csv(out / safe_name(f"shared_vocabulary__{label}.csv"))
@@ -170,7 +177,9 @@ def _top_responses(df, key: str, sweep, name: str, label: str, n: int, out: Path
         for row in part.iter_rows(named=True):
             print(f"  {row['rank']:>7} {row['score']:>11.4f} {row['n_tokens']:>3} tok  {row['response']!r}")
         part.select("rank", "response", "n_tokens", "score").write_csv(out / safe_name(f"{name}__{label}__{tag}.csv"))
-    return {"best": best["response"].head(10).to_list(), "worst": best["response"].tail(10).reverse().to_list()}
+    k10 = min(10, best.height // 2)  # the summary's lists never share a response either
+    return {"n_responses": best.height, "best": best["response"].head(k10).to_list(),
+            "worst": best["response"].tail(k10).reverse().to_list()}
 
 
 def safe_name(name: str) -> str:
@@ -309,6 +318,7 @@ def run_misalignment(config, sweeps, out) -> dict:
     from probe.analysis.misalignment import misalignment
     from probe.analysis.regressions import lexicon_matches
     from probe.analysis.sweeps import short_name
+    from probe.report.text import plural
 
     warnings: list[str] = []
     if config.table:
@@ -351,15 +361,19 @@ def run_misalignment(config, sweeps, out) -> dict:
                "kendall_tau_human_interval": intervals, "interval": stats.INTERVAL_METHOD,
                "warnings": warnings,
                "most_undervalued": res.most_undervalued(config.top), "most_overvalued": res.most_overvalued(config.top),
-               "identity_terms_found": ids["name"].to_list()}
+               "n_items_by_side": res.counts(), "identity_terms_found": ids["name"].to_list()}
     atomic_write_json(out / "misalignment.json", summary)
     print(f"{n:,} items; human scores: {human_source}; Kendall tau-b of each model's scores with them, and its 95% "
           "interval (Fisher z):")
     print(plain_table([{"model": m, "tau_b": t, "interval": f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "too few items"}
                        for (m, t), iv in zip(res.tau_human.items(), intervals.values())]))
-    show = min(10, config.top)
-    print(f"most undervalued (models rank them furthest below humans): {', '.join(summary['most_undervalued'][:show])}")
-    print(f"most overvalued (furthest above): {', '.join(summary['most_overvalued'][:show])}")
+    show, sides = min(10, config.top), res.counts()
+    for side, where in (("undervalued", "furthest below humans"), ("overvalued", "furthest above humans")):
+        names = summary[f"most_{side}"][:show]
+        print(f"most {side} ({len(names)} of the {plural(sides[side], 'item')} models rank {where.split()[1]} "
+              f"humans, {where.split()[0]} first): {', '.join(names) or 'none'}")
+    if sides["level"]:
+        print(f"{plural(sides['level'], 'item')} ranked as humans rank them (in neither list)")
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     return summary

@@ -5,7 +5,9 @@ A job with ``responses: FILE`` (and ``response_column``) scores those whole resp
     python -m probe.batch experiments/paper_ten_rms.yaml [--dry-run]
 
 The file has ``defaults`` (any exhaustive-sweep setting), ``prompts`` (a list of texts, or ``paper`` for the
-paper's three) and ``models`` (a list of settings, at least ``rm``). A model's job is done when a complete run
+paper's three; without it the paper's three, or only the prompts of a ``prompts`` file where a job names one; not
+together with a ``prompt`` in ``defaults``) and ``models`` (a list of settings, at least ``rm``; a model's own
+``prompt`` replaces the file's prompts for that model). A model's job is done when a complete run
 under the output root records the same job (model, prompts, score mode, dtype, ...); an unfinished one with
 the same job is resumed; otherwise a new run starts. A job that fails is reported and the next one runs.
 
@@ -50,6 +52,9 @@ def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
     if unknown:
         raise DataFormatError(f"{path}: unknown keys {unknown}; a job file has defaults, prompts and models")
     defaults = checked_settings(ScoreVocabConfig, data.get("defaults") or {}, f"{path} defaults")
+    if "prompts" in data and "prompt" in defaults:  # the defaults' prompt silently replaced the file's prompts
+        raise DataFormatError(f"{path}: prompts and defaults: prompt both name the prompts to score (the defaults' "
+                              "would replace the others): keep one")
     prompts = data.get("prompts", "paper")
     if prompts == "paper":
         prompts = tuple(PAPER_PROMPTS.values())
@@ -65,8 +70,12 @@ def read_jobs(path: str | Path) -> list[ScoreVocabConfig]:
         entry = checked_settings(ScoreVocabConfig, entry, where)
         if "rm" not in entry and "rm" not in defaults:
             raise DataFormatError(f"{where}: no rm: name the model (rm: smollm2 for the embedded SmolLM2)")
+        # without a prompts key, a job with a prompts file scores that file's prompts, as --prompts FILE alone does
+        # (not the paper's three as well); without either, the paper's three (their texts: the job keys of runs
+        # made before stay the same)
+        implicit = "prompts" not in data and ("prompts" in defaults or "prompts" in entry)
         try:
-            jobs.append(ScoreVocabConfig(**{"prompt": prompts, **defaults, **entry}))
+            jobs.append(ScoreVocabConfig(**{**({} if implicit else {"prompt": prompts}), **defaults, **entry}))
         except (TypeError, ValueError) as err:
             raise DataFormatError(blame(err, {where: set(entry), f"{path} defaults": set(defaults)}, where)) from None
     return jobs

@@ -138,6 +138,10 @@ def _open(config, loaded, prompts, responses, rows, head, batch_size) -> tuple[s
     k, n = config.shard_size, len(responses)
     todo = [(p.key, s) for p in prompts for s in range(-(-n // k))
             if run_dir.read_shard(p.key, s, min(k, n - s * k)) is None]
+    if config.resume and meta.get("status") != "complete":  # a stopped session's other ranks' shards: uncounted
+        from probe.runs.timing import credit_unrecorded, rows_on_disk
+
+        credit_unrecorded(meta["timing"], "responses_scored", rows_on_disk(run_dir, [p.key for p in prompts], n, k))
     if meta.get("status") != "complete" and _kept_checks(run_dir, meta, todo):
         run_dir.write_meta(meta)
     return str(run_dir.path), meta, todo

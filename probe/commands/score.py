@@ -78,6 +78,11 @@ def _run(config: ScoreVocabConfig, dist, t_start: float, started: str) -> RunDir
         barrier(dist)
         return run_dir
     vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
+    if dist.main and config.resume:  # what a stopped session scored on ranks other than 0 is on disk, uncounted
+        from probe.runs.timing import credit_unrecorded, rows_on_disk
+
+        credit_unrecorded(meta["timing"], "tokens_scored", rows_on_disk(
+            run_dir, [p.key for p in prompts], int(sweep.token_ids.size), config.shard_size))
     timing = SessionTiming(meta, started, round(t_loaded - t_start, 3), dist.world)
     if dist.main:
         from probe.report.text import model_label

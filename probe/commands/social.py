@@ -115,6 +115,9 @@ def suite_entries(cfg: SocialConfig) -> list[dict]:
             data = e.get("data")
             if data is not None and not isinstance(data, str):
                 raise DataFormatError(f"{path} datasets[{k}]: data {data!r}: a path, hf:ORG/NAME or offline")
+            if isinstance(data, str) and not data.strip():  # "" resolved to the suite file's own folder
+                raise DataFormatError(f"{path} datasets[{k}]: data is empty: give a path, hf:ORG/NAME or offline, or "
+                                      "leave data out for the data set's default copy")
             if isinstance(data, str) and (under_root := expand_data_root(data, f"{path} datasets[{k}]")):
                 data = under_root  # $RM_PROBE_SOCIAL_DATA/...: under the social data root
             elif data not in (None, "offline") and not data.startswith("hf:") and not Path(data).is_absolute():
@@ -132,8 +135,15 @@ def suite_models(cfg: SocialConfig) -> list[dict]:
     if cfg.suite:
         path = Path(cfg.suite)
         out = []
-        for k, m in enumerate(_read_suite(path).get("models") or [], start=1):
-            m = {"rm": m} if isinstance(m, str) or m is None else m
+        suite = _read_suite(path)
+        if "models" in suite and not suite["models"]:  # models: (null) or []: the embedded model, silently
+            raise DataFormatError(f"{path}: models is empty: name at least one model (smollm2 for the embedded "
+                                  "SmolLM2), or leave models out for it")
+        for k, m in enumerate(suite.get("models") or [], start=1):
+            if m is None or isinstance(m, dict) and "rm" in m and m["rm"] is None:  # "- " or "rm:" with no value
+                raise DataFormatError(f"{path} models[{k}]: no model (YAML reads an empty value as null): name it "
+                                      "(smollm2 for the embedded SmolLM2)")
+            m = {"rm": m} if isinstance(m, str) else m
             if not isinstance(m, dict) or set(m) - MODEL_KEYS:
                 raise DataFormatError(f"{path} models[{k}]: a model id or a mapping of {sorted(MODEL_KEYS)}")
             if m.get("rm") is not None and not isinstance(m["rm"], str):  # one model: one --rm's text

@@ -72,7 +72,8 @@ class TraceConfig(ModelOptions):
 
     def __post_init__(self) -> None:
         self.check_reference()
-        check_not_blank(self, "responses", "gcg", "social", "out")
+        # an empty --prompt was read as not given and traced the paper's prompt instead (probe score refuses it)
+        check_not_blank(self, "prompt", "responses", "gcg", "social", "out")
         if not (self.response or self.responses or self.gcg or self.social):
             raise ValueError("give --response TEXT, --responses FILE, --gcg RUN_DIR or --social RUN_DIR")
         if any(not r.strip() for r in self.response):

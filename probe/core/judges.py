@@ -14,7 +14,7 @@ A judge prompt is a YAML file (``--judge-prompt FILE``) or one shipped in probe/
 
     kind: rating            # or pair
     source: where the text comes from (recorded in the run)
-    system: null            # the system prompt, or null (--system replaces it)
+    system: null            # the system prompt ("": an empty system turn), or null (--system replaces it)
     user: "... {prompt} ... {response} ..."        # pair: {prompt}, {response_a}, {response_b}
     answer_prefix: ""       # text the answer starts with before the rating (label) token, e.g. "[["
     ratings: [1, 10]        # rating: the lowest and highest rating, every integer between is a token
@@ -140,7 +140,8 @@ def load_judge_prompt(value: str | None, kind: JudgeKind) -> JudgePrompt:
         labels = (lab[0], lab[1])
     unit_test, top = _unit_test_fields(data, kind, user, where)
     name = value if value in shipped() else str(path)
-    return JudgePrompt(name, kind, source.strip(), user, system or None, prefix, ratings, labels, unit_test, top)
+    # system: "" is an empty system turn, as --system "" is (it was read as null: the template's own system prompt)
+    return JudgePrompt(name, kind, source.strip(), user, system, prefix, ratings, labels, unit_test, top)
 
 
 def _unit_test_fields(data: dict, kind: str, user: str, where: str) -> tuple[str | None, int | None]:

@@ -312,12 +312,13 @@ def plot_png(df: pl.DataFrame, shown: dict[int, str], title: str) -> str:
     ax.hist(s, bins=120, color="#3A6E97", alpha=0.85)
     ax.axvline(np.median(s), color="black", lw=1, ls="--", label=f"median {np.median(s):.3g}")
     label = lambda r: shown.get(r["token_id"], r["decoded"]).replace("\n", "⏎")  # noqa: E731
-    top = ranked.head(3).to_dicts()
-    bottom = ranked.reverse().head(3).to_dicts()
+    k3 = min(3, ranked.height // 2)  # fewer than six tokens: half a side, no token labelled as best and worst
+    top = ranked.head(k3).to_dicts()
+    bottom = ranked.reverse().head(k3).to_dicts()
     ymax = ax.get_ylim()[1]
     for i, r in enumerate(top + bottom):  # the best three on the right, the worst three on the left, stacked
-        ax.annotate(repr(label(r)), (r["score"], 0), xytext=(r["score"], ymax * (0.9 - 0.16 * (i % 3))),
-                    fontsize=7, ha="right" if i < 3 else "left", va="top",
+        ax.annotate(repr(label(r)), (r["score"], 0), xytext=(r["score"], ymax * (0.9 - 0.16 * (i % max(1, k3)))),
+                    fontsize=7, ha="right" if i < k3 else "left", va="top",
                     arrowprops=dict(arrowstyle="-", lw=0.5, color="0.4"))
     ax.set_title(f"{title}: every token", fontsize=10)
     ax.set_xlabel("score")

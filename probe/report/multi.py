@@ -46,11 +46,15 @@ def _rows(df: pl.DataFrame, n: int) -> list[list]:
 
 
 def best_worst(df: pl.DataFrame, n: int) -> dict:
-    """Best and worst ``n`` rows, of all tokens and of words only: [rank, score, id, flags, text]."""
+    """Best and worst rows, of all tokens and of words only: [rank, score, id, flags, text], ``n`` a side, or half
+    of them where there are fewer than 2n (no token is in both tables), with ``of``: how many there are."""
     ranked = df.sort(["rank", "token_id"])
     words = ranked.filter(pl.col("is_word"))
-    return {"all": {"best": _rows(ranked, n), "worst": _rows(ranked.reverse(), n)},
-            "words": {"best": _rows(words, n), "worst": _rows(words.reverse(), n)}}
+    out = {}
+    for view, part in (("all", ranked), ("words", words)):
+        k = min(n, part.height // 2)
+        out[view] = {"best": _rows(part, k), "worst": _rows(part.reverse(), k), "of": part.height}
+    return out
 
 
 def disagreement(wide: pl.DataFrame, labels: list[str], n: int = 25) -> list[dict]:

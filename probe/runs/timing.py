@@ -62,3 +62,36 @@ def _accumulate(before: dict | None, now: dict) -> dict:
     return {"prefix_and_check_s": now["prefix_and_check_s"], "sweep_s": round(sweep_s, 3), "tokens_scored": scored,
             "tokens_per_s": round(scored / sweep_s, 2) if sweep_s else None,
             "sweep_s_now": now["sweep_s"], "tokens_scored_now": now["tokens_scored_now"]}
+
+
+def credit_unrecorded(timing: dict, field: str, on_disk: dict[str, int]) -> int:
+    """On resume: rows an earlier session scored and saved but never counted, credited to the latest session (the
+    one that was stopped), and said so (``<field>_found_on_resume``); returns how many.
+
+    Under torchrun only rank 0 writes meta.json, and it learns the other ranks' counts when a prompt ends: a session
+    stopped mid-prompt counted rank 0's shards only, while every rank's finished shards stay on disk (one process
+    stopped between a shard and its meta.json likewise). Every row in ``on_disk`` (prompt key -> rows of finished
+    checkpoints) was scored once, by an earlier session, so the sessions' counts are at least these. ``timing``:
+    a run's ``meta["timing"]``; a sweep's per-prompt totals (``prompts``) are raised to them too."""
+    sessions = timing.get("sessions") or []
+    prompts = timing.get("prompts")
+    if prompts is not None:  # a sweep: per prompt, the total over its sessions
+        missing = 0
+        for key, n in on_disk.items():
+            entry = prompts.setdefault(key, {"sweep_s": 0.0, field: 0})
+            if n > entry.get(field, 0):
+                missing += n - entry.get(field, 0)
+                entry[field] = n
+    else:
+        missing = max(0, sum(on_disk.values()) - sum(s.get(field, 0) for s in sessions))
+    if missing and sessions:
+        sessions[-1][field] = sessions[-1].get(field, 0) + missing
+        sessions[-1][f"{field}_found_on_resume"] = sessions[-1].get(f"{field}_found_on_resume", 0) + missing
+    return missing
+
+
+def rows_on_disk(run, keys: list[str], n: int, shard_size: int) -> dict[str, int]:
+    """Per prompt key, the rows of its finished shards that a resume keeps (`RunDir.read_shard`: one it cannot read
+    is scored again, and counted then), of ``n`` rows in shards of ``shard_size``."""
+    sizes = [min(shard_size, n - s * shard_size) for s in range(-(-n // shard_size))]
+    return {k: sum(m for s, m in enumerate(sizes) if run.read_shard(k, s, m) is not None) for k in keys}
