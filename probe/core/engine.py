@@ -20,8 +20,8 @@ from torch import Tensor
 
 from probe.core.cache import check_replicable, replicate
 from probe.core.heads import ScoreHead
-from probe.core.invariance import (bucket_length, buckets, check_device, cpu_activations, fixed_groups, group_rows,
-                                   rows_per_forward, tile_rows)
+from probe.core.invariance import buckets, check_device, cpu_activations, fixed_groups, rows_per_forward, tile_rows
+from probe.core.packing import TileFill, gather_hidden, run_tiles, token_table
 from probe.models.attention import require_trained_attention
 
 
@@ -164,67 +164,32 @@ class PrefixScorer:
         return out.last_hidden_state[:, self.n_prefix :]
 
     def _packed(self, cont: Tensor, n_in: list[int]):
-        """The rows' first ``n_in[i]`` ids through packed tiles (kernels/packed_attention.py). Returns ``hidden_of
-        (rows, width)``: their final hidden states as [len(rows), width, d] (past a row's own tokens, its last)."""
-        from probe.kernels.packed_attention import plan, using_packed
+        """The rows' first ``n_in[i]`` ids through packed tiles (probe/core/packing.py)."""
+        return run_tiles(self.backbone, self.device, cont, n_in, [self.n_prefix] * len(n_in), self.tiles, self.fill,
+                         prefix=self.shared)
 
-        size = self.tiles
-        order = sorted((i for i, n in enumerate(n_in) if n > 0), key=lambda i: (-n_in[i], i))
-        tiles: list[list] = []  # [used, length, [(row, start), ...]]
-        for i in order:  # first fit, longest first: where a row goes changes no bit of it, only how full tiles are
-            n = n_in[i]
-            if n > size:  # longer than a tile: a tile of its own, its length set by the row alone
-                tiles.append([n, bucket_length(n, self.device), [(i, 0)]])
-                continue
-            for t in tiles:
-                if t[1] == size and t[0] + n <= size:
-                    t[2].append((i, t[0]))
-                    t[0] += n
-                    break
-            else:
-                tiles.append([n, size, [(i, 0)]])
-        start = [0] * len(n_in)
-        outs, offset = [], 0
-        for used, length, members in tiles:
-            row_of, col_of = [members[0][0]] * length, [0] * length
-            for i, s in members:
-                row_of[s : s + n_in[i]] = [i] * n_in[i]
-                col_of[s : s + n_in[i]] = range(n_in[i])
-                start[i] = offset + s
-            rows_t = torch.tensor(row_of, device=cont.device)
-            cols_t = torch.tensor(col_of, device=cont.device)
-            ids = cont[rows_t, cols_t][None]
-            pos = (cols_t + self.n_prefix)[None].to(self.device)
-            pack = plan(self.shared, [(s, n_in[i]) for i, s in members], length, self.device)
-            with using_packed(self.backbone):
-                out = self.backbone(input_ids=ids.to(self.device), position_ids=pos, use_cache=False, rm_pack=pack)
-            outs.append(out.last_hidden_state[0])
-            offset += length
-            self.fill.add(used, length)
-        flat = torch.cat(outs) if outs else None
-
-        def hidden_of(rows: list[int], width: int) -> Tensor:
-            if width == 0 or flat is None:
-                return self.prefix_hidden.new_zeros(len(rows), width, self.prefix_hidden.shape[-1])
-            index = [[start[i] + min(j, max(n_in[i], 1) - 1) for j in range(width)] for i in rows]
-            return flat[torch.tensor(index, device=flat.device)]
-
-        return hidden_of
+    def _tokens(self, cont: Tensor, lengths: Tensor) -> Tensor | None:
+        """Packed, for a head that reads every position's next token: the rows' token log-probabilities, a tile at a
+        time (`probe.core.packing.token_table`)."""
+        n_in = [max(0, n - 1) for n in lengths.tolist()]
+        return token_table(self._packed(cont, n_in), self.head, cont, n_in)
 
     def _in_groups(self, cont: Tensor, lengths: Tensor, fn) -> list[tuple[list[int], Any]]:
         """``fn(hidden, rows, lengths)`` on fixed groups of rows of one length bucket, as (row indices, results)."""
         n_drop = int(self.head.drops_last_input)
         sizes = lengths.tolist()
-        hidden_of = self._packed(cont, [max(0, n - n_drop) for n in sizes]) if self.packed else None
+        if self.packed:
+            n_ins = [max(0, n - n_drop) for n in sizes]
+            tiles = self._packed(cont, n_ins)
+        hidden_of = (lambda rows, width: gather_hidden(tiles, n_ins, rows, width, self.prefix_hidden)) if self.packed \
+            else None
         out = []
         for width, idx in buckets(sizes, self.device).items():
             n_in = width - n_drop
-            if self.packed:
-                per = max(1, group_rows(self.device) // max(1, width))
-            else:
-                per = rows_per_forward(n_in + (0 if self.use_cache else self.n_prefix), self.device)
-                if per is not None:
-                    self.fill.add(len(idx) * width, -(-len(idx) // per) * per * width)
+            # a packed tile's rows are read by the head a tile's worth at a time; a forward of rows holds as many
+            per = rows_per_forward(n_in + (0 if self.use_cache else self.n_prefix), self.device)
+            if per is not None and not self.packed:
+                self.fill.add(len(idx) * n_in, -(-len(idx) // per) * per * n_in)
             for group, real in fixed_groups(idx, per):
                 sel = torch.tensor(group, device=cont.device)
                 rows, n = fit(cont[sel], width), lengths[sel]
@@ -238,6 +203,10 @@ class PrefixScorer:
         """One float32 score per row; rows are right-padded continuations with true ``lengths``."""
         cont, lengths = _as_batch(cont, lengths, self.device)
         with torch.inference_mode(), cpu_activations(self.model):
+            if self.packed and getattr(self.head, "reads_tokens", False):
+                table = self._tokens(cont, lengths)
+                c, n = (cont, lengths) if table is None else _on(table, cont, lengths)
+                return self.head.from_tokens(c, n, table).float()
             parts = self._in_groups(cont, lengths, lambda h, c, n: self.head.score(h, *_on(h, c, n)).float())
         return _assemble(parts, cont.shape[0])
 
@@ -249,6 +218,11 @@ class PrefixScorer:
         cont, lengths = _as_batch([list(r) for r in responses], None, self.device)
         out: list = [None] * cont.shape[0]
         with torch.inference_mode(), cpu_activations(self.model):
+            if self.packed and getattr(self.head, "reads_tokens", False):
+                table = self._tokens(cont, lengths)
+                c = cont if table is None else _on(table, cont)[0]
+                scores = self.head.prefixes_from_tokens(c, table).float()
+                return [scores[b, :n] for b, n in enumerate(lengths.tolist())]
             for rows, part in self._in_groups(cont, lengths, lambda h, c, n: self._prefix_scores(h, c, n, chunk)):
                 for i, scores in zip(rows, part):
                     out[i] = scores
@@ -293,21 +267,6 @@ class PrefixScorer:
             hidden = self.hidden(inputs_embeds=embeds)
         cont, lengths = _on(hidden, cont, lengths)
         return self.head.score(hidden, cont, lengths, onehot=None if onehot is None else onehot.to(hidden.device)).float()
-
-
-class TileFill:
-    """Token rows scored over token rows computed in fixed-shape forwards (1.0: every tile full)."""
-
-    def __init__(self):
-        self.real = self.computed = 0
-
-    def add(self, real: int, computed: int) -> None:
-        self.real += real
-        self.computed += computed
-
-    @property
-    def ratio(self) -> float | None:
-        return self.real / self.computed if self.computed else None
 
 
 class FullSequenceScorer:

@@ -398,26 +398,48 @@ class LogprobHead(ScoreHead):
         return torch.cat(out)
 
     def score(self, hidden, cont, lengths, onehot=None):
-        if onehot is None:
-            lp = self.first[cont[:, 0]]
-        else:
-            lp = (self.first[None, :] * onehot[:, 0].float()).sum(-1)
-        m = cont.shape[1]
-        total = lp
-        if m > 1:
+        rest = None
+        if cont.shape[1] > 1:
             soft = None if onehot is None else onehot[:, 1:]
-            rest = self._token_logprobs(hidden[:, : m - 1], cont[:, 1:], soft)
+            rest = self._token_logprobs(hidden[:, : cont.shape[1] - 1], cont[:, 1:], soft)
+        return self.from_tokens(cont, lengths, rest, onehot)
+
+    @property
+    def reads_tokens(self) -> bool:
+        """Whether a packed tile's positions can be read all at once (`tile_logprobs`): hard targets, fused."""
+        return self.fused
+
+    def tile_logprobs(self, hidden: Float[Tensor, "t d"], targets: Int[Tensor, " t"]) -> Float[Tensor, " t"]:
+        """log p(targets[j]) from hidden[j] for every position of a packed tile at once (probe/core/packing.py): one
+        call of the tile's fixed shape, whatever rows it holds."""
+        return self._token_logprobs(hidden[None], targets[None])[0]
+
+    def from_tokens(self, cont: Tensor, lengths: Tensor, rest: Tensor | None, onehot: Tensor | None = None) -> Tensor:
+        """The score from the token log-probabilities ``rest`` [b, m - 1] (of the continuation's tokens after the
+        first; past a row's length, ignored): the first token's, read at the prefix, plus ``rest`` summed in a
+        fixed tree, plus the prefix's scored part; the mean per token under ``reduce='mean'``."""
+        if onehot is None:
+            total = self.first[cont[:, 0]]
+        else:
+            total = (self.first[None, :] * onehot[:, 0].float()).sum(-1)
+        m = cont.shape[1]
+        if m > 1:
             mask = torch.arange(1, m, device=cont.device)[None, :] < lengths[:, None]
-            total = lp + tree_sum(torch.where(mask, rest, torch.zeros_like(rest)), 1)  # the padding adds exact zeros
+            total = total + tree_sum(torch.where(mask, rest, torch.zeros_like(rest)), 1)  # padding adds exact zeros
         total = total + self.offset
         return total / (lengths.float() + self.k_fixed) if self.reduce == "mean" else total
 
     def prefix_scores(self, hidden, cont, lengths):
         """Every prefix's score of each row at once (row i, column k-1: its first k tokens), as `score` would give
         it for length k: the running sum (or mean) of the token log-probabilities, each read once."""
+        rest = self._token_logprobs(hidden[:, : cont.shape[1] - 1], cont[:, 1:]) if cont.shape[1] > 1 else None
+        return self.prefixes_from_tokens(cont, rest)
+
+    def prefixes_from_tokens(self, cont: Tensor, rest: Tensor | None) -> Tensor:
+        """`prefix_scores` from the token log-probabilities ``rest`` [b, m - 1]."""
         lp = self.first[cont[:, 0]][:, None]
-        if cont.shape[1] > 1:
-            lp = torch.cat([lp, self._token_logprobs(hidden[:, : cont.shape[1] - 1], cont[:, 1:])], 1)
+        if rest is not None:
+            lp = torch.cat([lp, rest], 1)
         total = running_sum(lp, 1) + self.offset  # not cumsum: a GPU's scan adds in an order that follows the batch
         if self.reduce == "mean":
             total = total / (torch.arange(1, cont.shape[1] + 1, device=total.device)[None] + self.k_fixed)

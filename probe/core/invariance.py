@@ -138,6 +138,16 @@ def rows_per_forward(tokens_per_row: int, device: torch.device | str) -> int | N
     return None if rows is None else max(1, rows // max(1, tokens_per_row))
 
 
+def whole_tiles(batch: int, tokens_per_row: int, device: torch.device | str, nearest: bool = False) -> int:
+    """``batch`` rows rounded to whole tiles of rows of ``tokens_per_row`` tokens (down, or to the ``nearest``
+    multiple; at least one tile's rows where ``nearest``), so that a call's last tile is as full as its others."""
+    per = rows_per_forward(tokens_per_row, device)
+    if per is None or (batch < per and not nearest):
+        return batch
+    k = round(batch / per) if nearest else batch // per
+    return max(1, k) * per
+
+
 def fixed_groups(indices: Sequence[int], per: int | None) -> list[tuple[list[int], int]]:
     """``indices`` in groups of exactly ``per`` (None: one group of all), the last padded by repeating its first index;
     each as (the group's indices, how many are real)."""
@@ -226,14 +236,14 @@ def row_check(model: torch.nn.Module, device: torch.device | str | None = None) 
     """Whether a row's result is the same wherever it sits in a product of one shape, on this device: for each of
     the model's distinct linear products, a row alone in a zero tile and inside tiles of other rows at the first,
     a middle and the last place, compared bit for bit; on a CPU also at one thread against the process's threads;
-    and a softmax and a mean over rows of the model's width the same way. Cached on the model per device.
+    and a softmax and a mean over rows of the model's width the same way. Cached on the model per device and tile.
     Returns ``{"row_stable", "thread_stable", "checked", "first_difference"}``."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
+    rows = tile_rows(device) or DEFAULT_TILE
     cache = getattr(model, "_rm_row_check", {})
-    key = str(device)
+    key = (str(device), rows)
     if key in cache:
         return cache[key]
-    rows = tile_rows(device) or DEFAULT_TILE
     gen = torch.Generator(device="cpu").manual_seed(20261128)
     checked, first, thread_first = [], None, None
     places = (0, rows // 2 + 1, rows - 1)

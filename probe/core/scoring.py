@@ -18,6 +18,7 @@ from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.core.pairwise import OWN_FORWARD, PAIRRM_CLASS, OrderedPair, PairwiseConversation, second_prefix
 from probe.errors import ProbeError, TemplateError
 from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
+from probe.core.invariance import whole_tiles
 from probe.core.heads import (GatedRewardHead, JudgeHead, LinearRewardHead, LogitRewardHead, LogprobHead,
                               ModuleRewardHead, OwnForwardHead, RatingHead, ScoreHead, StepRewardHead)
 from probe.models.loading import LoadedModel
@@ -469,12 +470,17 @@ def batch_parts(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
 
 def default_batch_size(loaded: LoadedModel, n_prefix: int, n_new: int, mode: ScoreMode,
                        head: ScoreHead | None = None) -> int:
-    """CPU: 256 (measured best on 2 cores for SmolLM2). GPU: what fits in 70% of the free memory of every GPU the
+    """Rows per scoring call, in whole tiles (a call's rows fill its fixed-shape forwards, probe/core/invariance.py):
+    CPU about 256 (measured best on 2 cores for SmolLM2); GPU what fits in 70% of the free memory of every GPU the
     model (and its reference) is on, at most 4096 (probe/models/memory.py)."""
+    path = scoring_path(loaded, head)
+    drop = int(head.drops_last_input) if head is not None else int(mode == "logprob")
+    per_row = n_new - drop if path in ("shared", "cache") else n_prefix + n_new
     if loaded.device.type != "cuda":
-        return 256
+        return whole_tiles(256, per_row, loaded.device, nearest=True)
     from probe.models.memory import plan_devices
 
     parts = batch_parts(loaded, n_prefix, n_new, mode, head)
     free = {d: torch.cuda.mem_get_info(d)[0] for d in parts if d.type == "cuda"}
-    return max(1, plan_devices(free, {d: p for d, p in parts.items() if d in free}))
+    return whole_tiles(max(1, plan_devices(free, {d: p for d, p in parts.items() if d in free})), per_row,
+                       loaded.device)

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+import torch
 
 from probe.config import ScoreMode, ScoringOptions
 from probe.core.engine import pad_rows
+from probe.core.invariance import tile_rows
+from probe.core.packing import score_mixed
 from probe.core.paper_method import common_prefix
 from probe.core.responses import second_order_from_text
 from probe.core.scoring import AdaptiveBatcher, build_scorer, check_rows, conversation, make_head
@@ -67,14 +70,29 @@ class ChunkFiles:
 FLUSH_ROWS = 256  # a process keeps its finished chunks in a file each time this many rows have finished
 
 
+def _windows(mine: list[int], chunks: list, size: int) -> list[list[int]]:
+    """This process's chunks, in order, cut into windows of about ``size`` rows (scored together, the window's prefix
+    caches kept while it is)."""
+    out, rows = [[]], 0
+    for c in mine:
+        if rows >= size:
+            out.append([])
+            rows = 0
+        out[-1].append(c)
+        rows += len(chunks[c][1])
+    return [w for w in out if w]
+
+
 def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions = ScoringOptions(),
-                system: str | None = None, batch_size: int = 64, verify: int = 4, progress=None,
-                dist: Dist = Dist(), keep: ChunkFiles | None = None) -> pl.DataFrame | None:
+                system: str | None = None, batch_size: int | None = None, verify: int = 4, progress=None,
+                dist: Dist = Dist(), keep: ChunkFiles | None = None, fill=None) -> pl.DataFrame | None:
     """One row per item x option: dataset, domain, source file, item_id, the data set's own example id, social
     group, option, label, score, gold, undesirable, text, and the item's prompt (what `probe trace --social` reads).
 
-    Each prefix's rows, sorted by length, are cut into chunks of 256 (padded to their longest, then scored in
-    batches); the first two rows of the first chunks are self-checked. With ``keep`` the finished chunks are kept in
+    Each prefix's rows, sorted by length, are cut into chunks of 256; a process scores its chunks in windows of about
+    ``batch_size`` rows (None: the device's tile, `probe.core.invariance.tile_rows`), the rows of a window's many
+    prompts packed together into full tiles (`score_mixed`; ``fill``, a `TileFill`, counts how full the tiles were);
+    the first two rows of the first chunks are self-checked. With ``keep`` the finished chunks are kept in
     the run folder as they finish (every `FLUSH_ROWS` rows of a process) and the chunks kept there are not scored
     again. Under torchrun (``dist``) the chunks left to score are dealt to the ranks by their cost (`deal`: rows
     x padded length, costliest first; every batch is the one a single process scores); rank 0 gathers the scores
@@ -91,31 +109,46 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
             progress(keep.kept_rows)
     scores: dict[tuple[int, int], float] = {}
     pending: dict[int, np.ndarray] = {}
+    batch_size = batch_size or tile_rows(loaded.device) or 512
     batcher = AdaptiveBatcher(batch_size)
-    built = None
+    built: dict[tuple[int, ...], tuple] = {}
     # dealt by cost (rows x their padded length, the longest chunks first), not round robin: a prefix's last, short
     # chunk and a data set's long options no longer pile up on one rank; every batch is still a single process's
     costs = [float(len(chunks[c][1]) * max(len(r[2]) for r in chunks[c][1])) for c in left]
     mine = [left[k] for k in deal(costs, dist.world)[dist.rank]]
-    for c in mine:
-        prefix, part = chunks[c]
-        if built is None or built[0] != prefix:
-            head = make_head(loaded, mode, opts, response_in_prefix=scored[prefix])
-            built = (prefix, head, build_scorer(loaded, head, list(prefix)))
-        _, head, scorer = built
-        cont, lengths = pad_rows([r[2] for r in part])
-        out = batcher.run(scorer.score, cont, lengths=lengths)
-        if 2 * c < verify:
-            names = [f"item {items[i].item_id} option {j}" for i, j, _ in part[:2]]
-            check_rows(loaded, head, list(prefix), scorer, cont[:2], lengths[:2], names, got=out[:2])
-        for (i, j, _), v in zip(part, out):
-            scores[(i, j)] = float(v)
-        pending[c] = out
-        if keep and sum(len(v) for v in pending.values()) >= FLUSH_ROWS:
-            keep.run.write_chunks(keep.key, pending)
-            pending = {}
-        if progress:
-            progress(len(part))
+    for window in _windows(mine, chunks, batch_size):
+        # the window's rows, of many prompts, packed together into full tiles (probe/core/packing.py): each row's
+        # bits are its own whatever shares its tile, so windows, batches and ranks change no score
+        built = {p: built[p] for p in {chunks[c][0] for c in window} if p in built}  # keep only this window's caches
+        for c in window:
+            prefix = chunks[c][0]
+            if prefix not in built:
+                head = make_head(loaded, mode, opts, response_in_prefix=scored[prefix])
+                built[prefix] = (head, build_scorer(loaded, head, list(prefix)))
+        order = list(built)
+        scorers = [built[p][1] for p in order]
+        rows = [(order.index(chunks[c][0]), r[2]) for c in window for r in chunks[c][1]]
+        index = torch.arange(len(rows))
+        flat = batcher.run(lambda sel: score_mixed(scorers, [rows[i][1] for i in sel.tolist()],
+                                                   [rows[i][0] for i in sel.tolist()], fill), index)
+        at = 0
+        for c in window:
+            prefix, part = chunks[c]
+            out = flat[at : at + len(part)]
+            at += len(part)
+            if 2 * c < verify:
+                head, scorer = built[prefix]
+                cont, lengths = pad_rows([r[2] for r in part[:2]])
+                names = [f"item {items[i].item_id} option {j}" for i, j, _ in part[:2]]
+                check_rows(loaded, head, list(prefix), scorer, cont, lengths, names, got=out[:2])
+            for (i, j, _), v in zip(part, out):
+                scores[(i, j)] = float(v)
+            pending[c] = out
+            if keep and sum(len(v) for v in pending.values()) >= FLUSH_ROWS:
+                keep.run.write_chunks(keep.key, pending)
+                pending = {}
+            if progress:
+                progress(len(part))
     if keep and pending:  # this process's last chunks: kept while the others finish theirs
         keep.run.write_chunks(keep.key, pending)
     parts = gather(dist, scores)

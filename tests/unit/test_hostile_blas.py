@@ -111,7 +111,8 @@ def test_halving_resume_shard_world_size_and_threads_change_no_bit_under_a_hosti
 
     assert np.array_equal(AdaptiveBatcher(77).run(tight, rows), want)  # 77 -> 38 -> 19
     half = rows.shape[0] // 3
-    resumed = np.concatenate([AdaptiveBatcher(13).run(sc.score, rows[:half]), AdaptiveBatcher(256).run(sc.score, rows[half:])])
+    resumed = np.concatenate([AdaptiveBatcher(13).run(sc.score, rows[:half]),
+                              AdaptiveBatcher(256).run(sc.score, rows[half:])])
     assert np.array_equal(resumed, want)
     ranks = [AdaptiveBatcher(256).run(sc.score, rows[r::3]) for r in range(3)]
     dealt = np.empty_like(want)
@@ -188,7 +189,7 @@ def test_a_device_whose_rows_round_by_their_place_is_reported_not_invariant(tiny
     with HostileBLAS():  # rounding by the row count only: every call the check makes has one shape
         fine = describe("cpu", model2 := _fresh(lm.model))
     assert fine["row_check"]["row_stable"] and len(fine["row_check"]["checked"]) >= 3, fine
-    assert model2._rm_row_check["cpu"] is fine["row_check"]  # once per model and device
+    assert model2._rm_row_check[("cpu", fine["tile_rows"])] is fine["row_check"]  # once per model and device
 
 
 def _fresh(model):

@@ -1,0 +1,183 @@
+"""Rows packed into full tiles: forwards of exactly ``TILE_ROWS`` token positions, whatever the rows' lengths.
+
+The engine's batch-invariance rule (probe/core/invariance.py) gives every forward one shape. Rows of one length in
+fixed groups would pad short and few rows to a whole tile (whole responses, social items); packed, a tile holds rows
+of any lengths back to back and pads only its end (kernels/packed_attention.py computes each row's attention in calls
+set by the row alone). `run_tiles` packs rows first-fit, longest first, runs each tile through the backbone with
+every row's own positions and returns every row's final hidden states; `TileFill` counts how full the tiles were
+(the GPU kit and experiments/bench_invariance.py report it). `score_mixed` scores rows of many prefixes together
+(social items: a prompt each), each row's prefix gathered from a pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from probe.core.invariance import bucket_length, cpu_activations
+
+
+class TileFill:
+    """Token rows scored over token rows computed in fixed-shape forwards (1.0: every tile full)."""
+
+    def __init__(self):
+        self.real = self.computed = 0
+
+    def add(self, real: int, computed: int) -> None:
+        self.real += real
+        self.computed += computed
+
+    @property
+    def ratio(self) -> float | None:
+        return self.real / self.computed if self.computed else None
+
+    def to_json(self) -> dict:
+        return {"real_rows": self.real, "computed_rows": self.computed,
+                "fill": None if self.ratio is None else round(self.ratio, 4)}
+
+
+def first_fit(n_in: Sequence[int], size: int, device) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Tiles of ``size`` positions for rows of ``n_in`` tokens (rows of 0 tokens need none), first fit, longest first:
+    (positions used, tile length, [(row, start), ...]) each. A row longer than a tile gets a tile of its own, its
+    length set by the row alone (`bucket_length`). Where a row goes changes no bit of it, only how full tiles are."""
+    tiles: list[list] = []
+    for i in sorted((i for i, n in enumerate(n_in) if n > 0), key=lambda i: (-n_in[i], i)):
+        n = n_in[i]
+        if n > size:
+            tiles.append([n, bucket_length(n, device), [(i, 0)]])
+            continue
+        for t in tiles:
+            if t[1] == size and t[0] + n <= size:
+                t[2].append((i, t[0]))
+                t[0] += n
+                break
+        else:
+            tiles.append([n, size, [(i, 0)]])
+    return [(used, length, members) for used, length, members in tiles]
+
+
+@dataclass
+class Tiles:
+    """What `run_tiles` computed: every tile's final hidden states one after another (``flat``; None where no row had
+    a token), each tile's length, each row's first place in ``flat``, and each place's row and column (a padding
+    place: its tile's first row, column 0)."""
+
+    flat: Tensor | None
+    lengths: list[int]
+    start: list[int]
+    row_of: list[int]
+    col_of: list[int]
+
+
+def run_tiles(backbone: torch.nn.Module, device: torch.device, cont: Tensor, n_in: Sequence[int],
+              first_position: Sequence[int], size: int, fill: TileFill | None = None, prefix=None, pool=None,
+              which: Sequence[int] | None = None) -> Tiles:
+    """The first ``n_in[i]`` ids of each row of ``cont`` at positions ``first_position[i]`` onward, packed into tiles
+    of ``size`` positions and run through ``backbone`` with the packed shared-prefix attention (one ``prefix``, or a
+    ``pool`` and each row's prefix ``which[i]``)."""
+    from probe.kernels.packed_attention import plan, using_packed
+
+    out = Tiles(None, [], [0] * len(n_in), [], [])
+    outs, offset = [], 0
+    for used, length, members in first_fit(n_in, size, device):
+        row_of, col_of = [members[0][0]] * length, [0] * length
+        for i, s in members:
+            row_of[s : s + n_in[i]] = [i] * n_in[i]
+            col_of[s : s + n_in[i]] = range(n_in[i])
+            out.start[i] = offset + s
+        rows_t = torch.tensor(row_of, device=cont.device)
+        cols_t = torch.tensor(col_of, device=cont.device)
+        ids = cont[rows_t, cols_t][None].to(device)
+        pos = torch.tensor([first_position[r] + c for r, c in zip(row_of, col_of)], device=device)[None]
+        pack = plan([(s, n_in[i], which[i] if which is not None else 0) for i, s in members], length, device,
+                    prefix=prefix, pool=pool)
+        with using_packed(backbone):
+            hidden = backbone(input_ids=ids, position_ids=pos, use_cache=False, rm_pack=pack).last_hidden_state[0]
+        outs.append(hidden)
+        out.lengths.append(length)
+        out.row_of += row_of
+        out.col_of += col_of
+        offset += length
+        if fill is not None:
+            fill.add(used, length)
+    out.flat = torch.cat(outs) if outs else None
+    return out
+
+
+def gather_hidden(tiles: Tiles, n_in: Sequence[int], rows: Sequence[int], width: int, like: Tensor) -> Tensor:
+    """Rows' final hidden states [len(rows), width, d] from `run_tiles` (past a row's own tokens, its last)."""
+    if width == 0 or tiles.flat is None:
+        return like.new_zeros(len(rows), width, like.shape[-1])
+    index = [[tiles.start[i] + min(j, max(n_in[i], 1) - 1) for j in range(width)] for i in rows]
+    return tiles.flat[torch.tensor(index, device=tiles.flat.device)]
+
+
+def token_table(tiles: Tiles, head, cont: Tensor, n_in: Sequence[int]) -> Tensor | None:
+    """For a head that reads each position's next token (the fused log-probability head: ``head.reads_tokens``),
+    every row's token log-probabilities [rows, width - 1] (zeros past a row's own), read a whole tile at a time
+    (`tile_logprobs`: one call of the tile's fixed shape, no row padded to another's length). None where the rows
+    have one token each."""
+    width = cont.shape[1] - 1
+    if width <= 0:
+        return None
+    if tiles.flat is None:
+        return torch.zeros(cont.shape[0], width, device=cont.device)
+    dev = tiles.flat.device
+    rows_t = torch.tensor(tiles.row_of, device=cont.device)
+    cols_t = torch.tensor(tiles.col_of, device=cont.device).clamp(max=width - 1) + 1
+    targets = cont[rows_t, cols_t].to(dev)
+    parts, offset = [], 0
+    for length in tiles.lengths:
+        parts.append(head.tile_logprobs(tiles.flat[offset : offset + length], targets[offset : offset + length]))
+        offset += length
+    lp = torch.cat(parts)
+    index = torch.tensor([[tiles.start[i] + min(j, max(n, 1) - 1) for j in range(width)] for i, n in enumerate(n_in)],
+                         device=dev)
+    real = torch.arange(width, device=dev)[None, :] < torch.tensor(list(n_in), device=dev)[:, None]
+    return torch.where(real, lp[index], torch.zeros((), device=dev, dtype=lp.dtype))
+
+
+def score_mixed(scorers: Sequence, rows: Sequence[Sequence[int]], which: Sequence[int],
+                fill: TileFill | None = None) -> Tensor:
+    """Rows of several prefixes, each row ``rows[i]`` a continuation of ``scorers[which[i]]``'s prefix (PrefixScorers
+    of one model and one kind of head), packed together into full tiles; each row read by its own scorer's head in
+    a call of its own shape. Scorers off the packed layout (no shared-prefix attention, or tiles off) score each
+    prefix's rows through their own `score` instead. Returns float32 scores on the CPU, in row order."""
+    from probe.core.engine import _as_batch, _on, pad_rows
+    from probe.kernels.packed_attention import PrefixPool
+
+    if not rows:
+        return torch.empty(0, dtype=torch.float32)
+    if not all(s.packed for s in scorers):
+        out = torch.empty(len(rows), dtype=torch.float32)
+        for k, sc in enumerate(scorers):
+            mine = [i for i, w in enumerate(which) if w == k]
+            if mine:
+                out[torch.tensor(mine)] = sc.score([rows[i] for i in mine]).float().cpu()
+        return out
+    first = scorers[0]
+    device = first.device
+    cont, lengths = _as_batch(*pad_rows(rows), device)
+    n_drop = int(first.head.drops_last_input)
+    sizes = lengths.tolist()
+    n_in = [max(0, n - n_drop) for n in sizes]
+    used = sorted(set(which))
+    slot = {k: j for j, k in enumerate(used)}
+    pool = PrefixPool([scorers[k].shared for k in used], device)
+    with torch.inference_mode(), cpu_activations(first.model):
+        tiles = run_tiles(first.backbone, device, cont, n_in, [scorers[w].n_prefix for w in which], first.tiles, fill,
+                          pool=pool, which=[slot[w] for w in which])
+        table = token_table(tiles, first.head, cont, n_in) if getattr(first.head, "reads_tokens", False) else None
+        scores = []
+        for i, n in enumerate(sizes):
+            head = scorers[which[i]].head
+            if table is not None:  # each row's own head (its prompt's first token and scored part) on its tokens
+                c, n_t = _on(table, cont[i : i + 1, :n], lengths[i : i + 1])
+                scores.append(head.from_tokens(c, n_t, table[i : i + 1, : n - 1] if n > 1 else None).float())
+                continue
+            hidden = gather_hidden(tiles, n_in, [i], n_in[i], scorers[which[i]].prefix_hidden)
+            scores.append(head.score(hidden, *_on(hidden, cont[i : i + 1, :n], lengths[i : i + 1])).float())
+    return torch.cat([s.to(scores[0].device) for s in scores]).cpu()
