@@ -30,7 +30,6 @@ child (a tokenizer class it cannot import, no memory) falls back to building the
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import inspect
 import io
@@ -158,7 +157,7 @@ def read(path: Path, key: str, n_ids: int) -> pl.DataFrame | None:
     """The cached table at ``path``; None where there is none or it does not check out (said, and rebuilt)."""
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as err:
         log.warning("the cached vocabulary table %s cannot be read (%s): building it again", path, err)
@@ -182,11 +181,15 @@ def write(path: Path, key: str, table: pl.DataFrame) -> bool:
     return True
 
 
-@functools.cache
+_NOT_KEPT: set[Path] = set()
+
+
 def _warn_not_kept(folder: Path | None, err: OSError | None = None) -> None:
-    if folder is not None:
-        log.warning("the vocabulary table cannot be kept in %s%s: it is built again by each run", folder,
-                    f" ({err})" if err else " (not writable)")
+    """Said once per folder and process."""
+    if folder is not None and folder not in _NOT_KEPT:
+        _NOT_KEPT.add(folder)
+        log.warning("the vocabulary table cannot be kept in %s (%s): it is built again by each run", folder,
+                    err or "not writable")
 
 
 def _consistent(table: pl.DataFrame, wordfreq: str | None) -> bool:
