@@ -17,7 +17,8 @@ and the model's loading, left out of the time to result. Calls inside a timed ca
 This CPU run drives ``probe.exhaustive``'s own ``run`` (the embedded SmolLM2, its log-probability proxy, the three
 paper prompts, the first ``--limit`` ids of each) in this process, in three ways per repeat, in turn:
 
-* before: the table built here before the sweep loop and not kept (the tree before issue 75, `serial_vocabulary`);
+* before: as the tree before issue 75: the table built here before the sweep loop and not kept (`serial_vocabulary`),
+  the self-check's reference one sequence a forward;
 * first run: the cache entry of this tokenizer removed first, so the table is built by the child beside the sweep;
 * cached: the entry there, read.
 
@@ -212,25 +213,39 @@ def bench_e2e(device, dtype, small: bool) -> dict:
 # ------------------------------------------------------------------------------------------------ this CPU
 def _run_once(config, mode: str) -> tuple[dict, Path, list]:
     from probe.commands.score import run
+    from probe.core import scoring
 
-    with split_clock(serial_vocabulary if mode == "before" else None) as clock:
-        t = time.perf_counter()
-        run_dir = run(config)
-        return clock.split(time.perf_counter() - t), run_dir.path, clock.jobs
+    tokens = scoring.REFERENCE_TOKENS
+    if mode == "before":
+        scoring.REFERENCE_TOKENS = 1  # the self-check's reference one sequence a forward, as before issue 75
+    try:
+        with split_clock(serial_vocabulary if mode == "before" else None) as clock:
+            t = time.perf_counter()
+            run_dir = run(config)
+            return clock.split(time.perf_counter() - t), run_dir.path, clock.jobs
+    finally:
+        scoring.REFERENCE_TOKENS = tokens
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=2048, help="ids per prompt (of SmolLM2's 49,152)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None, help="torch's CPU threads (default: torch's own)")
     ap.add_argument("--out", default=str(RESULTS / "time_to_result_cpu.md"))
     args = ap.parse_args(argv)
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from probe.config import ScoreVocabConfig
     from probe.runs.cpu import reproducible_blas
 
     reproducible_blas()
+    import os
+
+    load_before = os.getloadavg()[0]
     modes = ("before", "first run", "cached")
     results: dict[str, list[dict]] = {m: [] for m in modes}
     same = True
@@ -254,7 +269,8 @@ def main(argv=None) -> int:
     median = {m: {k: statistics.median(x[k] for x in rows) for k in rows[0] if k != "vocabulary from"}
               for m, rows in results.items()}
     host = {"python": platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "machine": platform.machine(), "processor": platform.processor()}
+            "machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count(),
+            "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)]}
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps({"limit": args.limit, "repeats": args.repeats, "host": host,
                                                    "runs": results, "median": median, "files_equal": same},
@@ -266,18 +282,21 @@ def main(argv=None) -> int:
 
 def markdown(args, median: dict, results: dict, same: bool, host: dict) -> str:
     rows = (*PARTS, "the rest", "time to result", "ratio to the engine loop", "model load")
-    lines = [f"# Time to result on this CPU: the embedded SmolLM2 sweep, split", "",
-             f"`python -m experiments.time_to_result --limit {args.limit} --repeats {args.repeats}`: "
+    threads = f" --threads {args.threads}" if args.threads else ""
+    lines = ["# Time to result on this CPU: the embedded SmolLM2 sweep, split", "",
+             f"`python -m experiments.time_to_result --limit {args.limit} --repeats {args.repeats}{threads}`: "
              f"`probe.exhaustive`'s `run` on the embedded SmolLM2 (log-probability proxy, float32, "
              f"{host['threads']} threads), the three paper prompts, the first {args.limit:,} ids each, in one process; "
-             f"medians of {args.repeats} runs of each column, taken in turn. Seconds.", "",
+             f"medians of {args.repeats} runs of each column, taken in turn. Seconds. The host: {host['cpus']} cores "
+             f"shared with other work (load average {host['load_average_1min'][0]} at the start, "
+             f"{host['load_average_1min'][1]} at the end).", "",
              "| | " + " | ".join(median) + " |", "|---" * (len(median) + 1) + "|"]
     for k in rows:
         cells = [("-" if median[m][k] is None else f"{median[m][k]:.2f}" + ("x" if k.startswith("ratio") else ""))
                  for m in median]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
-    lines += ["", "- before: the vocabulary table built in the process before the sweep loop, every run (the tree "
-              "before issue 75).",
+    lines += ["", "- before: as the tree before issue 75: the vocabulary table built in the process before the sweep "
+              "loop, every run, and the self-check's reference one sequence a forward.",
               "- first run: no cached table: a child process builds it beside the sweep (probe/core/vocab_cache.py); "
               "the vocabulary row is this process's part (the cache key, starting the child, waiting for it).",
               "- cached: the table read from rm-probe's cache under the tokenizer's content hash.",

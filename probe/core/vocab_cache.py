@@ -72,7 +72,7 @@ def _version(dist: str) -> str | None:
 
 
 def wordfreq_version() -> str | None:
-    """wordfreq's version where it imports here (the build reads its word list), else None."""
+    """wordfreq's version where it is installed here (the build reads its word list), else None."""
     if "wordfreq" in sys.modules and sys.modules["wordfreq"] is None:  # blocked, as tests do to stand for its absence
         return None
     import importlib.util
@@ -90,7 +90,8 @@ def tokenizer_digest(tokenizer) -> str | None:
     h = hashlib.sha256(f"{len(tokenizer)}\n".encode())
     for cls in type(tokenizer).__mro__:
         h.update(f"{cls.__module__}.{cls.__qualname__}\n".encode())
-        if cls.__module__.split(".")[0] not in ("transformers", "builtins"):  # its own code decodes: its bytes count
+        top = cls.__module__.split(".")[0]
+        if top != "transformers" and top not in sys.stdlib_module_names:  # its own code decodes: its bytes count
             try:
                 h.update(Path(inspect.getsourcefile(cls)).read_bytes())
             except (TypeError, OSError):
@@ -202,8 +203,8 @@ def _consistent(table: pl.DataFrame, wordfreq: str | None) -> bool:
 class VocabJob:
     """``tokenizer``'s vocabulary table for its first ``n_ids`` ids (all where None), on its way: read from the cache,
     built here (under ``INLINE_IDS`` ids, or ``background=False``), or built by a child process while the caller
-    scores; `result` waits for it. Use it as a context manager (or call `close`) so that a run that stops early
-    stops the child too."""
+    scores; `result` waits for it and closes the job. A job left unfinished (a run stopped by an error) stops its
+    child when it is collected or this process exits; `close`, or a ``with`` block, stops it at once."""
 
     def __init__(self, tokenizer, n_ids: int | None = None, background: bool | None = None):
         self.tokenizer, self.n_ids = tokenizer, len(tokenizer) if n_ids is None else n_ids
@@ -276,7 +277,10 @@ class VocabJob:
                 except OSError:
                     table = None
             if table is None:
-                err = Path(self._tmp, "stderr").read_text(errors="replace").strip().splitlines()
+                try:
+                    err = Path(self._tmp, "stderr").read_text(errors="replace").strip().splitlines()
+                except OSError:  # closed before: the child was stopped and its files removed
+                    err = ["stopped"]
                 log.warning("the vocabulary table's child process failed (exit %s: %s): building it here", code,
                             err[-1] if err else "no message")
                 table = self._build_here()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import shutil
 import sys
 import threading
@@ -268,3 +269,14 @@ def test_probe_sweep_gives_the_same_table_with_and_without_the_cache(tiny_models
     monkeypatch.setattr(vocab_cache, "INLINE_IDS", 10**9)
     plain = probe.sweep(lm, None, "What is best?", limit=200, verify=2)
     assert _same(first, plain) and _same(second, plain)
+
+
+def test_a_job_closed_early_stops_its_child_and_still_gives_the_table(tokenizers, cache, caplog):
+    tok = tokenizers["llama3"]
+    job = VocabJob(tok, background=True)
+    child, tmp = job._child, job._tmp
+    job.close()
+    assert child.poll() is not None and not os.path.exists(tmp)  # stopped, its files gone
+    with caplog.at_level(logging.WARNING, logger="probe.core.vocab_cache"):
+        table = job.result()  # built here instead
+    assert _same(table, vocab.build_vocab_table(tok))
