@@ -286,10 +286,12 @@ def markdown(args, median: dict, results: dict, same: bool, host: dict) -> str:
     lines = ["# Time to result on this CPU: the embedded SmolLM2 sweep, split", "",
              f"`python -m experiments.time_to_result --limit {args.limit} --repeats {args.repeats}{threads}`: "
              f"`probe.exhaustive`'s `run` on the embedded SmolLM2 (log-probability proxy, float32, "
-             f"{host['threads']} threads), the three paper prompts, the first {args.limit:,} ids each, in one process; "
-             f"medians of {args.repeats} runs of each column, taken in turn. Seconds. The host: {host['cpus']} cores "
-             f"shared with other work (load average {host['load_average_1min'][0]} at the start, "
-             f"{host['load_average_1min'][1]} at the end).", "",
+             f"{host['threads']} thread{'s' if host['threads'] != 1 else ''}), the three paper prompts, the first "
+             f"{args.limit:,} ids each, in one process; {args.repeats} runs of each column, taken in turn, each row the "
+             f"median of its own values (the rows of a column need not add up). Seconds. The host: {host['cpus']} "
+             f"cores shared with other work (load average {host['load_average_1min'][0]} at the start, "
+             f"{host['load_average_1min'][1]} at the end), whose speed drifts between runs: compare the ratios, "
+             "each taken within one run.", "",
              "| | " + " | ".join(median) + " |", "|---" * (len(median) + 1) + "|"]
     for k in rows:
         cells = [("-" if median[m][k] is None else f"{median[m][k]:.2f}" + ("x" if k.startswith("ratio") else ""))
