@@ -144,7 +144,9 @@ class serial_vocabulary:  # noqa: N801 (it stands in for the class VocabJob)
 def bench_e2e(device, dtype, small: bool) -> dict:
     """A whole-vocabulary sweep through ``probe.sweep`` (the API the commands share: vocabulary table and flags,
     self-check), written to Parquet as the command writes it, of a random-weight Llama-3.1-8B-shape reward model with the
-    real Llama 3.1 tokenizer the kit carries, model loading left out, split as `split_clock` splits it: first with an
+    real Llama 3.1 tokenizer the kit carries (and Llama 3.1's padding token as its pad id, so that the self-check's
+    reference takes a batch, as on the paper's Llama reward models), model loading left out, split as `split_clock`
+    splits it: first with an
     empty vocabulary cache (a first run: the table built beside the sweep), then with the table cached; beside them,
     the engine loop alone over the same ids."""
     import dataclasses
@@ -164,6 +166,8 @@ def bench_e2e(device, dtype, small: bool) -> dict:
     if not (kit_tokenizer / "tokenizer.json").is_file():
         raise RuntimeError(f"{kit_tokenizer} is missing: `make gpu-kit` writes it")
     tok = AutoTokenizer.from_pretrained(kit_tokenizer)
+    if tok.pad_token is None:  # a pad id as the paper's Llama 3.1 reward models set one (Skywork's v0.2: [PAD])
+        tok.pad_token = "<|finetune_right_pad_id|>"
     lm = random_model("llama-3.1-8b", device, dtype, small)
     if lm.model.get_input_embeddings().num_embeddings < len(tok):  # --small: the reduced vocabulary
         lm.model.resize_token_embeddings(len(tok))

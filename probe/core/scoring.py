@@ -271,6 +271,18 @@ def full_sequence_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Seque
 REFERENCE_TOKENS = 4096
 
 
+def takes_a_batch(model: torch.nn.Module) -> bool:
+    """Whether the model's own forward may score several rows of one length at once as it scores each alone:
+    transformers' own classes do (no padding, no mask: rows of one length), except a sequence classifier without a
+    pad id, which refuses a batch ("Cannot handle batch sizes > 1 if no padding token is defined") and alone reads
+    the last token; any other class (remote code, a family's own module) runs one sequence at a time, as it was
+    checked."""
+    cls = type(model)
+    if not cls.__module__.startswith("transformers."):
+        return False
+    return not cls.__name__.endswith("ForSequenceClassification") or model.config.pad_token_id is not None
+
+
 def _ordered_pair(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], make) -> OrderedPair:
     """A pairwise model's two orders, each through ``make(loaded, head, prefix)`` (the fast or the reference path)
     with its own head (heads keep per-prefix state)."""
@@ -395,9 +407,12 @@ def check_rows(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], 
                got: np.ndarray | None = None) -> SelfCheck:
     """The self-check every command runs: ``rows`` (continuations of ``prefix_ids``) through the fast path (or its
     scores ``got``, already computed) and through the model's own forward (rows of one length together, at most
-    `REFERENCE_TOKENS` token rows a forward); raises naming the first row (``names``) outside `precision.tolerance`
-    (in half precision measured from the model's rounding noise on these rows)."""
-    own = full_sequence_scorer(loaded, head, prefix_ids, max(1, REFERENCE_TOKENS // (len(prefix_ids) + rows.shape[1])))
+    `REFERENCE_TOKENS` token rows a forward, where it `takes_a_batch`; else one sequence at a time); raises naming
+    the first row (``names``) outside `precision.tolerance` (in half precision measured from the model's rounding
+    noise on these rows)."""
+    models = (loaded.model,) if loaded.ref is None else (loaded.model, loaded.ref.model)
+    batch = max(1, REFERENCE_TOKENS // (len(prefix_ids) + rows.shape[1])) if all(map(takes_a_batch, models)) else 1
+    own = full_sequence_scorer(loaded, head, prefix_ids, batch)
 
     def reference() -> np.ndarray:
         return own.score(rows, lengths).cpu().numpy()
@@ -406,7 +421,6 @@ def check_rows(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], 
     if got is None:
         got = fast.score(rows, lengths).cpu().numpy()
     diff = np.abs(np.asarray(got, dtype=np.float64) - ref)
-    models = (loaded.model,) if loaded.ref is None else (loaded.model, loaded.ref.model)
     noise = rounding_noise(models, reference, ref) if is_half(loaded.dtype) else None
     tol = tolerance(ref, loaded.dtype, noise)
     check = SelfCheck(tuple(int(t) for t in token_ids), float(diff.max()), float(tol.max()), noise)

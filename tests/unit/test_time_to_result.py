@@ -43,6 +43,30 @@ def test_the_self_checks_reference_runs_its_rows_together_with_the_same_numbers(
     assert together == alone and together.max_abs_diff > 0
 
 
+def test_a_classifier_without_a_pad_id_or_a_class_of_its_own_is_checked_one_sequence_at_a_time(tiny_models,
+                                                                                                 monkeypatch):
+    """transformers' sequence classifiers refuse a batch without a pad id (the GPU kit's random Llama-shape model has
+    none); a class that is not transformers' own was checked one sequence at a time and stays so."""
+    lm = tiny_models["llama-rm"]
+    opts = ScoringOptions()
+    head = make_head(lm, "reward", opts)
+    split = split_template(lm.tokenizer, conversation("reward", "What is best?", None, opts, lm), n_verify=0)
+    source = TemplateRows(split)
+    fast = build_scorer(lm, head, source.prefix_ids)
+    calls = []
+    own = head.own_forward
+    monkeypatch.setattr(head, "own_forward", lambda m, ids, n: calls.append(ids.shape[0]) or own(m, ids, n))
+    monkeypatch.setattr(lm.model.config, "pad_token_id", None)
+    assert not scoring.takes_a_batch(lm.model)
+    self_check(lm, head, source, fast, list(range(40, 56)))
+    assert calls == [1] * 16
+    monkeypatch.undo()
+    assert scoring.takes_a_batch(lm.model)
+    own_class = type("OwnClassifier", (type(lm.model),), {"__module__": "transformers_modules.someone.modeling"})
+    monkeypatch.setattr(lm.model, "__class__", own_class)
+    assert not scoring.takes_a_batch(lm.model)
+
+
 def test_the_reference_keeps_a_forward_within_one_tile_of_token_rows(tiny_models, monkeypatch):
     lm = tiny_models["llama-rm"]
     head = make_head(lm, "reward", ScoringOptions())
