@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from experiments.gpu_bench import PROMPT, random_model, scores_at  # noqa: E402
+from experiments.gpu_common import PROMPT, random_model, scores_at  # noqa: E402
 
 BATCHES = (4096, 2048, 1024, 512, 256, 128)
 

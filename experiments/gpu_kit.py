@@ -401,6 +401,25 @@ def _profile(res: dict) -> list[str]:
     return lines + [""]
 
 
+def _time_to_result(x: dict) -> list[str]:
+    """`probe.sweep`'s time to result beside the engine loop alone, split as experiments/time_to_result.py splits it
+    (older runs' bench.json without the split: the total and the loop)."""
+    lines = [f"**Time to result** (`probe.sweep`, real Llama 3.1 tokenizer, random Llama-3.1-8B-shape weights, "
+             f"loading left out): {x['ids']:,} ids in {x['seconds_total']:.2f} s "
+             f"({x['seconds_total'] / x['seconds_engine_loop']:.2f}x the engine loop alone, "
+             f"{x['seconds_engine_loop']:.2f} s; vocabulary table, self-check, Parquet and the rest: "
+             f"{x['overhead_s']:.2f} s).", ""]
+    if "split" not in x:
+        return lines
+    parts = ("engine loop", "vocabulary table", "self-check", "Parquet", "the rest", "time to result")
+    lines += ["| run | " + " | ".join(f"{p} s" for p in parts) + " | x the loop alone | vocabulary from |",
+              "|---" * (len(parts) + 3) + "|"]
+    for name, run in x["split"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{run[p]:.2f}" for p in parts)
+                     + f" | {run['time to result'] / x['seconds_engine_loop']:.2f} | {run.get('vocabulary from', '-')} |")
+    return lines + [""]
+
+
 def markdown(r: dict) -> str:
     env, t, b = r["environment"], r["tests"], r["bench"]
     res = b.get("results", {})
@@ -454,11 +473,7 @@ def markdown(r: dict) -> str:
         lines.append("")
     lines += _variants(res) + _profile(res)
     if "e2e" in res:
-        x = res["e2e"]
-        lines += [f"**Time to result** (`probe.sweep`, real Llama 3.1 tokenizer, random Llama-3.1-8B-shape weights, "
-                  f"loading left out): {x['ids']:,} ids in {x['seconds_total']:.2f} s, of which the engine loop alone "
-                  f"takes {x['seconds_engine_loop']:.2f} s (vocabulary table, self-check, Parquet files: "
-                  f"{x['overhead_s']:.2f} s).", ""]
+        lines += _time_to_result(res["e2e"])
     if "ref" in res:
         x = res["ref"]
         lines += [f"**--ref** ({x['shape']}, log-probabilities): {x['seconds_alone']:.2f} s alone, "

@@ -9,26 +9,22 @@ size, and the same rows in reverse order: a row at another position of its tile)
 whether its scores equal the default's bitwise.
 
 Also here: a profile of one batch per shape (``torch.profiler``: GEMM, attention, norms and element-wise, copies,
-other kernels and the time between them), the largest allocations of that batch (what the memory plan may miss), and
-the time to result as a user sees it: a whole-vocabulary ``probe.sweep`` with the real Llama 3.1 tokenizer the kit
-carries (vocabulary flags, self-check) written to Parquet, beside the engine loop alone.
+other kernels and the time between them) and the largest allocations of that batch (what the memory plan may miss).
+The time to result is experiments/time_to_result.py's. This module imports experiments/gpu_common.py only (the bench
+imports this one).
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from experiments.gpu_bench import (INVARIANCE_IDS, PROMPT, _free, batch_invariance, flops_per_row, invariance_batches,
-                                   random_model, say, scores_at, sync)
-
-KIT_TOKENIZER = Path(__file__).resolve().parents[1] / ".gpu-kit" / "tokenizers" / "llama3.1"
+from experiments.gpu_common import (INVARIANCE_IDS, PROMPT, _free, batch_invariance, flops_per_row, invariance_batches,
+                                    random_model, say, scores_at, sync)
 
 
 @contextmanager
@@ -277,57 +273,6 @@ def _largest_allocations(sc, rows, device) -> dict:
     items = sorted(((e.key, str(e.input_shapes)[:160], int(e.self_device_memory_usage)) for e in table
                     if e.self_device_memory_usage > 0), key=lambda x: -x[2])[:15]
     return {"peak_over_start": peak, "top": [{"op": k, "shapes": s, "bytes": b} for k, s, b in items]}
-
-
-# --------------------------------------------------------------------------------------------- time to result
-def bench_e2e(device, dtype, small: bool) -> dict:
-    """A whole-vocabulary sweep through ``probe.sweep`` (the API the commands share: vocabulary table and flags,
-    self-check), written to Parquet as the command writes it, of a random-weight Llama-3.1-8B-shape reward model with the
-    real Llama 3.1 tokenizer the kit carries, model loading left out; beside it, the engine loop alone over the same
-    ids."""
-    import dataclasses
-
-    import probe
-    from probe.core.engine import PrefixScorer
-    from probe.core.heads import LinearRewardHead
-    from probe.core.scoring import AdaptiveBatcher, default_batch_size, sweep_rows
-    from probe.core.template import response_conversation, split_template
-
-    from transformers import AutoTokenizer
-
-    if not (KIT_TOKENIZER / "tokenizer.json").is_file():
-        raise RuntimeError(f"{KIT_TOKENIZER} is missing: `make gpu-kit` writes it")
-    tok = AutoTokenizer.from_pretrained(KIT_TOKENIZER)
-    lm = random_model("llama-3.1-8b", device, dtype, small)
-    if lm.model.get_input_embeddings().num_embeddings < len(tok):  # --small: the reduced vocabulary
-        lm.model.resize_token_embeddings(len(tok))
-    lm = dataclasses.replace(lm, tokenizer=tok)
-    lm.model.config.pad_token_id = tok.pad_token_id
-    limit = 4096 if small else None
-    with tempfile.TemporaryDirectory() as tmp:
-        sync(device)
-        t = time.perf_counter()
-        df = probe.sweep(lm, None, PROMPT, limit=limit)
-        df.write_parquet(Path(tmp) / "scores.parquet")  # what the command writes: scores with the vocabulary's flags
-        sync(device)
-        total = time.perf_counter() - t
-        files = {p.name: p.stat().st_size for p in Path(tmp).rglob("*.parquet")}
-    n = df.height
-    split = split_template(tok, response_conversation(PROMPT), n_verify=0)
-    rows = sweep_rows(np.arange(n), split.suffix_ids).to(device)
-    head = LinearRewardHead(lm.model, 0)
-    batch = default_batch_size(lm, len(split.prefix_ids), rows.shape[1], "reward", head)
-    sc = PrefixScorer(lm.model, head, split.prefix_ids)
-    sync(device)
-    t = time.perf_counter()
-    AdaptiveBatcher(batch).run(sc.score, rows)
-    sync(device)
-    engine = time.perf_counter() - t
-    say(f"time to result: {n:,} ids in {total:.2f} s through probe.sweep, {engine:.2f} s in the engine loop alone")
-    del lm, sc
-    _free(device)
-    return {"ids": n, "seconds_total": total, "seconds_engine_loop": engine, "overhead_s": total - engine,
-            "parquet_bytes": files, "batch": batch}
 
 
 def bench_invariance(shape: str, device, dtype, small: bool) -> dict:

@@ -207,8 +207,8 @@ ROUND_5 = [
   ("GGUF add_eos_token ignored", "probe/models/gguf_tokenizer.py", 'tail = [eos] if metadata["add_eos_token"] else []', "tail = []", _GGUF),
   ("cache manifest not checked", "probe/models/embedded.py", "return manifest == made_by() and all(", "return all(", f"{_PACK}::test_a_cache_made_by_another_version_is_not_read {_R5}"),
   ("cache key without the tokenizers version", "probe/models/embedded.py", '"tokenizers": have("tokenizers"), ', "", f"{_PACK}::test_the_folder_name_follows_every_version_that_shapes_it {_R5}"),
-  ("invariance batches: the odd size even", "experiments/gpu_bench.py", "max(3, base // 3) | 1}", "max(3, base // 3)}", f"{_INV}::test_invariance_batches {_R5}"),
-  ("invariance: rank changes ranked ordinal", "experiments/gpu_bench.py", 'np.sum(rankdata(-s, method="min") != base_rank)', 'np.sum(rankdata(-s, method="ordinal") != base_rank)', f"{_INV}::test_batch_invariance_counts_what_moves {_R5}"),
+  ("invariance batches: the odd size even", "experiments/gpu_common.py", "max(3, base // 3) | 1}", "max(3, base // 3)}", f"{_INV}::test_invariance_batches {_R5}"),
+  ("invariance: rank changes ranked ordinal", "experiments/gpu_common.py", 'np.sum(rankdata(-s, method="min") != base_rank)', 'np.sum(rankdata(-s, method="ordinal") != base_rank)', f"{_INV}::test_batch_invariance_counts_what_moves {_R5}"),
   ("--list-models drops the default entry", "probe/commands/models.py", 'for spec in [*specs, REGISTRY["default"]]:', "for spec in specs:", f"tests/unit/test_list_models.py::test_every_entry_is_listed_with_its_input_source_or_its_refusal {_R5}"),
   ("labels name settings that do not differ", "probe/analysis/sweeps.py", "for k, q in enumerate(names) if q == n}) > 1", "for k, q in enumerate(names) if q == n}) >= 1", f"{_WR2}::test_labels_tell_runs_of_one_model_apart_by_what_differs {_R5}"),
   ("random head seed not in the batch job key", "probe/config.py", 'key |= {"allow_random_head": True, "seed": self.seed}', 'key |= {"allow_random_head": True}', f"{_WR2}::test_a_batch_job_with_another_seed_is_not_skipped_as_done {_R5}"),
@@ -255,8 +255,8 @@ ROUND_6 = [
   ("dry run: a reward model counted with an LM head", "probe/models/dryrun.py", 'params = meta_parameters(cfg, "reward" if m == "reward" else "causal")', 'params = meta_parameters(cfg, "causal")', f"{_DRY} {_F6}::test_dry_run_parameters_weights_and_flops_are_the_models_own"),
   ("dry run: parameters of the reference", "probe/models/dryrun.py", "n_params, weights = (n_params or params), weights", "n_params, weights = params, weights", f"{_DRY} {_F6}::test_dry_run_parameters_weights_and_flops_are_the_models_own"),
   ("dry run: a reward model's work less its embeddings twice", "probe/models/dryrun.py", 'tied = getattr(text, "tie_word_embeddings", False) or mode == "reward"', 'tied = getattr(text, "tie_word_embeddings", False)', f"{_DRY} {_F6}::test_dry_run_parameters_weights_and_flops_are_the_models_own"),
-  ("invariance: a lower batch counts as no difference", "experiments/gpu_bench.py", '"max_abs_diff": float(np.max(np.abs(s - base))),', '"max_abs_diff": float(np.max(s - base)),', f"{_INV6} {_F6}::test_batch_invariance_counts_scores_that_fall_as_differences"),
-  ("invariance: lower reversed rows count as none", "experiments/gpu_bench.py", '{"max_abs_diff": float(np.max(np.abs(rev - base))),', '{"max_abs_diff": float(np.max(rev - base)),', f"{_INV6} {_F6}::test_batch_invariance_counts_scores_that_fall_as_differences"),
+  ("invariance: a lower batch counts as no difference", "experiments/gpu_common.py", '"max_abs_diff": float(np.max(np.abs(s - base))),', '"max_abs_diff": float(np.max(s - base)),', f"{_INV6} {_F6}::test_batch_invariance_counts_scores_that_fall_as_differences"),
+  ("invariance: lower reversed rows count as none", "experiments/gpu_common.py", '{"max_abs_diff": float(np.max(np.abs(rev - base))),', '{"max_abs_diff": float(np.max(rev - base)),', f"{_INV6} {_F6}::test_batch_invariance_counts_scores_that_fall_as_differences"),
 ]
 
 

@@ -21,7 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.gpu_bench import flops_per_row  # noqa: E402
+from experiments.gpu_common import flops_per_row  # noqa: E402
 
 BENCH = ROOT / "experiments" / "results" / "gpu" / "run1" / "bench.json"
 TABLE = ROOT.parent / "shared" / "data" / "paper-release" / "table_1_reward_models.csv"

@@ -152,7 +152,7 @@ def sweep(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], *, 
     """
     from probe.core.scoring import n_scorable
     from probe.core.sweep import VocabSweep, ranked_table
-    from probe.core.vocab import build_vocab_table
+    from probe.core.vocab_cache import VocabJob
 
     loaded, mode = _loaded(model, tokenizer, score)
     prompts = _grid(prompt, systems, control, system)
@@ -163,8 +163,10 @@ def sweep(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str], *, 
                               judge_question=judge_question, progress=progress, seed=seed,
                               judge_prompt=judge_prompt, unit_test=unit_test)
     vs = VocabSweep(loaded, config, prompts)
-    vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
-    return pl.concat([ranked_table(p, vs.token_ids, vs.score_prompt(p), vocab) for p in prompts])
+    job = VocabJob(loaded.tokenizer, n_scorable(loaded))  # cached, or built beside the sweep (probe/core/vocab_cache.py)
+    scores = [vs.score_prompt(p) for p in prompts]
+    vocab = job.result()
+    return pl.concat([ranked_table(p, vs.token_ids, s, vocab) for p, s in zip(prompts, scores)])
 
 
 def score_responses(model, tokenizer, prompt: str | Sequence[str] | Mapping[str, str],

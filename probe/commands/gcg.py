@@ -42,7 +42,7 @@ def main_from_args(ns: argparse.Namespace) -> int:
     from probe.commands.args import config_from_args
     from probe.core.gcg import GCGRun, allowed_tokens, beam_search, load_for, reference_score, run
     from probe.core.scoring import make_head, n_scorable, prompt_split
-    from probe.core.vocab import build_vocab_table
+    from probe.core.vocab_cache import vocab_table
     from probe.runs.meta import new_meta as build_meta
     from probe.runs.rundir import (atomic_write_json, check_resume_target, kept_batch_size, open_or_resume,
                                    writable_dir)
@@ -66,7 +66,7 @@ def main_from_args(ns: argparse.Namespace) -> int:
     if config.beam:
         opts = config.scoring_options()
         split = prompt_split(loaded, config.mode, config.prompt, config.system, opts, len(loaded.tokenizer))
-        allowed = allowed_tokens(build_vocab_table(loaded.tokenizer, n_scorable(loaded)), config.allowed,
+        allowed = allowed_tokens(vocab_table(loaded.tokenizer, n_scorable(loaded)), config.allowed,
                                  config.allow_special)
         done = [pl.read_parquet(p) for p in sorted(checkpoints.glob("depth_*.parquet"))]
         levels = beam_search(loaded, config, split, allowed, done, on_level=lambda t: run_dir.write_table(

@@ -51,7 +51,7 @@ def _run(config: ScoreVocabConfig, dist, t_start: float, started: str) -> RunDir
     from probe.core.prompts import grid_for
     from probe.core.scoring import n_scorable
     from probe.core.sweep import VocabSweep, load_for, ranked_table
-    from probe.core.vocab import build_vocab_table
+    from probe.core.vocab_cache import VocabJob
     from probe.runs.distributed import barrier, broadcast, device_for
     from probe.runs.rundir import check_resume_target, writable_dir
     from probe.runs.timing import SessionTiming, now_iso
@@ -77,22 +77,22 @@ def _run(config: ScoreVocabConfig, dist, t_start: float, started: str) -> RunDir
         log.warning("%s is already complete; nothing to resume", run_dir.path)
         barrier(dist)
         return run_dir
-    vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
     if dist.main and config.resume:  # what a stopped session scored on ranks other than 0 is on disk, uncounted
         from probe.runs.timing import credit_unrecorded, rows_on_disk
 
         credit_unrecorded(meta["timing"], "tokens_scored", rows_on_disk(
             run_dir, [p.key for p in prompts], int(sweep.token_ids.size), config.shard_size))
+    # the vocabulary table (rank 0 writes it): from the cache, or built by a child process beside the sweep and
+    # joined when the results are written (probe/core/vocab_cache.py; a run that stops early stops the child)
+    vocab_job = VocabJob(loaded.tokenizer, n_scorable(loaded)) if dist.main else None
     timing = SessionTiming(meta, started, round(t_loaded - t_start, 3), dist.world)
     if dist.main:
         from probe.report.text import model_label
-
-        run_dir.write_table("vocab.parquet", vocab)
         from probe.runs.meta import score_label
 
         print(f"rm-probe: {model_label(meta)} [{score_label(loaded, config.mode)}, {loaded.dtype}, {loaded.device}]: "
               f"{sweep.token_ids.size:,} tokens x {len(prompts)} prompt(s) -> {run_dir.path}", file=sys.stderr)
-    tables = []
+    swept = []
     for i, p in enumerate(prompts):
         before = meta["timing"]["prompts"].get(p.key)
 
@@ -115,9 +115,12 @@ def _run(config: ScoreVocabConfig, dist, t_start: float, started: str) -> RunDir
             meta["prompts"][p.key]["paper_method"] = sweep.paper_info[p.key]
         timing.finished[p.key] = sweep.timing[p.key]
         record(sweep.timing[p.key])
-        tables.append(ranked_table(p, sweep.token_ids, scores, vocab))
+        swept.append((p, scores))
     if dist.main:
-        run_dir.write_table("scores.parquet", pl.concat(tables))
+        vocab = vocab_job.result()
+        run_dir.write_table("vocab.parquet", vocab)
+        run_dir.write_table("scores.parquet", pl.concat([ranked_table(p, sweep.token_ids, scores, vocab)
+                                                         for p, scores in swept]))
         timing.finish(t_start)
         meta["status"], meta["finished"] = "complete", now_iso()
         run_dir.write_meta(meta)

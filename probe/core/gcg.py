@@ -30,7 +30,7 @@ from probe.core.engine import PrefixScorer
 from probe.core.scoring import (AdaptiveBatcher, PairScorer, build_scorer, full_sequence_scorer, make_head, n_scorable,
                                 prompt_split, reference_head, sweep_rows)
 from probe.core.template import TemplateSplit
-from probe.core.vocab import build_vocab_table
+from probe.core.vocab_cache import vocab_table
 from probe.errors import ProbeError
 from probe.models.loading import LoadedModel, load_for_config
 from probe.runs.rundir import RunDir
@@ -297,7 +297,7 @@ def run(loaded: LoadedModel, config: GCGConfig, done: dict[int, GCGRun] | None =
                          f"candidate through a differentiable twin of the forward, and {why}; score responses with "
                          "--responses or a sweep instead")
     split = prompt_split(loaded, config.mode, config.prompt, config.system, opts, len(loaded.tokenizer))
-    vocab = build_vocab_table(loaded.tokenizer, n_scorable(loaded))
+    vocab = vocab_table(loaded.tokenizer, n_scorable(loaded))
     allowed = allowed_tokens(vocab, config.allowed, config.allow_special)
     head = make_head(loaded, config.mode, opts)
     gcg = GCG(loaded, head, split, config, allowed)

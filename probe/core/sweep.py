@@ -30,7 +30,7 @@ from probe.core.scoring import (
     build_scorer,
 )
 from probe.core.template import TemplateSplit
-from probe.core.vocab import build_vocab_table
+from probe.core.vocab_cache import VocabJob
 from probe.errors import ProbeError
 from probe.models.loading import LoadedModel, load_for_config
 from probe.runs.distributed import Dist, gather
@@ -202,6 +202,7 @@ def score_vocab(model, tokenizer, prompt: str, config: ScoreVocabConfig | None =
                          model.config.name_or_path, None, "front door")
     p = Prompt("prompt", prompt)
     sweep = VocabSweep(loaded, config, [p])
+    job = VocabJob(tokenizer, n_scorable(loaded))  # cached, or built beside the sweep
     scores = sweep.score_prompt(p)
-    vocab = build_vocab_table(tokenizer, n_scorable(loaded))
+    vocab = job.result()
     return VocabScores(p, sweep.splits[p.key], sweep.token_ids, scores, vocab)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.gpu_bench import batch_invariance, invariance_batches
+from experiments.gpu_common import batch_invariance, invariance_batches
 from probe.config import ScoringOptions
 from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.core.scoring import AdaptiveBatcher, PairScorer, conversation, make_head, reference_head, sweep_rows

@@ -275,7 +275,7 @@ def test_prm_separator_ids_equal_the_cards_on_white_space_and_empty_responses(qw
 def test_batch_invariance_counts_scores_that_fall_as_differences():
     """A batch size whose scores come out lower than the first size's (every row by 0.5), and rows scored in
     reverse order that come out lower: the largest absolute difference is 0.5 each, nothing bitwise equal."""
-    from experiments.gpu_bench import batch_invariance
+    from experiments.gpu_common import batch_invariance
 
     def score(x: torch.Tensor) -> torch.Tensor:
         lower = 0.5 * float(x.shape[0] != 8 or bool(x[0, 0] > x[-1, 0]))  # another size, or the reversed rows

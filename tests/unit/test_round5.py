@@ -96,7 +96,7 @@ def test_gguf_tokenizer_adds_bos_and_eos_as_the_file_says(add_bos, add_eos):
 
 def test_invariance_batches_make_the_third_odd():
     """The odd size is a third of the batch made odd (its last batch a remainder), also where the third is even."""
-    from experiments.gpu_bench import invariance_batches
+    from experiments.gpu_common import invariance_batches
 
     assert invariance_batches(300, 4096) == [300, 101, 75, 18]
     assert all(b % 2 for b in (invariance_batches(n, 4096)[1] for n in (24, 96, 192, 600)))
@@ -105,7 +105,7 @@ def test_invariance_batches_make_the_third_odd():
 def test_batch_invariance_counts_a_tie_made_by_rounding_as_a_rank_change():
     """Ranks as a sweep ranks them (``min`` on ties): a batch size whose rounding ties row 5 with row 4 moves row 5
     up one rank; ties broken by position (``ordinal``) would count no change."""
-    from experiments.gpu_bench import batch_invariance
+    from experiments.gpu_common import batch_invariance
 
     def score(x: torch.Tensor) -> torch.Tensor:
         return -x[:, 0].float() + (x.shape[0] % 2) * (x[:, 0] == 5).float()
