@@ -1,9 +1,9 @@
 """The GPU kit's measured variants of the sweep's default path (experiments/gpu_bench.py runs them; issue 62 and 66).
 
-The default path (shared-prefix attention, every product in tiles of ``probe.core.invariance.TILE_ROWS`` token rows)
-beside: no tiles (the products at the batch's own shape: the first GPU run's engine), tiles of 2,048 rows, the
-default replayed from a CUDA graph captured at the plan's batch (every batch padded to it), and, last, the backbone
-under ``torch.compile``. Each variant: seconds over the same timed rows scaled to the vocabulary, fraction of the
+The default path (shared-prefix attention, rows packed into forwards of ``probe.core.invariance.TILE_ROWS`` token
+positions) beside: no tiles (forwards at the batch's own shape: the first GPU run's engine), tiles of 2,048 rows, the
+default's tile forwards replayed from a CUDA graph captured at the plan's batch (every batch padded to it), and, last,
+the backbone under ``torch.compile``. Each variant: seconds over the same timed rows scaled to the vocabulary, fraction of the
 bf16 floor, and batch invariance (the first 4,096 ids at the batch that ran, a quarter and a sixteenth of it, an odd
 size, and the same rows in reverse order: a row at another position of its tile) against its own first batch, and
 whether its scores equal the default's bitwise.
@@ -43,24 +43,29 @@ def tiles(rows: int | None):
 
 
 class GraphedScore:
-    """``scorer``'s scores from a CUDA graph captured once at ``batch`` rows: each call copies its rows into the
-    captured input (a shorter batch padded with its last row) and replays. Rows must share one length."""
+    """``scorer``'s scores with its packed tiles' forwards (probe/core/packing.py) replayed from a CUDA graph captured
+    once for ``batch`` rows of one length (each call copies its rows into the captured input, a shorter batch padded
+    with its last row); the head reads the replayed hidden states as the scorer's own `read` does."""
 
     def __init__(self, scorer, example: torch.Tensor, batch: int):
-        from probe.core.invariance import row_tiles
+        from probe.core.packing import layout, run_tiles
 
         self.scorer, self.batch = scorer, batch
         self.rows = example[:1].expand(batch, -1).clone()
         self.lengths = torch.full((batch,), example.shape[1], device=example.device)
+        self.sizes = [example.shape[1]] * batch
+        n_in = [example.shape[1] - int(scorer.head.drops_last_input)] * batch
+        self.layout = layout(n_in, [scorer.n_prefix] * batch, scorer.tiles, scorer.device, self.rows.device,
+                             prefix=scorer.shared)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode(), row_tiles(scorer.model, scorer.tiles):
+        with torch.cuda.stream(stream), torch.inference_mode():
             for _ in range(2):  # warm-up off the default stream, as capture requires
-                scorer._score_rows(self.rows, self.lengths)
+                run_tiles(scorer.backbone, scorer.device, self.rows, self.layout)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), row_tiles(scorer.model, scorer.tiles), torch.cuda.graph(self.graph):
-            self.out = scorer._score_rows(self.rows, self.lengths)
+        with torch.inference_mode(), torch.cuda.graph(self.graph):
+            self.tiles = run_tiles(scorer.backbone, scorer.device, self.rows, self.layout)
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
         n = rows.shape[0]
@@ -70,7 +75,8 @@ class GraphedScore:
         if n < self.batch:
             self.rows[n:].copy_(rows[-1:].expand(self.batch - n, -1))
         self.graph.replay()
-        return self.out[:n].clone()
+        with torch.inference_mode():
+            return self.scorer.read(self.rows, self.lengths, self.sizes, self.tiles)[:n].clone()
 
 
 def _seconds(score, rows: torch.Tensor, batch: int, n: int, device) -> float:

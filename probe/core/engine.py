@@ -21,7 +21,7 @@ from torch import Tensor
 from probe.core.cache import check_replicable, replicate
 from probe.core.heads import ScoreHead
 from probe.core.invariance import buckets, check_device, cpu_activations, fixed_groups, rows_per_forward, tile_rows
-from probe.core.packing import TileFill, gather_hidden, run_tiles, token_table
+from probe.core.packing import Tiles, TileFill, gather_hidden, layout, run_tiles, token_table
 from probe.models.attention import require_trained_attention
 
 
@@ -122,6 +122,7 @@ class PrefixScorer:
         self.packed = self.shared is not None and self.tiles is not None
         self.layout = "packed" if self.packed else "rows"
         self.fill = TileFill()
+        self._layouts: dict = {}  # tile layouts by the rows' lengths, most recent last
 
     @property
     def n_prefix(self) -> int:
@@ -163,26 +164,25 @@ class PrefixScorer:
             out = self.backbone(inputs_embeds=torch.cat([emb, inputs_embeds.to(emb.dtype)], 1), use_cache=False)
         return out.last_hidden_state[:, self.n_prefix :]
 
-    def _packed(self, cont: Tensor, n_in: list[int]):
-        """The rows' first ``n_in[i]`` ids through packed tiles (probe/core/packing.py)."""
-        return run_tiles(self.backbone, self.device, cont, n_in, [self.n_prefix] * len(n_in), self.tiles, self.fill,
-                         prefix=self.shared)
+    def _packed(self, cont: Tensor, n_in: list[int]) -> Tiles:
+        """The rows' first ``n_in[i]`` ids through packed tiles (probe/core/packing.py), in a layout kept per set of
+        lengths (a sweep's batches share one)."""
+        key = tuple(n_in)
+        where = self._layouts.pop(key, None)
+        if where is None:
+            where = layout(n_in, [self.n_prefix] * len(n_in), self.tiles, self.device, cont.device, prefix=self.shared)
+        self._layouts[key] = where  # the most recent last
+        while len(self._layouts) > 8:
+            self._layouts.pop(next(iter(self._layouts)))
+        return run_tiles(self.backbone, self.device, cont, where, self.fill)
 
-    def _tokens(self, cont: Tensor, lengths: Tensor) -> Tensor | None:
-        """Packed, for a head that reads every position's next token: the rows' token log-probabilities, a tile at a
-        time (`probe.core.packing.token_table`)."""
-        n_in = [max(0, n - 1) for n in lengths.tolist()]
-        return token_table(self._packed(cont, n_in), self.head, cont, n_in)
-
-    def _in_groups(self, cont: Tensor, lengths: Tensor, fn) -> list[tuple[list[int], Any]]:
-        """``fn(hidden, rows, lengths)`` on fixed groups of rows of one length bucket, as (row indices, results)."""
+    def _in_groups(self, cont: Tensor, lengths: Tensor, sizes: list[int], fn,
+                   tiles: Tiles | None = None) -> list[tuple[list[int], Any]]:
+        """``fn(hidden, rows, lengths)`` on fixed groups of rows of one length bucket, as (row indices, results);
+        packed, from ``tiles`` (`_packed`'s, computed here where not given)."""
         n_drop = int(self.head.drops_last_input)
-        sizes = lengths.tolist()
-        if self.packed:
-            n_ins = [max(0, n - n_drop) for n in sizes]
-            tiles = self._packed(cont, n_ins)
-        hidden_of = (lambda rows, width: gather_hidden(tiles, n_ins, rows, width, self.prefix_hidden)) if self.packed \
-            else None
+        if self.packed and tiles is None:
+            tiles = self._packed(cont, [max(0, n - n_drop) for n in sizes])
         out = []
         for width, idx in buckets(sizes, self.device).items():
             n_in = width - n_drop
@@ -193,22 +193,31 @@ class PrefixScorer:
             for group, real in fixed_groups(idx, per):
                 sel = torch.tensor(group, device=cont.device)
                 rows, n = fit(cont[sel], width), lengths[sel]
-                hidden = hidden_of(group, n_in) if hidden_of else self.hidden(input_ids=rows[:, :n_in])
+                hidden = (gather_hidden(tiles, group, n_in, self.prefix_hidden) if self.packed
+                          else self.hidden(input_ids=rows[:, :n_in]))
                 out.append((group[:real], fn(hidden, rows, n)[:real]))
         return out
 
-    def score(
-        self, cont: Int[Tensor, "b m"] | Sequence[Sequence[int]], lengths: Int[Tensor, " b"] | None = None
-    ) -> Float[Tensor, " b"]:
-        """One float32 score per row; rows are right-padded continuations with true ``lengths``."""
-        cont, lengths = _as_batch(cont, lengths, self.device)
-        with torch.inference_mode(), cpu_activations(self.model):
-            if self.packed and getattr(self.head, "reads_tokens", False):
-                table = self._tokens(cont, lengths)
-                c, n = (cont, lengths) if table is None else _on(table, cont, lengths)
-                return self.head.from_tokens(c, n, table).float()
-            parts = self._in_groups(cont, lengths, lambda h, c, n: self.head.score(h, *_on(h, c, n)).float())
+    def read(self, cont: Tensor, lengths: Tensor, sizes: list[int], tiles: Tiles | None = None) -> Tensor:
+        """The head's scores of the rows (packed: from ``tiles`` where given, e.g. a CUDA graph's replay)."""
+        if self.packed and getattr(self.head, "reads_tokens", False):
+            tiles = tiles if tiles is not None else self._packed(cont, [max(0, n - 1) for n in sizes])
+            table = token_table(tiles, self.head, cont)
+            c, n = (cont, lengths) if table is None else _on(table, cont, lengths)
+            return self.head.from_tokens(c, n, table).float()
+        parts = self._in_groups(cont, lengths, sizes, lambda h, c, n: self.head.score(h, *_on(h, c, n)).float(), tiles)
         return _assemble(parts, cont.shape[0])
+
+    def score(
+        self, cont: Int[Tensor, "b m"] | Sequence[Sequence[int]], lengths: Int[Tensor, " b"] | None = None,
+        sizes: list[int] | None = None,
+    ) -> Float[Tensor, " b"]:
+        """One float32 score per row; rows are right-padded continuations with true ``lengths`` (``sizes``: the same
+        on the host, where the caller has them: no device sync)."""
+        cont, lengths = _as_batch(cont, lengths, self.device)
+        sizes = lengths.tolist() if sizes is None else sizes
+        with torch.inference_mode(), cpu_activations(self.model):
+            return self.read(cont, lengths, sizes)
 
     def score_prefixes(self, responses: Sequence[Sequence[int]], chunk: int = 256) -> list[Float[Tensor, " m"]]:
         """For each response, the score of every prefix ``ids[:k]`` (k = 1..m) as the continuation, from its forward
@@ -218,12 +227,14 @@ class PrefixScorer:
         cont, lengths = _as_batch([list(r) for r in responses], None, self.device)
         out: list = [None] * cont.shape[0]
         with torch.inference_mode(), cpu_activations(self.model):
+            sizes = lengths.tolist()
             if self.packed and getattr(self.head, "reads_tokens", False):
-                table = self._tokens(cont, lengths)
+                table = token_table(self._packed(cont, [max(0, n - 1) for n in sizes]), self.head, cont)
                 c = cont if table is None else _on(table, cont)[0]
                 scores = self.head.prefixes_from_tokens(c, table).float()
-                return [scores[b, :n] for b, n in enumerate(lengths.tolist())]
-            for rows, part in self._in_groups(cont, lengths, lambda h, c, n: self._prefix_scores(h, c, n, chunk)):
+                return [scores[b, :n] for b, n in enumerate(sizes)]
+            for rows, part in self._in_groups(cont, lengths, sizes,
+                                              lambda h, c, n: self._prefix_scores(h, c, n, chunk)):
                 for i, scores in zip(rows, part):
                     out[i] = scores
         return out
@@ -269,12 +280,21 @@ class PrefixScorer:
         return self.head.score(hidden, cont, lengths, onehot=None if onehot is None else onehot.to(hidden.device)).float()
 
 
+def takes_rows(model: torch.nn.Module) -> bool:
+    """Whether the model's own forward takes several rows of one length at once: not a transformers sequence
+    classifier without a pad id ("Cannot handle batch sizes > 1 if no padding token is defined")."""
+    config = getattr(model, "config", None)
+    return not (type(model).__name__.endswith("ForSequenceClassification") and config is not None
+                and config.get_text_config().pad_token_id is None)
+
+
 class FullSequenceScorer:
     """Reference path: ``prefix + continuation`` through the model's own forward, no cache, no padding. Rows of one
     length run together, a fixed number per forward (``TILE_ROWS`` tokens' worth, probe/core/invariance.py: the last
     group padded by repeating a row), whatever the model's code does inside (encoders, T5, remote code); the scores
-    stay on the device until one copy to the host per call. ``batch_size``: rows per forward where tiles are off
-    (``RM_PROBE_TILE_ROWS=0``; None: all rows of a length)."""
+    stay on the device until one copy to the host per call. ``batch_size``: at most this many rows per forward (None:
+    a tile's worth; where tiles are off, ``RM_PROBE_TILE_ROWS=0``, all rows of a length); a sequence classifier
+    without a pad id takes one row a forward (transformers refuses more)."""
 
     def __init__(self, model: torch.nn.Module, head: ScoreHead, prefix_ids: Sequence[int],
                  batch_size: int | None = 1):
@@ -301,8 +321,11 @@ class FullSequenceScorer:
                 per = rows_per_forward(len(self.prefix_ids) + n, self.device)
                 if per is None:
                     per = self.batch_size or len(idx)
-                else:
-                    self.fill.add(len(idx) * n, -(-len(idx) // per) * per * n)
+                elif self.batch_size:
+                    per = min(per, self.batch_size)
+                if not takes_rows(self.model):
+                    per = 1
+                self.fill.add(len(idx) * n, -(-len(idx) // per) * per * n)
                 for group, real in fixed_groups(idx, per):
                     rows = cont[torch.tensor(group, device=self.device), :n]
                     ids = torch.cat([prefix[None].expand(len(group), -1), rows], 1)

@@ -12,7 +12,7 @@ every row's own positions and returns every row's final hidden states; `TileFill
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -60,62 +60,86 @@ def first_fit(n_in: Sequence[int], size: int, device) -> list[tuple[int, int, li
 
 
 @dataclass
-class Tiles:
-    """What `run_tiles` computed: every tile's final hidden states one after another (``flat``; None where no row had
-    a token), each tile's length, each row's first place in ``flat``, and each place's row and column (a padding
-    place: its tile's first row, column 0)."""
+class Layout:
+    """Where rows of given lengths go in their tiles, as device tensors built once (a sweep's batches all share one;
+    a CUDA graph replays one without a host copy): per tile (positions used, length, each place's row and column,
+    its positions, its attention plan); each row's first place; and, built when first asked, the index tensors of
+    the heads' reads (`gather_hidden`, `token_table`)."""
 
-    flat: Tensor | None
-    lengths: list[int]
+    n_in: list[int]
+    tiles: list[tuple[int, int, Tensor, Tensor, Tensor, object]]
     start: list[int]
-    row_of: list[int]
-    col_of: list[int]
+    row_of: Tensor | None
+    col_of: Tensor | None
+    reads: dict = field(default_factory=dict)
 
 
-def run_tiles(backbone: torch.nn.Module, device: torch.device, cont: Tensor, n_in: Sequence[int],
-              first_position: Sequence[int], size: int, fill: TileFill | None = None, prefix=None, pool=None,
-              which: Sequence[int] | None = None) -> Tiles:
-    """The first ``n_in[i]`` ids of each row of ``cont`` at positions ``first_position[i]`` onward, packed into tiles
-    of ``size`` positions and run through ``backbone`` with the packed shared-prefix attention (one ``prefix``, or a
-    ``pool`` and each row's prefix ``which[i]``)."""
-    from probe.kernels.packed_attention import plan, using_packed
+def layout(n_in: Sequence[int], first_position: Sequence[int], size: int, device: torch.device,
+           rows_device: torch.device, prefix=None, pool=None, which: Sequence[int] | None = None) -> Layout:
+    """The tiles of rows of ``n_in`` ids at positions ``first_position[i]`` onward (`first_fit` into ``size``
+    positions), with the packed shared-prefix attention's plan: one ``prefix``, or a ``pool`` and each row's
+    prefix ``which[i]``."""
+    from probe.kernels.packed_attention import plan
 
-    out = Tiles(None, [], [0] * len(n_in), [], [])
-    outs, offset = [], 0
+    out = Layout(list(n_in), [], [0] * len(n_in), None, None)
+    rows_all, cols_all, offset = [], [], 0
     for used, length, members in first_fit(n_in, size, device):
         row_of, col_of = [members[0][0]] * length, [0] * length
         for i, s in members:
             row_of[s : s + n_in[i]] = [i] * n_in[i]
             col_of[s : s + n_in[i]] = range(n_in[i])
             out.start[i] = offset + s
-        rows_t = torch.tensor(row_of, device=cont.device)
-        cols_t = torch.tensor(col_of, device=cont.device)
-        ids = cont[rows_t, cols_t][None].to(device)
         pos = torch.tensor([first_position[r] + c for r, c in zip(row_of, col_of)], device=device)[None]
         pack = plan([(s, n_in[i], which[i] if which is not None else 0) for i, s in members], length, device,
                     prefix=prefix, pool=pool)
-        with using_packed(backbone):
-            hidden = backbone(input_ids=ids, position_ids=pos, use_cache=False, rm_pack=pack).last_hidden_state[0]
-        outs.append(hidden)
-        out.lengths.append(length)
-        out.row_of += row_of
-        out.col_of += col_of
+        out.tiles.append((used, length, torch.tensor(row_of, device=rows_device),
+                          torch.tensor(col_of, device=rows_device), pos, pack))
+        rows_all += row_of
+        cols_all += col_of
         offset += length
-        if fill is not None:
-            fill.add(used, length)
-    out.flat = torch.cat(outs) if outs else None
+    out.row_of = torch.tensor(rows_all, device=rows_device, dtype=torch.long)
+    out.col_of = torch.tensor(cols_all, device=rows_device, dtype=torch.long)
     return out
 
 
-def gather_hidden(tiles: Tiles, n_in: Sequence[int], rows: Sequence[int], width: int, like: Tensor) -> Tensor:
+@dataclass
+class Tiles:
+    """What `run_tiles` computed: every tile's final hidden states one after another (``flat``; None where no row had
+    a token) and the layout they were computed in."""
+
+    flat: Tensor | None
+    layout: Layout
+
+
+def run_tiles(backbone: torch.nn.Module, device: torch.device, cont: Tensor, where: Layout,
+              fill: TileFill | None = None) -> Tiles:
+    """The rows of ``cont`` through ``backbone`` in the tiles of ``where``, with the packed shared-prefix attention:
+    device work only (no host copy or sync)."""
+    from probe.kernels.packed_attention import using_packed
+
+    outs = []
+    for used, length, rows_t, cols_t, pos, pack in where.tiles:
+        ids = cont[rows_t, cols_t][None].to(device)
+        with using_packed(backbone):
+            outs.append(backbone(input_ids=ids, position_ids=pos, use_cache=False, rm_pack=pack).last_hidden_state[0])
+        if fill is not None:
+            fill.add(used, length)
+    return Tiles(torch.cat(outs) if outs else None, where)
+
+
+def gather_hidden(tiles: Tiles, rows: Sequence[int], width: int, like: Tensor) -> Tensor:
     """Rows' final hidden states [len(rows), width, d] from `run_tiles` (past a row's own tokens, its last)."""
     if width == 0 or tiles.flat is None:
         return like.new_zeros(len(rows), width, like.shape[-1])
-    index = [[tiles.start[i] + min(j, max(n_in[i], 1) - 1) for j in range(width)] for i in rows]
-    return tiles.flat[torch.tensor(index, device=tiles.flat.device)]
+    where = tiles.layout
+    key = ("hidden", tuple(rows), width)
+    if key not in where.reads:
+        where.reads[key] = torch.tensor([[where.start[i] + min(j, max(where.n_in[i], 1) - 1) for j in range(width)]
+                                         for i in rows], device=tiles.flat.device)
+    return tiles.flat[where.reads[key]]
 
 
-def token_table(tiles: Tiles, head, cont: Tensor, n_in: Sequence[int]) -> Tensor | None:
+def token_table(tiles: Tiles, head, cont: Tensor) -> Tensor | None:
     """For a head that reads each position's next token (the fused log-probability head: ``head.reads_tokens``),
     every row's token log-probabilities [rows, width - 1] (zeros past a row's own), read a whole tile at a time
     (`tile_logprobs`: one call of the tile's fixed shape, no row padded to another's length). None where the rows
@@ -125,18 +149,19 @@ def token_table(tiles: Tiles, head, cont: Tensor, n_in: Sequence[int]) -> Tensor
         return None
     if tiles.flat is None:
         return torch.zeros(cont.shape[0], width, device=cont.device)
-    dev = tiles.flat.device
-    rows_t = torch.tensor(tiles.row_of, device=cont.device)
-    cols_t = torch.tensor(tiles.col_of, device=cont.device).clamp(max=width - 1) + 1
-    targets = cont[rows_t, cols_t].to(dev)
+    where, dev = tiles.layout, tiles.flat.device
+    if ("table", width) not in where.reads:
+        index = torch.tensor([[where.start[i] + min(j, max(n, 1) - 1) for j in range(width)]
+                              for i, n in enumerate(where.n_in)], device=dev)
+        real = torch.arange(width, device=dev)[None, :] < torch.tensor(where.n_in, device=dev)[:, None]
+        where.reads[("table", width)] = (index, real)
+    index, real = where.reads[("table", width)]
+    targets = cont[where.row_of, where.col_of.clamp(max=width - 1) + 1].to(dev)
     parts, offset = [], 0
-    for length in tiles.lengths:
+    for _, length, *_ in where.tiles:
         parts.append(head.tile_logprobs(tiles.flat[offset : offset + length], targets[offset : offset + length]))
         offset += length
     lp = torch.cat(parts)
-    index = torch.tensor([[tiles.start[i] + min(j, max(n, 1) - 1) for j in range(width)] for i, n in enumerate(n_in)],
-                         device=dev)
-    real = torch.arange(width, device=dev)[None, :] < torch.tensor(list(n_in), device=dev)[:, None]
     return torch.where(real, lp[index], torch.zeros((), device=dev, dtype=lp.dtype))
 
 
@@ -168,9 +193,10 @@ def score_mixed(scorers: Sequence, rows: Sequence[Sequence[int]], which: Sequenc
     slot = {k: j for j, k in enumerate(used)}
     pool = PrefixPool([scorers[k].shared for k in used], device)
     with torch.inference_mode(), cpu_activations(first.model):
-        tiles = run_tiles(first.backbone, device, cont, n_in, [scorers[w].n_prefix for w in which], first.tiles, fill,
-                          pool=pool, which=[slot[w] for w in which])
-        table = token_table(tiles, first.head, cont, n_in) if getattr(first.head, "reads_tokens", False) else None
+        where = layout(n_in, [scorers[w].n_prefix for w in which], first.tiles, device, cont.device, pool=pool,
+                       which=[slot[w] for w in which])
+        tiles = run_tiles(first.backbone, device, cont, where, fill)
+        table = token_table(tiles, first.head, cont) if getattr(first.head, "reads_tokens", False) else None
         scores = []
         for i, n in enumerate(sizes):
             head = scorers[which[i]].head
@@ -178,6 +204,6 @@ def score_mixed(scorers: Sequence, rows: Sequence[Sequence[int]], which: Sequenc
                 c, n_t = _on(table, cont[i : i + 1, :n], lengths[i : i + 1])
                 scores.append(head.from_tokens(c, n_t, table[i : i + 1, : n - 1] if n > 1 else None).float())
                 continue
-            hidden = gather_hidden(tiles, n_in, [i], n_in[i], scorers[which[i]].prefix_hidden)
+            hidden = gather_hidden(tiles, [i], n_in[i], scorers[which[i]].prefix_hidden)
             scores.append(head.score(hidden, *_on(hidden, cont[i : i + 1, :n], lengths[i : i + 1])).float())
     return torch.cat([s.to(scores[0].device) for s in scores]).cpu()

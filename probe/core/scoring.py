@@ -14,7 +14,7 @@ import torch
 
 from probe.config import (ScoreMode, ScoringOptions, check_rewardbench_dpo, model_kind,  # noqa: F401 (re-exported)
                           resolve_score_mode)
-from probe.core.engine import FullSequenceScorer, PrefixScorer
+from probe.core.engine import FullSequenceScorer, PrefixScorer, takes_rows
 from probe.core.pairwise import OWN_FORWARD, PAIRRM_CLASS, OrderedPair, PairwiseConversation, second_prefix
 from probe.errors import ProbeError, TemplateError
 from probe.core.precision import HALF_TOLERANCE, is_half, rounding_noise, tolerance
@@ -251,9 +251,9 @@ def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int]
 
 
 def full_sequence_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int],
-                         batch_size: int = 1) -> Scorer:
-    """The reference path of `build_scorer`: each model's own forward, rows of one length ``batch_size`` at a time
-    (one sequence at a time unless asked)."""
+                         batch_size: int | None = 1) -> Scorer:
+    """The reference path of `build_scorer`: each model's own forward, rows of one length at most ``batch_size`` at a
+    time (None: a tile's worth; one sequence at a time unless asked)."""
     if loaded.pairwise is not None and loaded.pairwise.two_orders:
         return _ordered_pair(loaded, head, prefix_ids, lambda *a: full_sequence_scorer(*a, batch_size))
     own = FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=batch_size)
@@ -263,25 +263,18 @@ def full_sequence_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Seque
     return PairScorer(own, ref_own, loaded.beta)
 
 
-# token rows per forward of the self-check's reference (rows of one length together, at least one row): one product
-# tile on a GPU (probe/core/invariance.py's TILE_ROWS), so that a sweep's 16 checked rows of ~44 tokens fill one tile
-# instead of one tile each (each padded to 4,096 rows: 16 x 5 tiles per check in half precision, the rounding noise's
-# four repeats included). The full path gives a row the same bits at every batch size (tests/unit/
-# test_batch_invariance.py), so the check's numbers are unchanged in float32; measured on SmolLM2 on this CPU, one
-# thread: 16 rows 8.3 s one at a time, 5.1 s together, the same bits
+# token rows per forward of the self-check's reference at most (rows of one length together, at least one row): a
+# GPU's tile; a forward holds at most a tile's worth anyway (probe/core/engine.py's FullSequenceScorer)
 REFERENCE_TOKENS = 4096
 
 
 def takes_a_batch(model: torch.nn.Module) -> bool:
-    """Whether the model's own forward may score several rows of one length at once as it scores each alone:
-    transformers' own classes do (no padding, no mask: rows of one length), except a sequence classifier without a
-    pad id, which refuses a batch ("Cannot handle batch sizes > 1 if no padding token is defined") and alone reads
-    the last token; any other class (remote code, a family's own module) runs one sequence at a time, as it was
-    checked."""
-    cls = type(model)
-    if not cls.__module__.startswith("transformers."):
-        return False
-    return not cls.__name__.endswith("ForSequenceClassification") or model.config.pad_token_id is not None
+    """Whether the self-check's reference may score several rows of one length in one of the model's own forwards
+    (a tile's worth, probe/core/engine.py's `FullSequenceScorer`) as it scores each alone: transformers' own classes
+    do (no padding, no mask: rows of one length; a sequence classifier only with a pad id, `takes_rows`); any other
+    class (remote code, a family's own module) runs one sequence at a time, as it was checked. Measured on SmolLM2
+    on this CPU, one thread: 16 rows 8.3 s one at a time, 5.1 s together, the same bits."""
+    return type(model).__module__.startswith("transformers.") and takes_rows(model)
 
 
 def _ordered_pair(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], make) -> OrderedPair:
