@@ -60,16 +60,16 @@ class TwoRanks:
         return out
 
     def patch(self, monkeypatch) -> None:
-        """The collectives wherever the commands look them up (module attributes, and names imported at import)."""
-        import probe.core.sweep
-        import probe.runs.distributed as distributed
-        import probe.social.scoring
+        """The collectives wherever the commands look them up: probe.runs.distributed's, and the names modules
+        imported from it at their own import (imported here first, so that they hold the real ones to replace)."""
+        import importlib
 
-        for name in ("barrier", "broadcast", "gather"):
-            monkeypatch.setattr(distributed, name, getattr(self, name))
-        monkeypatch.setattr(probe.core.sweep, "gather", self.gather)
-        monkeypatch.setattr(probe.social.scoring, "gather", self.gather)
-        monkeypatch.setattr(probe.social.scoring, "broadcast", self.broadcast)
+        for name in ("probe.runs.distributed", "probe.core.sweep", "probe.social.scoring", "probe.commands.social",
+                     "probe.commands.score", "probe.commands.responses"):
+            module = importlib.import_module(name)
+            for fn in ("barrier", "broadcast", "gather"):
+                if hasattr(module, fn):
+                    monkeypatch.setattr(module, fn, getattr(self, fn))
 
     def run(self, body) -> list:
         """``body(Dist(rank, world, rank))`` on each rank, in threads; the ranks' results. A rank that fails
@@ -148,7 +148,7 @@ def test_two_ranks_count_every_response_the_slowest_ranks_time_and_the_smallest_
                                                                                       monkeypatch):
     """11 responses x 2 prompts in shards of 3 (8 shards; rank 0: 12 responses, rank 1: 10): the session counts the
     22 both ranks scored; its scoring time is the slower rank's (the ranks work at once: here rank 1, which waits
-    50 ms a shard), not the sum nor rank 0's; responses/s is 22 over it. Rank 1 runs out of memory at once (its
+    250 ms a shard), not the sum nor rank 0's; responses/s is 22 over it. Rank 1 runs out of memory at once (its
     batch halved to 2): a resume must cut the batches it cut, so meta.json keeps the smallest batch of any rank.
     The scores are one process's."""
     import time
@@ -161,7 +161,7 @@ def test_two_ranks_count_every_response_the_slowest_ranks_time_and_the_smallest_
 
     def slower_on_rank_1(*args, **kw):
         if threading.current_thread().name == "rank1":
-            time.sleep(0.05)
+            time.sleep(0.25)
         return real_score(*args, **kw)
 
     def halved_on_rank_1(config, dist, loaded, rows, n, todo, run_dir, meta, *rest):
