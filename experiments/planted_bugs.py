@@ -383,7 +383,27 @@ NOTES = {4: [
       "",
       "Better-PairRM's trim was first tested on the MiniLM WordPiece tokenizer alone, which drops every space and "
       "newline (the row was not caught); the test now runs on a SentencePiece tokenizer too (Mistral v0.1's, as "
-      "Better-PairRM's DeBERTa-v3 one is SentencePiece), and the row was rerun with --only, with LMUnit's row (added after the full run)."]}
+      "Better-PairRM's DeBERTa-v3 one is SentencePiece), and the row was rerun with --only, with LMUnit's row (added after the full run)."],
+  7: ["The torchrun rows' existing tests are torchrun launches (tests/unit/test_rows_torchrun.py, "
+      "tests/integration/test_distributed.py, marked slow): they compare the run's files with one process's, "
+      "meta.json aside but for a few fields, so the seconds and the batch size it records pass them, and they run "
+      "only in make test-all. The round's tests (tests/unit/test_round7_ranks.py) run two "
+      "ranks as two threads of one process, the collectives replaced by pickling ones, in seconds.",
+      "",
+      "The first full run's after column left out test_two_ranks_count_every_social_row: it failed there without a "
+      "bug (another test had imported probe.commands.social first, so its own barrier and broadcast were the real "
+      "ones, not the threads'); the test now replaces them in every module that imported them, and that row was "
+      "rerun with --only.",
+      "",
+      "Two real bugs found on the way (fixed, each tested by a test that fails on the old code; the rows above "
+      "plant the old lines back): `--dry-run` said \"one prompt over V tokens: X PFLOP\" with X the run's work over "
+      "3 whatever the number of prompts (a run of one --prompt: a third of its cost); figure 2 of an item table with "
+      "an empty cell raised LinAlgError (NaN tau into the MDS) where misalignment and figure 5 rank the items every "
+      "model scored.",
+      "",
+      "The statistics themselves agreed with their textbook values: tau-b and rho with ties (scipy's documented "
+      "examples, tau-b by hand), the Fisher-z intervals (Fieller, Hartley & Pearson's 0.437 / (n - 4) and "
+      "1.06 / (n - 3)), the percentile bootstrap and OLS on the five-point textbook example."]}
 
 
 def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
