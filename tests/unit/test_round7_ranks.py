@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import pickle
 import threading
+import time
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pytest
-import torch
 
 from probe.runs.distributed import Dist
 
@@ -114,8 +113,6 @@ def test_two_ranks_count_every_token_of_an_odd_sized_sweep(tiny_dirs, tmp_path, 
     from probe.commands import score
     from probe.runs.timing import now_iso
 
-    import time
-
     one = score.run(_sweep_config(tiny_dirs, tmp_path / "one"))
     config = _sweep_config(tiny_dirs, tmp_path / "two")
     dirs = two.run(lambda d: score._run(config, d, time.perf_counter(), now_iso()))
@@ -151,8 +148,6 @@ def test_two_ranks_count_every_response_the_slowest_ranks_time_and_the_smallest_
     250 ms a shard), not the sum nor rank 0's; responses/s is 22 over it. Rank 1 runs out of memory at once (its
     batch halved to 2): a resume must cut the batches it cut, so meta.json keeps the smallest batch of any rank.
     The scores are one process's."""
-    import time
-
     from probe.commands import responses
     import probe.core.responses
 

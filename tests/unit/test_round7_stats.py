@@ -117,7 +117,8 @@ def test_contrast_gives_each_coefficient_its_own_interval_over_the_strings_both_
     res = contrast(va.with_columns(pl.Series("score", sa)), vb.with_columns(pl.Series("score", sb)), k=3)
     tau = sps.kendalltau(sa[:10], sb).statistic
     rho = sps.spearmanr(sa[:10], sb).statistic
-    assert res.n == 10 and res.kendall == pytest.approx(tau, abs=1e-15) and res.spearman == pytest.approx(rho, abs=1e-15)
+    assert res.n == 10
+    assert res.kendall == pytest.approx(tau, abs=1e-15) and res.spearman == pytest.approx(rho, abs=1e-15)
     js = res.to_json()
     assert js["kendall_tau_b_interval"] == pytest.approx(fisher_z(tau, 10, 0.437, 4), abs=1e-12)
     assert js["spearman_interval"] == pytest.approx(fisher_z(rho, 10, 1.06, 3), abs=1e-12)
@@ -193,4 +194,4 @@ def test_ols_on_the_textbook_five_points():
     # intercept: se = sqrt(sigma^2 (1/n + xbar^2 / Sxx)) = sqrt(0.8 (0.2 + 0.9))
     assert fit.row("intercept")["se"] == pytest.approx(math.sqrt(0.8 * 1.1), abs=1e-12)
     with pytest.raises(ValueError):
-        stats.ols(np.array([1.0, 2.0]), {"x": np.array([0.0, 1.0])})  # as many points as coefficients: no residual variance
+        stats.ols(np.array([1.0, 2.0]), {"x": np.array([0.0, 1.0])})  # 2 points, 2 coefficients: no residual
