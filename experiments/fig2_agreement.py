@@ -51,6 +51,7 @@ def scores_matrix(cfg: Fig2Config) -> tuple[list[str], list[str], np.ndarray, in
     if cfg.table:
         df = pl.read_csv(cfg.table)
         models = [c for c in df.columns if c not in ("elo_rank", "elo_score", "name", "elo_matches")]
+        df = df.drop_nulls(models)  # the items every model scored (an empty cell: NaN tau, and the MDS raised)
         return [nickname(m) for m in models], models, df.select(models).to_numpy(), df.height
     sweeps = load_runs(named_runs(cfg.runs))
     sweeps = [s for s in sweeps if cfg.prompt in s.prompts or cfg.prompt in s.prompts.values()]

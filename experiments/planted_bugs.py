@@ -7,6 +7,7 @@ time, and check that the tests named beside each fail on it.
     python -m experiments.planted_bugs --round 4  # issue 57's: the same, experiments/results/planted_bugs_round4.md
     python -m experiments.planted_bugs --round 5  # the newest families and features: planted_bugs_round5.md
     python -m experiments.planted_bugs --round 6  # issue 67's: the families' limits and options, planted_bugs_round6.md
+    python -m experiments.planted_bugs --round 7  # issue 74's: intervals, torchrun's counts, options' edges: round7.md
     python -m experiments.planted_bugs --round 5 --side after  # the after column again, the before one kept
     python -m experiments.planted_bugs --round 3 --only "DPO split one id late"  # that row again, the others kept
 
@@ -260,6 +261,73 @@ ROUND_6 = [
 ]
 
 
+# Round 7 (issue 74): statistics against their textbook values (which variance each interval uses, at small n, with
+# missing cells), torchrun's gathered counts, and options at values the tests never used (a switch where a number
+# belongs, --top at its edges, an odd-sized small sweep, exactly two responses, the terminal's tables, the W flag,
+# --dry-run's plan, figures' inputs, MKL's mode). Not the GPU's rules (invariance, kernels) nor probe explain, which
+# other sessions were rewriting. Targets: an existing test near the code and the round's tests
+# (tests/unit/test_round7_*.py); a torchrun row's existing test is the torchrun launch that covers it (slow).
+BEFORE_ROUND_7 = "f1f451f"
+_S7, _O7, _R7 = ("tests/unit/test_round7_stats.py", "tests/unit/test_round7_options.py",
+                 "tests/unit/test_round7_ranks.py")
+_FZ7 = f"{_S7}::test_fisher_z_intervals_use_fieller_hartley_and_pearsons_variance"
+_MIS64 = "tests/unit/test_issue64_reports.py::test_misalignment_over_few_items_says_n_the_interval_and_the_prompt"
+_RESP64 = ("tests/unit/test_issue64_reports.py::test_response_findings_on_five_responses_neither_overlap_nor_claim_"
+           "length")
+_CON64 = "tests/unit/test_issue64_reports.py::test_contrast_over_few_strings_keeps_top_and_bottom_apart"
+_BOOT = "tests/unit/test_social.py::test_pairwise_accuracy_ties_count_as_wrong_and_bootstrap"
+_CON7 = ("tests/unit/test_analysis.py::test_contrast_identical_and_reversed "
+         "tests/unit/test_analysis.py::test_contrast_by_hand_top_k_and_the_sign_of_rank_change")
+_TORCH_RESP = "tests/unit/test_rows_torchrun.py::test_two_ranks_score_responses_into_one_folder"
+_TORCH_SWEEP = "tests/integration/test_distributed.py::test_two_process_sweep_equals_single_process"
+_RESP_COUNT = f"{_R7}::test_two_ranks_count_every_response_the_slowest_ranks_time_and_the_smallest_batch"
+_SWEEP_COUNT = f"{_R7}::test_two_ranks_count_every_token_of_an_odd_sized_sweep"
+_TOP_TABLES = "tests/unit/test_issue64_reports.py::test_the_terminal_tables_of_a_small_run_never_list_a_token_as_both_best_and_worst"
+_DRY7 = "tests/unit/test_counts.py::test_a_dry_run_prints_each_prompts_row_where_they_differ tests/unit/test_first_hour.py::test_dry_run_on_cpu_plans_the_cpu_batch"
+_MKL7 = f"tests/unit/test_cpu_threads.py::test_prepare_sets_only_what_the_user_has_not {_O7}::test_blas_mode_reads_mkls_mode_and_says_why_it_is_not_strict {_O7}::test_prepare_after_torch_sets_only_mkls_mode {_O7}::test_a_process_that_ran_torch_before_rm_probe_is_told_mkls_mode"
+ROUND_7 = [
+  ("Kendall's interval with Pearson's variance", "probe/analysis/stats.py", 'FISHER_Z = {"kendall": (0.437, 4),', 'FISHER_Z = {"kendall": (1.0, 3),', f"tests/unit/test_stats.py {_MIS64} {_FZ7}"),
+  ("Spearman's interval with Pearson's variance", "probe/analysis/stats.py", '"spearman": (1.06, 3)}', '"spearman": (1.0, 3)}', f"tests/unit/test_stats.py {_RESP64} {_FZ7}"),
+  ("interval from the one-sided normal point", "probe/analysis/stats.py", "half = stats.norm.ppf(0.5 + level / 2) * np.sqrt(c / (n - d))", "half = stats.norm.ppf(level) * np.sqrt(c / (n - d))", f"tests/unit/test_stats.py {_MIS64} {_FZ7}"),
+  ("an interval at n = 4 for tau (n - 4 = 0)", "probe/analysis/stats.py", "    if n <= d or not np.isfinite(r):", "    if n < d or not np.isfinite(r):", f"tests/unit/test_stats.py {_MIS64} {_FZ7}"),
+  ("OLS interval from the normal, not t", "probe/analysis/stats.py", "t = stats.t.ppf(0.5 + level / 2, dof)", "t = stats.norm.ppf(0.5 + level / 2)", f"tests/unit/test_stats.py {_S7}::test_ols_on_the_textbook_five_points"),
+  ("contrast's rho interval with tau's variance", "probe/analysis/contrast.py", 'stats.rank_correlation_interval(self.spearman, self.n, "spearman")', 'stats.rank_correlation_interval(self.spearman, self.n, "kendall")', f"{_CON7} {_CON64} {_S7}::test_contrast_gives_each_coefficient_its_own_interval_over_the_strings_both_rank"),
+  ("contrast's n before the join", "probe/analysis/contrast.py", "    n = j.height\n", "    n = a.height\n", f"{_CON7} {_CON64} {_S7}::test_contrast_gives_each_coefficient_its_own_interval_over_the_strings_both_rank"),
+  ("misalignment's interval over the rows before empty cells went", "probe/commands/analyze.py", "    n = res.items.height\n", "    n = table.height\n", f"{_MIS64} {_S7}::test_misalignment_over_a_table_with_empty_cells_counts_the_complete_items"),
+  ("misalignment keeps items a model did not score", "probe/analysis/misalignment.py", "df = df.drop_nulls([human, *models])", "df = df.drop_nulls([human])", f"tests/unit/test_analysis.py::test_misalignment_by_hand {_MIS64} {_S7}::test_misalignment_over_a_table_with_empty_cells_counts_the_complete_items"),
+  ("response page's Spearman interval with tau's variance", "probe/report/audit.py", 'interval = rank_correlation_interval(rho, df.height, "spearman")', 'interval = rank_correlation_interval(rho, df.height, "kendall")', f"{_RESP64} {_S7}::test_the_response_findings_spearman_interval_over_ties_in_length"),
+  ("a length correlation over two responses", "probe/report/audit.py", "if np.unique(lengths).size > 1 and df.height > 2:", "if np.unique(lengths).size > 1 and df.height > 1:", f"{_RESP64} {_S7}::test_exactly_two_responses_have_no_length_correlation"),
+  ("bootstrap never draws the last item", "probe/social/metrics.py", "values[rng.integers(0, values.size, size=(n, values.size))]", "values[rng.integers(0, values.size - 1, size=(n, values.size))]", f"{_BOOT} {_S7}::test_bootstrap_interval_is_the_percentile_bootstrap_of_the_mean"),
+  ("bootstrap's 90% percentiles called 95%", "probe/social/metrics.py", "np.quantile(means, [(1 - level) / 2, (1 + level) / 2])", "np.quantile(means, [1 - level, level])", f"{_BOOT} {_S7}::test_bootstrap_interval_is_the_percentile_bootstrap_of_the_mean"),
+  ("a switch read as a number", "probe/commands/args.py", "if isinstance(value, bool) or not isinstance(value, (int, float)):", "if not isinstance(value, (int, float)):", f"tests/unit/test_config_files.py {_O7}::test_a_switch_value_where_a_number_belongs_is_refused {_O7}::test_a_switch_value_where_a_number_belongs_in_a_job_file_and_a_suite"),
+  ("analyze --top 1 refused", "probe/commands/analyze.py", 'check_at_least(self, 1, "top", "permutations")', 'check_at_least(self, 2, "top", "permutations")', f"tests/unit/test_wrong_results4.py::test_analyze_counts_below_one_are_refused tests/unit/test_analysis.py::test_analyze_cli_on_fake_runs {_O7}::test_top_1_lists_one_token_and_one_word_a_side {_O7}::test_misalignment_top_1_lists_one_item_a_side"),
+  ("probe score --top 0 taken", "probe/config.py", 'check_at_least(self, 1, "shard_size", "top", "batch_size", "limit", "devices")', 'check_at_least(self, 1, "shard_size", "batch_size", "limit", "devices")', f"tests/unit/test_config_files.py {_O7}::test_top_0_is_refused"),
+  ("torchrun sweep counts rank 0's tokens", "probe/core/sweep.py", "n_todo = sum(counts)  #", "n_todo = counts[0]  #", f"{_TORCH_SWEEP} {_SWEEP_COUNT}"),
+  ("sweep counts a short last shard whole", "probe/core/sweep.py", "n_todo = sum(min(k, self.token_ids.size - s * k) for s in todo)", "n_todo = len(todo) * k", f"tests/unit/test_sweep.py::test_outputs_are_complete_and_ranked {_SWEEP_COUNT}"),
+  ("torchrun sweep recorded as one process", "probe/commands/score.py", "timing = SessionTiming(meta, started, round(t_loaded - t_start, 3), dist.world)", "timing = SessionTiming(meta, started, round(t_loaded - t_start, 3), 1)", f"{_TORCH_SWEEP} {_SWEEP_COUNT}"),
+  ("torchrun responses: rank 0's count", "probe/commands/responses.py", "session.update(responses_scored=sum(r[1] for r in ranks),", "session.update(responses_scored=ranks[0][1],", f"{_TORCH_RESP} {_RESP_COUNT}"),
+  ("torchrun responses: the ranks' seconds added", "probe/commands/responses.py", "score_s=max(r[2] for r in ranks),", "score_s=sum(r[2] for r in ranks),", f"{_TORCH_RESP} {_RESP_COUNT}"),
+  ("torchrun responses: the largest batch kept", "probe/commands/responses.py", 'meta["batch_size"] = min(meta["batch_size"], *(r[3] for r in ranks))', 'meta["batch_size"] = max(meta["batch_size"], *(r[3] for r in ranks))', f"{_TORCH_RESP} {_RESP_COUNT}"),
+  ("torchrun social: rank 0's scores only", "probe/social/scoring.py", "scores = {key: v for p in parts for key, v in p.items()}", "scores = {key: v for p in parts[:1] for key, v in p.items()}", f"tests/unit/test_rows_torchrun.py::test_two_ranks_run_social_into_one_folder {_R7}::test_two_ranks_count_every_social_row"),
+  ("a one-word response with white space is not a word", "probe/analysis/sweeps.py", 'words = [" " not in r.strip() and is_english_word(r.strip(), freqs)', 'words = [" " not in r and is_english_word(r.strip(), freqs)', f"tests/unit/test_analysis.py::test_every_analyze_output_recomputed_from_scores_parquet {_O7}::test_a_one_word_response_is_a_word_whatever_white_space_surrounds_it"),
+  ("findings' words are the alphabetic tokens", "probe/report/audit.py", '    words = ranked.filter(pl.col("is_word"))\n    text = lambda', '    words = ranked.filter(pl.col("is_alpha"))\n    text = lambda', f"tests/unit/test_issue64_reports.py::test_sweep_findings_on_few_words_never_list_a_word_as_both_best_and_worst {_O7}::test_findings_without_an_english_word_say_so"),
+  ("terminal words table of the alphabetic tokens", "probe/report/text.py", 'words = df.filter(pl.col("is_word")).with_columns(', 'words = df.filter(pl.col("is_alpha")).with_columns(', f"{_TOP_TABLES} {_O7}::test_the_terminal_tables_of_an_odd_sized_sweep_leave_the_middle_token_out"),
+  ("an odd sweep's middle token best and worst", "probe/report/text.py", "k_raw, k_words = min(n, raw.height // 2),", "k_raw, k_words = min(n, (raw.height + 1) // 2),", f"{_TOP_TABLES} {_O7}::test_the_terminal_tables_of_an_odd_sized_sweep_leave_the_middle_token_out"),
+  ("plain_table: 0.001 in scientific notation", "probe/report/text.py", "abs(v) >= 10 ** -digits else", "abs(v) > 10 ** -digits else", f"tests/unit/test_issue64_reports.py::test_plain_table_cells {_O7}::test_plain_table_cells_at_their_edges"),
+  ("plain_table: a number column with an empty cell left-aligned", "probe/report/text.py", "numeric = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool) or r.get(c) is None", "numeric = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool)", f"tests/unit/test_issue64_reports.py::test_plain_table_cells {_O7}::test_plain_table_cells_at_their_edges"),
+  ("two responses at --top 1 as best and worst", "probe/commands/responses.py", "if part.height <= 2 * top else (", "if part.height < 2 * top else (", f"tests/unit/test_responses.py::test_response_run_equals_the_api_and_resumes_identically {_O7}::test_exactly_two_responses_print_once_at_any_top"),
+  ("dry run: a prompt's work is the run's over 3", "probe/models/dryrun.py", "{p['sweep_flops'] / p.get('n_prompts', 3) / 1e15:.2f} PFLOP", "{p['sweep_flops'] / 3 / 1e15:.2f} PFLOP", f"{_DRY7} {_O7}::test_the_dry_runs_work_per_prompt_is_one_prompts_whatever_the_run_holds"),
+  ("dry run: the larger batch of two prompt shapes", "probe/models/dryrun.py", 'out = dict(out, batch_size=min(q["batch_size"] for q in plans.values()))', 'out = dict(out, batch_size=max(q["batch_size"] for q in plans.values()))', f"{_DRY7} {_O7}::test_the_dry_run_of_prompts_of_two_shapes_takes_the_larger_row_and_the_smaller_batch"),
+  ("dry run: the smaller row of two prompt shapes", "probe/models/dryrun.py", 'out = max(plans.values(), key=lambda q: q["bytes_per_row"])', 'out = min(plans.values(), key=lambda q: q["bytes_per_row"])', f"{_DRY7} {_O7}::test_the_dry_run_of_prompts_of_two_shapes_takes_the_larger_row_and_the_smaller_batch"),
+  ("figure 2 keeps a table's empty cells", "experiments/fig2_agreement.py", "        df = df.drop_nulls(models)  #", "        df = df  #", f"tests/unit/test_figures.py::test_elo_summary_agrees_with_the_paper {_O7}::test_figure_2_of_a_table_with_empty_cells_ranks_the_items_every_model_scored"),
+  ("figure 1's variance over n", "experiments/fig1_distributions.py", '"variance": float(scores.var(ddof=1))', '"variance": float(scores.var())', f"tests/unit/test_figures.py::test_make_figures_from_fake_runs {_O7}::test_figure_1s_moments_are_the_sample_variance_and_skewness"),
+  ("sweep figures draw a response run", "experiments/common.py", "        if s.responses:\n", "        if False:\n", f"tests/unit/test_first_hour.py::test_figures_after_a_limited_run {_O7}::test_the_sweep_figures_refuse_a_response_run_in_one_line"),
+  ("MKL's strict bit not read", "probe/runs/cpu.py", "strict = mode > 0 and bool(mode & _CBWR_STRICT)", "strict = mode > 0", _MKL7),
+  ("MKL left unset called another mode", "probe/runs/cpu.py", 'if os.environ.get("MKL_CBWR") not in (None, MKL_CBWR)', 'if os.environ.get("MKL_CBWR") != MKL_CBWR', _MKL7),
+  ("MKL's mode not set after torch", "probe/runs/cpu.py", '    if "torch" in sys.modules and environ is None:\n        return reproducible_blas(env)', '    if "torch" in sys.modules and environ is None:\n        return {}', _MKL7),
+]
+
+
 def run_tests(copy: Path, tests: str, env: dict, deselect: tuple[str, ...] = ()) -> tuple[bool, str]:
     skip = " ".join(f"--deselect '{t}'" for t in deselect)
     proc = subprocess.run(f"{sys.executable} -m pytest -q -x -p no:cacheprovider {skip} {tests}", shell=True, cwd=copy,
@@ -277,7 +345,7 @@ def failing_without_a_bug(copy: Path, tests: str, env: dict) -> tuple[str, ...]:
 
 
 ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3), 4: (ROUND_4, BEFORE_ROUND_4),
-          5: (ROUND_5, BEFORE_ROUND_5), 6: (ROUND_6, BEFORE_ROUND_6)}
+          5: (ROUND_5, BEFORE_ROUND_5), 6: (ROUND_6, BEFORE_ROUND_6), 7: (ROUND_7, BEFORE_ROUND_7)}
 
 # what a results file says below its table: round 4's check of the two bugs issue 57 names, planted by hand
 NOTES = {4: [
@@ -315,7 +383,27 @@ NOTES = {4: [
       "",
       "Better-PairRM's trim was first tested on the MiniLM WordPiece tokenizer alone, which drops every space and "
       "newline (the row was not caught); the test now runs on a SentencePiece tokenizer too (Mistral v0.1's, as "
-      "Better-PairRM's DeBERTa-v3 one is SentencePiece), and the row was rerun with --only, with LMUnit's row (added after the full run)."]}
+      "Better-PairRM's DeBERTa-v3 one is SentencePiece), and the row was rerun with --only, with LMUnit's row (added after the full run)."],
+  7: ["The torchrun rows' existing tests are torchrun launches (tests/unit/test_rows_torchrun.py, "
+      "tests/integration/test_distributed.py, marked slow): they compare the run's files with one process's, "
+      "meta.json aside but for a few fields, so the seconds and the batch size it records pass them, and they run "
+      "only in make test-all. The round's tests (tests/unit/test_round7_ranks.py) run two "
+      "ranks as two threads of one process, the collectives replaced by pickling ones, in seconds.",
+      "",
+      "The first full run's after column left out test_two_ranks_count_every_social_row: it failed there without a "
+      "bug (another test had imported probe.commands.social first, so its own barrier and broadcast were the real "
+      "ones, not the threads'); the test now replaces them in every module that imported them, and that row was "
+      "rerun with --only.",
+      "",
+      "Two real bugs found on the way (fixed, each tested by a test that fails on the old code; the rows above "
+      "plant the old lines back): `--dry-run` said \"one prompt over V tokens: X PFLOP\" with X the run's work over "
+      "3 whatever the number of prompts (a run of one --prompt: a third of its cost); figure 2 of an item table with "
+      "an empty cell raised LinAlgError (NaN tau into the MDS) where misalignment and figure 5 rank the items every "
+      "model scored.",
+      "",
+      "The statistics themselves agreed with their textbook values: tau-b and rho with ties (scipy's documented "
+      "examples, tau-b by hand), the Fisher-z intervals (Fieller, Hartley & Pearson's 0.437 / (n - 4) and "
+      "1.06 / (n - 3)), the percentile bootstrap and OLS on the five-point textbook example."]}
 
 
 def read_rows(out: Path) -> dict[str, tuple[str, ...]]:
@@ -434,16 +522,16 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5, 6), default=1)
+    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5, 6, 7), default=1)
     parser.add_argument("--only", action="append", default=[], metavar="BUG",
-                        help="rounds 2-6: rerun this bug (by name) alone, keeping the results file's other rows")
-    parser.add_argument("--results", type=Path, help="rounds 2-6: the results file (default: "
+                        help="rounds 2-7: rerun this bug (by name) alone, keeping the results file's other rows")
+    parser.add_argument("--results", type=Path, help="rounds 2-7: the results file (default: "
                         "experiments/results/planted_bugs_round<N>.md); several parts of a round may run at once, each "
                         "with --only and a file of its own, then be joined by --join")
     parser.add_argument("--join", type=Path, action="append", default=[], metavar="FILE",
-                        help="rounds 2-6: write these parts' rows into the results file, running nothing")
+                        help="rounds 2-7: write these parts' rows into the results file, running nothing")
     parser.add_argument("--side", choices=("both", "before", "after"), default="both",
-                        help="rounds 2-6: run only this column, keeping the other as the results file has it")
+                        help="rounds 2-7: run only this column, keeping the other as the results file has it")
     args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "RM_PROBE_SOCIAL_DATA": os.environ.get("RM_PROBE_SOCIAL_DATA", str(SHARED / "social")),
            "RM_PROBE_PAPER_RELEASE": os.environ.get("RM_PROBE_PAPER_RELEASE", str(SHARED / "paper-release")),

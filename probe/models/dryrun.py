@@ -104,7 +104,7 @@ def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: st
            "prefix_tokens": n_prefix, "new_tokens_per_row": n_new, "bytes_per_row": cost.total,
            "prefix_cache_bytes": fixed_bytes(config, n_prefix, dtype, path),
            "batch_size": batch, "fits": batch > 0, "vocab_size": text.vocab_size,
-           "sweep_flops": flops}
+           "sweep_flops": flops, "n_prompts": n_prompts}
     if tflops:
         out["floor_seconds_at_tflops"] = {str(tflops): flops / (tflops * 1e12)}
     return out
@@ -125,9 +125,11 @@ def describe(p: dict) -> str:
              f"  on {on} GiB of {p.get('device_type', 'cuda')} memory: "
              + (f"batch size {p['batch_size']}" if p["fits"] else
                                                          "does NOT fit: use --device-map auto over several GPUs"),
-             f"  one prompt over {p['vocab_size']:,} tokens: {p['sweep_flops'] / 3 / 1e15:.2f} PFLOP"]
+             # sweep_flops is the work of the run's prompts (1 with one --prompt), not always the paper's 3
+             f"  one prompt over {p['vocab_size']:,} tokens: "
+             f"{p['sweep_flops'] / p.get('n_prompts', 3) / 1e15:.2f} PFLOP"]
     for t, s in p.get("floor_seconds_at_tflops", {}).items():
-        lines.append(f"  floor for the 3 paper prompts at {t} TFLOP/s: {s:.0f} s")
+        lines.append(f"  floor for the {p.get('n_prompts', 3)} prompt(s) at {t} TFLOP/s: {s:.0f} s")
     return "\n".join(lines)
 
 
