@@ -46,8 +46,9 @@ def test_the_double_moves_a_row_by_its_row_count_and_keeps_the_same_call_the_sam
     assert [ulps(n) for n in range(1, 9)] != [ulps(1)] * 8 and rows_of(torch.zeros(3, 4, 5)) == 12
 
 
-def _sweep(lm, split, step: int = 37):
-    return sweep_rows(np.arange(0, len(lm.tokenizer), step), split.suffix_ids)
+def _sweep(lm, split, n: int = 90):
+    """``n`` ids spread over the vocabulary, each with the template's closing ids."""
+    return sweep_rows(np.linspace(0, len(lm.tokenizer) - 1, n).astype(np.int64), split.suffix_ids)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -99,7 +100,7 @@ def test_halving_resume_shard_world_size_and_threads_change_no_bit_under_a_hosti
     from probe.core.engine import PrefixScorer
 
     sc = PrefixScorer(lm.model, head, split.prefix_ids)
-    rows = _sweep(lm, split, step=23)
+    rows = _sweep(lm, split, n=120)
     want = AdaptiveBatcher(256).run(sc.score, rows)
     calls = {"n": 0}
 
