@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probe.core.cache import check_replicable, replicate
+from probe.core.cache import UnsupportedCache, architecture, check_replicable, continue_prefix, plan
 from probe.core.heads import ScoreHead
 from probe.core.invariance import attention_tiles, buckets, check_cpu, cpu_activations, row_tiles, tile_rows
 from probe.models.attention import require_trained_attention
@@ -77,7 +77,14 @@ def input_device(model: torch.nn.Module) -> torch.device:
 
 
 def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, model.base_model_prefix)
+    """The decoder (or encoder) stack under the head: the attribute ``base_model_prefix`` names, else ``model``
+    (Llama 4's text model names ``language_model``, which only its multimodal parent has; its own stack is
+    ``model``)."""
+    for name in (model.base_model_prefix, "model"):
+        found = getattr(model, name, None)
+        if isinstance(found, torch.nn.Module):
+            return found
+    raise AttributeError(f"{type(model).__name__} has neither {model.base_model_prefix!r} nor 'model'")
 
 
 def cache_keyword(module: torch.nn.Module) -> str:
@@ -99,6 +106,11 @@ class PrefixScorer:
         if not prefix_ids:
             raise ValueError("empty prefix")
         require_trained_attention(model)
+        self.reuse = plan(model.config)  # how rows continue the prefix (probe/core/cache.py)
+        if self.reuse.path != "cache":
+            raise UnsupportedCache(f"{architecture(model.config)}: {self.reuse.why}; GCG, the beam and traces read a "
+                                   "continuation of the prefix: not supported for it (sweeps, whole responses, judges "
+                                   "and social items run each sequence through the model's own forward)")
         self.model, self.head, self.use_cache = model, head, use_cache
         self.tiles = tile_rows(input_device(model))  # fixed product shapes on a GPU (probe/core/invariance.py)
         check_cpu(input_device(model))
@@ -135,9 +147,8 @@ class PrefixScorer:
         with attention_tiles(self.backbone, self.tiles if input_ids is not None else None):  # not GCG's gradient
             if not self.use_cache:
                 return self._hidden_uncached(input_ids, inputs_embeds)
-            out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=True,
-                                **{cache_keyword(self.backbone): replicate(self.cache, b)})
-        return out.last_hidden_state
+            return continue_prefix(self.backbone, cache_keyword(self.backbone), self.cache, self.n_prefix, input_ids,
+                                   inputs_embeds, self.reuse.stepwise)
 
     def _hidden_shared(self, input_ids, inputs_embeds, b: int, n: int):
         from probe.kernels.prefix_attention import using_shared_prefix
