@@ -192,7 +192,9 @@ class PrefixReuse:
         return any(t in STATE_TYPES + BOTH_TYPES or t == "lightning_attention" for t in self.layers)
 
     def to_json(self) -> dict:
-        out = {"path": self.path + (" (one token at a time)" if self.stepwise else ""), "layers": dict(self.layers)}
+        out = {"layers": dict(self.layers)}
+        if self.stepwise:
+            out["continuation"] = "one token at a time"
         if self.recurrent:
             out["recurrent_state"] = "copied per row from the prefix's (probe/core/cache.py)"
         if self.why:

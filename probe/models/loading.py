@@ -404,6 +404,8 @@ def load_model(
     from probe.core.pairwise import OWN_FORWARD
 
     own_format = pairwise is not None and pairwise.format in OWN_FORWARD  # PairRM's, SteamSHP's, POLAR's: not a chat
+    if not (kind == "reward" and (spec.reader == "forward" or own_format)):
+        check_prefix_reuse(model_id, config)  # before any weights: one line for a cache the engine cannot continue
     family, replaces = family_template(spec, input_method) if kind == "reward" else (None, False)
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template, family,
                                need_template and not own_format, family_replaces=replaces)
@@ -442,6 +444,20 @@ def load_model(
     return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise,
                        principle=principle, random_head={"parameters": list(drawn)} if drawn else None,
                        own_judge=own_judge)
+
+
+def check_prefix_reuse(model_id: str, config) -> None:
+    """Refuse, in one line naming the architecture and the layer type, a decoder whose cache rm-probe has no rule to
+    continue a shared prefix from (probe/core/cache.py); warn where its rows run whole instead."""
+    from probe.core.cache import UnsupportedCache, plan
+
+    try:
+        reuse = plan(config)
+    except UnsupportedCache as err:
+        raise UnsupportedCache(f"{model_id}: {err}") from None
+    if reuse.path == "full":
+        log.warning("%s: %s; no shared prefix: every sequence runs through the model's own forward (exact, slower)",
+                    model_id, reuse.why)
 
 
 def check_polar_reward_token(model_id: str, tokenizer, config) -> None:
