@@ -3,15 +3,16 @@ caches are not plain key/value layers), each built from its published configurat
 
 What is kept from each published config: the pattern of layer types (which layers are linear attention, Mamba,
 short convolution, full or sliding attention, MoE or dense), the short convolution's kernel size, the grouping of
-heads (query heads per key-value head, key heads per value head in the gated delta nets), the chunk sizes of the
-chunked scans (so a 60-token prefix spans several chunks where the published chunk is small enough, else is
-shrunk to keep that property) and every switch that changes the arithmetic (norms, gates, multipliers). What is
-shrunk: widths, head counts (keeping their ratios) and depth (keeping at least one period of the layer pattern).
+heads (query heads per key-value head, key heads per value head in the gated delta nets) and the switches that
+change the arithmetic (norms, gates, multipliers, NoPE). What is shrunk: widths, head counts (keeping their ratios),
+depth (keeping at least one period of the layer pattern), the Mamba-2 scans' chunk (16, so that a prompt's prefix
+spans several chunks), sliding and chunked attention windows (8) and the indexer's top-k (4): each below a prompt's
+length, so that what they cut is really cut. All built on the tests' tiny ChatML tokenizer (SmolLM2's template).
 
-``ARCHS[name]()`` gives ``(kind, build(tokenizer) -> model)``: ``kind`` "reward" where transformers has a sequence
-classifier for the family, else "causal" (scored by ``--score logprob``). Every model is float32, seeded, eval.
-Classes newer than the oldest transformers the project allows are looked up by name: `available` says whether
-this transformers has them.
+``ARCHS[name]``: (config builder, config class, sequence classifier or None, causal LM), by name: classes newer than
+the oldest transformers the project allows are looked up by name (`available`). `build` gives a float32 model,
+seeded, in eval mode; `kind` says whether the family has a sequence classifier ("reward"), else its tests read the
+log-probability of a causal LM.
 """
 
 from __future__ import annotations
@@ -205,51 +206,55 @@ def deepseek_v32(tokenizer):
         first_k_dense_replace=1, index_topk=4, index_head_dim=16, index_n_heads=2, head_dim=8)
 
 
-# name -> (config builder, sequence-classifier class name or None, causal LM class name)
+def mamba(tokenizer):
+    """Mamba (v1): selective state-space layers only, conv kernel 4."""
+    return _cls("MambaConfig")(**_ids(tokenizer), hidden_size=WIDTH, num_hidden_layers=2, state_size=16,
+                               conv_kernel=4, expand=2, time_step_rank=8)
+
+
+# name -> (config builder, config class, sequence-classifier class or None, causal LM class)
 ARCHS = {
-    "qwen3_5": (qwen3_5, "Qwen3_5TextForSequenceClassification", "Qwen3_5ForCausalLM"),
-    "qwen3_5_moe": (qwen3_5_moe, None, "Qwen3_5MoeForCausalLM"),
-    "qwen3_next": (qwen3_next, "Qwen3NextForSequenceClassification", "Qwen3NextForCausalLM"),
-    "nemotron_h": (nemotron_h, None, "NemotronHForCausalLM"),
-    "granitemoehybrid": (granitemoehybrid, None, "GraniteMoeHybridForCausalLM"),
-    "olmo_hybrid": (olmo_hybrid, None, "OlmoHybridForCausalLM"),
-    "jamba": (jamba, "JambaForSequenceClassification", "JambaForCausalLM"),
-    "bamba": (bamba, None, "BambaForCausalLM"),
-    "falcon_h1": (falcon_h1, None, "FalconH1ForCausalLM"),
-    "kimi_linear": (kimi_linear, None, "KimiLinearForCausalLM"),
-    "lfm2": (lfm2, None, "Lfm2ForCausalLM"),
-    "lfm2_moe": (lfm2_moe, None, "Lfm2MoeForCausalLM"),
-    "mamba2": (mamba2, None, "Mamba2ForCausalLM"),
-    "zamba2": (zamba2, "Zamba2ForSequenceClassification", "Zamba2ForCausalLM"),
-    "minimax": (minimax, "MiniMaxForSequenceClassification", "MiniMaxForCausalLM"),
-    "gemma4_shared_kv": (gemma4_shared_kv, None, "Gemma4ForCausalLM"),
-    "llama4_text": (llama4_text, None, "Llama4ForCausalLM"),
-    "deepseek_v32": (deepseek_v32, None, "DeepseekV32ForCausalLM"),
+    "qwen3_5": (qwen3_5, "Qwen3_5TextConfig", "Qwen3_5TextForSequenceClassification", "Qwen3_5ForCausalLM"),
+    "qwen3_5_moe": (qwen3_5_moe, "Qwen3_5MoeTextConfig", None, "Qwen3_5MoeForCausalLM"),
+    "qwen3_next": (qwen3_next, "Qwen3NextConfig", "Qwen3NextForSequenceClassification", "Qwen3NextForCausalLM"),
+    "nemotron_h": (nemotron_h, "NemotronHConfig", None, "NemotronHForCausalLM"),
+    "granitemoehybrid": (granitemoehybrid, "GraniteMoeHybridConfig", None, "GraniteMoeHybridForCausalLM"),
+    "olmo_hybrid": (olmo_hybrid, "OlmoHybridConfig", None, "OlmoHybridForCausalLM"),
+    "jamba": (jamba, "JambaConfig", "JambaForSequenceClassification", "JambaForCausalLM"),
+    "bamba": (bamba, "BambaConfig", None, "BambaForCausalLM"),
+    "falcon_h1": (falcon_h1, "FalconH1Config", None, "FalconH1ForCausalLM"),
+    "kimi_linear": (kimi_linear, "KimiLinearConfig", None, "KimiLinearForCausalLM"),
+    "lfm2": (lfm2, "Lfm2Config", None, "Lfm2ForCausalLM"),
+    "lfm2_moe": (lfm2_moe, "Lfm2MoeConfig", None, "Lfm2MoeForCausalLM"),
+    "mamba": (mamba, "MambaConfig", None, "MambaForCausalLM"),
+    "mamba2": (mamba2, "Mamba2Config", None, "Mamba2ForCausalLM"),
+    "zamba2": (zamba2, "Zamba2Config", "Zamba2ForSequenceClassification", "Zamba2ForCausalLM"),
+    "minimax": (minimax, "MiniMaxConfig", "MiniMaxForSequenceClassification", "MiniMaxForCausalLM"),
+    "gemma4_shared_kv": (gemma4_shared_kv, "Gemma4TextConfig", None, "Gemma4ForCausalLM"),
+    "llama4_text": (llama4_text, "Llama4TextConfig", None, "Llama4ForCausalLM"),
+    "deepseek_v32": (deepseek_v32, "DeepseekV32Config", None, "DeepseekV32ForCausalLM"),
 }
 
 
 def available(name: str) -> bool:
-    make, cls_rm, cls_lm = ARCHS[name]
-    return all(_cls(n) is not None for n in (cls_rm or cls_lm, cls_lm)) and make.__doc__ is not None and \
-        _config_class(name) is not None
-
-
-def _config_class(name: str):
-    import inspect
-
-    src = inspect.getsource(ARCHS[name][0])
-    start = src.index('_cls("') + 6
-    return _cls(src[start : src.index('"', start)])
+    """Whether this transformers has the architecture's config and classes (all of them from 5.24 on)."""
+    return all(n is None or _cls(n) is not None for n in ARCHS[name][1:])
 
 
 def kind(name: str) -> str:
-    return "reward" if ARCHS[name][1] else "causal"
+    """"reward" where transformers has a sequence classifier for the family, else "causal"."""
+    return "reward" if ARCHS[name][2] else "causal"
+
+
+def mode(name: str) -> str:
+    """The score mode its tests read: the reward head, else the log-probability."""
+    return "reward" if kind(name) == "reward" else "logprob"
 
 
 def build(name: str, tokenizer, kind_: str | None = None, seed: int = 0):
     """The tiny model ``name`` as a sequence classifier (``kind_`` "reward", where the family has one) or causal LM,
-    float32, seeded, its score head or LM head spread so that scores differ visibly."""
-    make, cls_rm, cls_lm = ARCHS[name]
+    float32, seeded, its score head spread so that scores differ visibly."""
+    make, _, cls_rm, cls_lm = ARCHS[name]
     kind_ = kind_ or kind(name)
     config = make(tokenizer)
     torch.manual_seed(seed)
@@ -260,3 +265,11 @@ def build(name: str, tokenizer, kind_: str | None = None, seed: int = 0):
                 p.normal_(0, 1.0)
     model.requires_grad_(False)
     return model
+
+
+def save(name: str, tokenizer, folder) -> str:
+    """`build`'s model saved with ``tokenizer`` as a Hugging Face folder (what the command line loads)."""
+    model = build(name, tokenizer)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)

@@ -296,6 +296,18 @@ def _tokenizer_config(path: str, revision: str | None) -> dict:
         return {}
 
 
+def hf_format() -> dict:
+    """The tokenizer's Hugging Face files, never mistral-common's (``mistral_format=False``, where transformers has the
+    choice: 5.2x). rm-probe reads a tokenizer through its chat template and ids (tokenizer.json, tokenizer.model),
+    which mistral-common's backend does not offer. Left to choose, transformers maps every Mistral-family model type
+    to that backend wherever the mistral_common package is found, and probes it by importing it: in an install that
+    holds the package for its data files alone (``make venv``: ``--no-deps``), that import fails (tiktoken, jsonschema),
+    and every Mistral, Ministral and Ministral 3 checkpoint saved by transformers 5 failed to load its tokenizer."""
+    from transformers.models.auto import tokenization_auto
+
+    return {"mistral_format": False} if hasattr(tokenization_auto, "_use_mistral_format") else {}
+
+
 def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None,
                    family_template: str | None = None, need_template: bool = True, family_replaces: bool = False):
     """The tokenizer, with ``chat_template`` (``--chat-template``) if given; else its own template; else the
@@ -305,7 +317,8 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, cha
 
     _check_sentencepiece(path)
     try:
-        tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code,
+                                            **hf_format())
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from None
     tok.rm_probe_config = _tokenizer_config(path, revision)

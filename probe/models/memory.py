@@ -205,7 +205,8 @@ def row_cost(config, n_prefix: int, n_new: int, dtype: torch.dtype, mode: str, p
     n_in = max(1, n_new - 1) if mode == "logprob" else n_new
     positions = n_new - 1 if mode == "logprob" else 0
     if path == "cache" and _recurrent(config) and (found := measured_cache(config, n_prefix, n_in, dtype)):
-        return RowCost(found[0], 0, head_bytes(config, positions, dtype, mode, fused))
+        # what the head reads besides (a copy of the row's final hidden states, its score) is held with the layers'
+        return RowCost(found[0] + n_in * c.hidden_size * elem, 0, head_bytes(config, positions, dtype, mode, fused))
     tokens = n_in if path != "full" else n_prefix + n_in
     keys = n_prefix + n_in  # what each new token attends to
     stream = tokens * 4 * c.hidden_size * elem  # the layer's input, its normed copy, projections, the residual sum
