@@ -57,15 +57,14 @@ def path_for_config(config, mode: str) -> str:
     whose cache cannot be continued (probe/core/cache.py) runs whole too; one line (`UnsupportedCache`) for a layer
     type without a rule, as the run itself says it."""
     from probe.core.cache import plan as prefix_plan
-    from probe.kernels.prefix_attention import SUPPORTED_MODEL_TYPES
+    from probe.kernels.prefix_attention import supported_config
     from probe.models.registry import ENCODER_TYPES
 
-    model_type = getattr(config.get_text_config(), "model_type", None)
     if mode == "reward" and getattr(config, "model_type", None) in ENCODER_TYPES:
         return "full"
     if prefix_plan(config).path == "full":
         return "full"
-    return "shared" if model_type in SUPPORTED_MODEL_TYPES else "cache"
+    return "shared" if supported_config(config) else "cache"
 
 
 def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: str = "reward", n_prefix: int = 48,
