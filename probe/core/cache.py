@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -69,7 +70,7 @@ def _per_row(x: torch.Tensor, rows: int) -> torch.Tensor:
     return x.expand(rows, *x.shape[1:]).clone(memory_format=torch.contiguous_format)
 
 
-def _states(layer, new, rows: int) -> None:
+def _states(layer, new, rows: int, autograd: bool = False) -> None:
     for name in ("conv_states", "recurrent_states", "is_conv_states_initialized", "is_recurrent_states_initialized",
                  "has_previous_state", "conv_kernel_size"):
         setattr(new, name, dict(getattr(layer, name)))  # the prefix's dicts are never written
@@ -77,6 +78,18 @@ def _states(layer, new, rows: int) -> None:
         for i, x in states.items():
             if x is not None:
                 states[i] = _per_row(x, rows)
+    if autograd:
+        # GCG back-propagates through the continuation: a state the forward read must not be written in place
+        # afterwards. The layer's updates assign instead (the convolution's as it does when recording the past, which
+        # also keeps the model off its in-place one-token convolution)
+        new.record_past = True
+        new.update_recurrent_state = types.MethodType(_assign_recurrent, new)
+
+
+def _assign_recurrent(layer, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
+    layer.recurrent_states[state_idx] = recurrent_states
+    layer.is_recurrent_states_initialized[state_idx] = True
+    return recurrent_states
 
 
 def _state_bytes(layer) -> int:
@@ -131,9 +144,10 @@ def check_replicable(cache) -> None:
             raise UnsupportedCache("the prefix cache must have batch size 1")
 
 
-def replicate(cache, rows: int):
+def replicate(cache, rows: int, autograd: bool = False):
     """A fresh cache over ``rows`` rows that all start where the prefix ended; ``cache`` is left untouched (module
-    doc: views of keys and values, copies of recurrent states)."""
+    doc: views of keys and values, copies of recurrent states); ``autograd``: states updated by assignment, never in
+    place (a backward pass follows)."""
     out = copy.copy(cache)
     out.layers = []
     linear = getattr(cache, "linear_cache", None) if _minimax(cache) else None
@@ -146,7 +160,7 @@ def replicate(cache, rows: int):
         if rule.views:
             _keys_values(layer, new, rows)
         if rule.states:
-            _states(layer, new, rows)
+            _states(layer, new, rows, autograd)
         out.layers.append(new)
     if linear is not None:
         out.linear_cache = [_per_row(x, rows) if isinstance(x, torch.Tensor) else x for x in linear]
@@ -275,10 +289,14 @@ def continue_prefix(backbone, cache_kw: str, cache, start: int, input_ids=None, 
     On the CPU, `tail_rows` copies of the last row go after the rows (and are dropped)."""
     x = input_ids if input_ids is not None else inputs_embeds
     b, n = x.shape[0], x.shape[1]
+    autograd = torch.is_grad_enabled() and x.requires_grad
+    if autograd and stepwise:
+        raise UnsupportedCache("GCG and the beam back-propagate through the continuation, which a Mamba-1 model runs "
+                               "one token at a time through steps that update their state in place: not supported")
     pad = tail_rows(1 if stepwise else n, x.device)
     if pad:
         x = torch.cat([x, x[-1:].expand(pad, *x.shape[1:])])
-    rows = replicate(cache, b + pad)
+    rows = replicate(cache, b + pad, autograd)
     pos = torch.arange(start, start + n, device=x.device)[None].expand(b + pad, n)
     positions = _takes_positions(backbone)
     steps = [(j, j + 1) for j in range(n)] if stepwise else [(0, n)]

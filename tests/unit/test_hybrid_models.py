@@ -262,3 +262,35 @@ def test_the_plan_covers_the_counted_peak_of_a_hybrid_batch(hybrid):
         assert measured <= planned <= 1.5 * measured, (name, measured, planned)
         assert planned > row_state_bytes(scorer.cache) > 0
         assert fixed_bytes(lm.model.config, n_prefix, torch.float32, "cache") >= row_state_bytes(scorer.cache)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "nemotron_h", "falcon_h1", "minimax", "lfm2"])
+def test_gcg_back_propagates_through_a_hybrid_continuation(tokenizers, name):
+    """GCG's differentiable path: the states a row's forward read are updated by assignment, not in place (autograd
+    refused the backward: 'modified by an inplace operation'), and Falcon-H1's one-hot rows carry the embedding
+    multiplier its decoder applies to looked-up ids alone; the scores equal the ids' path."""
+    from probe.core.gcg import embedding_matrix
+    from probe.core.heads import LogprobHead
+
+    _arch(name)
+    model = tiny_hybrid.build(name, tokenizers["chatml"], "causal")
+    scorer = PrefixScorer(model, LogprobHead(model), list(range(3, 40)))
+    weight, scale = embedding_matrix(model)
+    cont = torch.tensor([[10, 11, 12, 7], [10, 13, 12, 8]])
+    x = (weight[cont[:, :3]] * scale).clone().requires_grad_(True)
+    got = scorer.score_embeds(x, cont)
+    got.sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+    _close(got.detach().cpu(), scorer.score(cont).cpu())
+
+
+def test_gcg_on_a_mamba1_model_is_refused_in_one_line(hybrid):
+    from probe.core.heads import LogprobHead
+
+    lm = hybrid("jamba")
+    model = tiny_hybrid.build("jamba", lm.tokenizer, "causal")
+    scorer = PrefixScorer(model, LogprobHead(model), list(range(3, 40)))
+    x = model.get_input_embeddings()(torch.tensor([[10, 11]])).clone().requires_grad_(True)
+    with pytest.raises(UnsupportedCache, match="Mamba-1") as err:
+        scorer.score_embeds(x, torch.tensor([[10, 11, 7]]))
+    assert "\n" not in str(err.value)
