@@ -294,3 +294,29 @@ def test_gcg_on_a_mamba1_model_is_refused_in_one_line(hybrid):
     with pytest.raises(UnsupportedCache, match="Mamba-1") as err:
         scorer.score_embeds(x, torch.tensor([[10, 11, 7]]))
     assert "\n" not in str(err.value)
+
+
+def test_the_qwen3_5_vision_language_sequence_classifier_reads_text_on_the_cache_path(tokenizers):
+    """Qwen3_5ForSequenceClassification (the VL model's classifier, what SGLang serves Qwen3.5 reward models
+    through) on text: its language model's hybrid layers, on the cache path, equal its own forward."""
+    import transformers
+
+    _arch("qwen3_5")
+    if getattr(transformers, "Qwen3_5VisionConfig", None) is None:
+        pytest.skip("this transformers has no Qwen3.5 VL model")
+    tok = tokenizers["chatml"]
+    vision = transformers.Qwen3_5VisionConfig(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                                              out_hidden_size=64)
+    config = transformers.Qwen3_5Config(text_config=tiny_hybrid.qwen3_5(tok).to_dict(), vision_config=vision.to_dict(),
+                                        num_labels=1)
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForSequenceClassification(config).float().eval().requires_grad_(False)
+    with torch.no_grad():
+        model.score.weight.normal_(0, 1.0)
+    lm = _loaded(model, tok)
+    _, split = _setup(lm, "qwen3_5")
+    rows = sweep_rows(np.arange(0, len(tok), 181), split.suffix_ids)
+    fast = PrefixScorer(model, make_head(lm, "reward"), split.prefix_ids)
+    ref = FullSequenceScorer(model, make_head(lm, "reward"), split.prefix_ids, batch_size=1).score(rows)
+    assert ref.std() > 1e-3 and scoring_path(lm) == "cache" and plan(model.config).recurrent
+    _close(fast.score(rows).cpu(), ref)
