@@ -4,9 +4,10 @@ relative to a Llama of the same width and depth, on the engine's own paths (issu
 Each architecture is its tests' tiny layout (tests/tiny_hybrid.py) widened 4x (hidden 256, MLP 512, heads doubled and
 twice as wide, every ratio kept), float32, on the tests' 1,500-token ChatML tokenizer; its Llama has the same hidden
 size, MLP width, depth and attention heads. Measured: a sweep (512 rows of one token and the template's 5 closing ids
-on a 64-id prefix, batches of 256, the log-probability head) and whole responses (128 responses of 4 to 32 ids, each
-length its own forward, batches of 64), each the least of ``--repeats`` runs, one thread, MKL's strict mode; the
-Llama is timed on its default path (the shared-prefix attention) and on the plain cache path, as the hybrids run.
+on a 64-id prefix, batches of 256, the log-probability head) and whole responses (64 responses of 4 to 24 ids, each
+length its own forward), each the least of ``--repeats`` runs with the three models taken in turn, one thread, MKL's
+strict mode; the Llama is timed on its default path (the shared-prefix attention) and on the plain cache path, as the
+hybrids run.
 
     python -m experiments.bench_hybrid_cpu [--repeats 3] [--only qwen3_5 jamba]
 
@@ -28,6 +29,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 import torch  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SWEEP_ROWS, RESPONSES = 512, 64
 WIDER = ("hidden_size", "intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
          "shared_intermediate_size", "intermediate_size_mlp", "mamba_d_ssm", "moe_shared_expert_intermediate_size")
 TWICE = ("head_dim", "linear_key_head_dim", "linear_value_head_dim", "mamba_head_dim", "mamba_d_head", "linear_head_dim",
@@ -71,17 +73,8 @@ def _model(config, causal_class: str):
     return getattr(transformers, causal_class)(config).float().eval().requires_grad_(False)
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up (first-call allocations, lazy imports)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def measure(model, tokenizer, repeats: int, shared: bool = True) -> dict:
+def _workload(model, tokenizer, shared: bool = True):
+    """(sweep, responses) as two functions on ``model``'s scorer, and the scorer."""
     from probe.core.engine import PrefixScorer
     from probe.core.heads import LogprobHead
     from probe.core.scoring import AdaptiveBatcher
@@ -90,8 +83,8 @@ def measure(model, tokenizer, repeats: int, shared: bool = True) -> dict:
     vocab = len(tokenizer)
     prefix = [rng.randrange(3, vocab) for _ in range(64)]
     suffix = [rng.randrange(3, vocab) for _ in range(5)]
-    sweep = torch.tensor([[t % vocab, *suffix] for t in range(512)])
-    responses = [[rng.randrange(3, vocab) for _ in range(rng.randint(4, 32))] for _ in range(128)]
+    sweep = torch.tensor([[t % vocab, *suffix] for t in range(SWEEP_ROWS)])
+    responses = [[rng.randrange(3, vocab) for _ in range(rng.randint(4, 24))] for _ in range(RESPONSES)]
     scorer = PrefixScorer(model, LogprobHead(model, fused=True), prefix, shared_attention=shared)
 
     def run_sweep():
@@ -101,9 +94,25 @@ def measure(model, tokenizer, repeats: int, shared: bool = True) -> dict:
         for s in range(0, len(responses), 64):
             scorer.score(responses[s : s + 64])
 
-    return {"path": "shared" if scorer.shared is not None else "cache", "stepwise": scorer.reuse.stepwise,
-            "sweep_s": _time(run_sweep, repeats), "responses_s": _time(run_responses, repeats),
-            "parameters": sum(p.numel() for p in model.parameters())}
+    return run_sweep, run_responses, scorer
+
+
+def measure(models: dict, tokenizer, repeats: int) -> dict:
+    """Each model's sweep and responses, the least of ``repeats`` runs, the models taken in turn within each repeat
+    (a shared machine's load then weighs on all of them alike)."""
+    work = {k: _workload(m, tokenizer, shared) for k, (m, shared) in models.items()}
+    for sweep, responses, _ in work.values():  # warm-up: first-call allocations, lazy imports
+        sweep()
+        responses()
+    best = {k: {"sweep_s": float("inf"), "responses_s": float("inf")} for k in work}
+    for _ in range(repeats):
+        for k, (sweep, responses, _) in work.items():
+            for key, fn in (("sweep_s", sweep), ("responses_s", responses)):
+                t = time.perf_counter()
+                fn()
+                best[k][key] = min(best[k][key], time.perf_counter() - t)
+    return {k: {**best[k], "path": "shared" if s.shared is not None else "cache", "stepwise": s.reuse.stepwise,
+                "parameters": sum(p.numel() for p in s.model.parameters())} for k, (_, _, s) in work.items()}
 
 
 def main(argv=None) -> dict:
@@ -122,12 +131,13 @@ def main(argv=None) -> dict:
            "rows": {}}
     for name in names:
         config = widened(name, tok)
-        arch = measure(_model(config, tiny_hybrid.ARCHS[name][3]), tok, args.repeats)
         llama = _model(llama_like(config, tok), "LlamaForCausalLM")
-        base = measure(llama, tok, args.repeats)
-        base_cache = measure(llama, tok, args.repeats, shared=False)
-        row = {"arch": arch, "llama": base, "llama_cache": base_cache, "layers": config.get_text_config().num_hidden_layers,
-               "hidden": config.get_text_config().hidden_size}
+        got = measure({"arch": (_model(config, tiny_hybrid.ARCHS[name][3]), True), "llama": (llama, True),
+                       "llama_cache": (llama, False)}, tok, args.repeats)
+        arch, base, base_cache = got["arch"], got["llama"], got["llama_cache"]
+        text = config.get_text_config()
+        row = {"arch": arch, "llama": base, "llama_cache": base_cache, "layers": text.num_hidden_layers,
+               "hidden": text.hidden_size}
         out["rows"][name] = row
         print(f"{name:18s} sweep {arch['sweep_s']:.2f}s vs llama {base['sweep_s']:.2f}s ({base_cache['sweep_s']:.2f}s "
               f"cache); responses {arch['responses_s']:.2f}s vs {base['responses_s']:.2f}s "
@@ -144,8 +154,8 @@ def table(out: dict) -> str:
              f"Written by `experiments/bench_hybrid_cpu.py` ({m['cpu']}, {m['capability']}, {m['threads']} thread, "
              f"torch {m['torch']}, transformers {m['transformers']}, float32, MKL strict). Each model: the tests' "
              "tiny layout widened 4x (hidden 256); its Llama: the same hidden size, MLP, depth and heads. Sweep: 512 "
-             "rows (1 token + 5 closing ids on a 64-id prefix, batches of 256); responses: 128 of 4-32 ids (batches "
-             "of 64); the log-probability head; least of the repeats. 'x Llama': the model's time over the Llama's on "
+             "rows (1 token + 5 closing ids on a 64-id prefix, batches of 256); responses: 64 of 4-24 ids; the "
+             "log-probability head; least of the repeats, the three models in turn. 'x Llama': the model's time over the Llama's on "
              "its default path (shared-prefix attention); 'x Llama cache': over the Llama's plain cache path, the "
              "path every hybrid takes. Times are of one shared 2-core machine: ratios within a row are what to read.",
              "", "| model | layers | parameters | path | sweep s | x Llama | x Llama cache | responses s | x Llama | "

@@ -320,3 +320,25 @@ def test_the_qwen3_5_vision_language_sequence_classifier_reads_text_on_the_cache
     ref = FullSequenceScorer(model, make_head(lm, "reward"), split.prefix_ids, batch_size=1).score(rows)
     assert ref.std() > 1e-3 and scoring_path(lm) == "cache" and plan(model.config).recurrent
     _close(fast.score(rows).cpu(), ref)
+
+
+def test_the_dry_run_plans_a_hybrid_row_with_its_state(tokenizers, tmp_path, capsys):
+    """--dry-run from the config alone: the cache path, the layers, the per-row state in the bytes per row."""
+    from probe.commands.score import main
+    from probe.core.cache import row_state_bytes
+    from probe.models.dryrun import plan as dry_plan
+
+    _arch("qwen3_5")
+    tok = tokenizers["chatml"]
+    config = tiny_hybrid.qwen3_5(tok)
+    config.architectures = ["Qwen3_5TextForSequenceClassification"]
+    config.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    assert main(["--rm", str(tmp_path / "model"), "--device", "cpu", "--dry-run", "--prompt", PROMPT]) == 0
+    out = capsys.readouterr().out
+    assert "cache path" in out and "3 linear_attention, 1 full_attention" in out and "copied per row" in out
+    p = dry_plan(str(tmp_path / "model"), torch.float32, 16.0, "reward", device_type="cpu")
+    model = tiny_hybrid.build("qwen3_5", tok)
+    with torch.no_grad():
+        cache = model.model(input_ids=torch.arange(3, 51)[None], use_cache=True).cache
+    assert p["path"] == "cache" and p["bytes_per_row"] > row_state_bytes(cache) > 0
