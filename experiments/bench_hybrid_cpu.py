@@ -111,7 +111,7 @@ def measure(models: dict, tokenizer, repeats: int) -> dict:
                 t = time.perf_counter()
                 fn()
                 best[k][key] = min(best[k][key], time.perf_counter() - t)
-    return {k: {**best[k], "path": "shared" if s.shared is not None else "cache", "stepwise": s.reuse.stepwise,
+    return {k: {**best[k], "path": "shared" if s.shared is not None else "cache", "continuation": s.reuse.to_json().get("continuation"),
                 "parameters": sum(p.numel() for p in s.model.parameters())} for k, (_, _, s) in work.items()}
 
 
@@ -162,7 +162,7 @@ def table(out: dict) -> str:
                  "x Llama cache |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in out["rows"].items():
         a, b, c = r["arch"], r["llama"], r["llama_cache"]
-        path = a["path"] + (" (stepwise)" if a["stepwise"] else "")
+        path = a["path"] + (f" ({a['continuation']})" if a.get("continuation") else "")
         lines.append(f"| {name} | {r['layers']} | {a['parameters'] / 1e6:.1f} M | {path} | {a['sweep_s']:.2f} | "
                      f"{a['sweep_s'] / b['sweep_s']:.2f} | {a['sweep_s'] / c['sweep_s']:.2f} | {a['responses_s']:.2f} | "
                      f"{a['responses_s'] / b['responses_s']:.2f} | {a['responses_s'] / c['responses_s']:.2f} |")

@@ -181,6 +181,13 @@ def row_state_bytes(cache) -> int:
 # Mamba-1's selective scan in transformers starts a multi-token call from a zero state: model type -> its mixer
 STEPWISE = {"jamba": "JambaMambaMixer", "mamba": "MambaMixer", "falcon_mamba": "FalconMambaMixer",
             "zamba": "ZambaMambaMixer"}
+# The gated delta nets' chunked kernel (transformers' reference, the CPU's) pads every call to a 64-token chunk: a
+# sweep row of 6 tokens pays for 64. Their one-token step is exact too (the same recurrence, another rounding), and
+# up to SHORT new tokens one step per token is cheaper: 256 rows of 6 tokens on Qwen3.5's layout at hidden 256, 2.9x
+# (experiments/bench_hybrid_cpu.py); at 12 tokens and 64 rows the chunk wins. A function of the row's own length:
+# the same path whatever the batch.
+SHORT_STEPWISE = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
+SHORT = 8
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 STATE_TYPES = ("linear_attention", "conv")
 BOTH_TYPES = ("hybrid", "hybrid_sliding")
@@ -200,6 +207,12 @@ class PrefixReuse:
     layers: dict[str, int] = field(default_factory=dict)
     stepwise: bool = False
     why: str | None = None
+    short_stepwise: int = 0  # continuations of at most this many tokens run one token at a time (SHORT_STEPWISE)
+
+    def steps(self, n_tokens: int, autograd: bool = False) -> bool:
+        """Whether a continuation of ``n_tokens`` runs one token at a time (not under GCG's gradient, whose chunked
+        path needs no in-place step)."""
+        return self.stepwise or (not autograd and n_tokens <= self.short_stepwise)
 
     @property
     def recurrent(self) -> bool:
@@ -209,6 +222,8 @@ class PrefixReuse:
         out = {"layers": dict(self.layers)}
         if self.stepwise:
             out["continuation"] = "one token at a time"
+        elif self.short_stepwise:
+            out["continuation"] = f"one token at a time up to {self.short_stepwise} new tokens, else chunked"
         if self.recurrent:
             out["recurrent_state"] = "copied per row from the prefix's (probe/core/cache.py)"
         if self.why:
@@ -257,7 +272,7 @@ def plan(config) -> PrefixReuse:
         return PrefixReuse("cache", counts, stepwise=True,
                            why=f"Mamba-1's scan ({STEPWISE[model_type]}) takes no initial state over several tokens: "
                                "the continuation runs one token at a time")
-    return PrefixReuse("cache", counts)
+    return PrefixReuse("cache", counts, short_stepwise=SHORT if model_type in SHORT_STEPWISE else 0)
 
 
 # --- the continuation -----------------------------------------------------------------------------------------------
@@ -282,14 +297,17 @@ def tail_rows(n_tokens: int, device) -> int:
 
 
 def continue_prefix(backbone, cache_kw: str, cache, start: int, input_ids=None, inputs_embeds=None,
-                    stepwise: bool = False):
+                    stepwise: bool | PrefixReuse = False):
     """Final hidden states of the new tokens on top of a prefix of ``start`` tokens whose batch-1 cache is ``cache``:
     each row on its own `replicate` of it, at explicit positions ``start`` onward (the model's own count of the past
-    reads the first layer's cache, which a hybrid's first layer may not keep); ``stepwise``: one token at a time.
-    On the CPU, `tail_rows` copies of the last row go after the rows (and are dropped)."""
+    reads the first layer's cache, which a hybrid's first layer may not keep); ``stepwise`` (or the `PrefixReuse`
+    that decides it by the row's length): one token at a time. On the CPU, `tail_rows` copies of the last row go
+    after the rows (and are dropped)."""
     x = input_ids if input_ids is not None else inputs_embeds
     b, n = x.shape[0], x.shape[1]
     autograd = torch.is_grad_enabled() and x.requires_grad
+    if isinstance(stepwise, PrefixReuse):
+        stepwise = stepwise.steps(n, autograd)
     if autograd and stepwise:
         raise UnsupportedCache("GCG and the beam back-propagate through the continuation, which a Mamba-1 model runs "
                                "one token at a time through steps that update their state in place: not supported")

@@ -148,7 +148,7 @@ class PrefixScorer:
             if not self.use_cache:
                 return self._hidden_uncached(input_ids, inputs_embeds)
             return continue_prefix(self.backbone, cache_keyword(self.backbone), self.cache, self.n_prefix, input_ids,
-                                   inputs_embeds, self.reuse.stepwise)
+                                   inputs_embeds, self.reuse)
 
     def _hidden_shared(self, input_ids, inputs_embeds, b: int, n: int):
         from probe.kernels.prefix_attention import using_shared_prefix

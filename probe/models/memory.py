@@ -173,7 +173,7 @@ def measured_cache(config, n_prefix: int, n_in: int, dtype: torch.dtype) -> tupl
 
     try:
         backbone = _meta_backbone(config, dtype)
-        stepwise = plan(config).stepwise
+        stepwise = plan(config).steps(n_in)
         with torch.no_grad():
             out = backbone(input_ids=torch.zeros(1, n_prefix, dtype=torch.long, device="meta"), use_cache=True)
             cache = out.cache if "cache" in out else out.past_key_values

@@ -47,7 +47,9 @@ def test_score_and_responses_equal_the_models_own_forward(tokenizers, tmp_path, 
         assert meta["status"] == "complete"
         record = meta["model"]["scoring_path"]
         assert record["path"] == "cache" and record["recurrent_state" if name != "gemma4_shared_kv" else "layers"]
-        assert record.get("continuation") == ("one token at a time" if name == "jamba" else None)
+        short = "one token at a time up to 8 new tokens, else chunked"
+        assert record.get("continuation") == {"jamba": "one token at a time", "qwen3_5": short, "qwen3_next": short,
+                                              "olmo_hybrid": short}.get(name)
         scores = pl.read_parquet(run_dir / "scores.parquet")
         if kind == "exhaustive":
             assert scores.height == 300

@@ -58,7 +58,8 @@ def _setup(lm, name: str):
 
 def _responses(tok, split, n: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(len(tok)) for _ in range(rng.randint(1, 6))] + list(split.suffix_ids) for _ in range(n)]
+    # 1 to 10 ids and the closing ones: both sides of SHORT (probe/core/cache.py), stepped and chunked
+    return [[rng.randrange(len(tok)) for _ in range(rng.randint(1, 10))] + list(split.suffix_ids) for _ in range(n)]
 
 
 def _close(got: torch.Tensor, ref: torch.Tensor) -> None:
@@ -84,6 +85,10 @@ def test_sweep_and_whole_responses_equal_the_models_own_forward(hybrid, name):
     assert scoring_path(lm) == "cache" and path_record(lm)["path"] == "cache"
     reuse = plan(lm.model.config)
     assert reuse.path == "cache" and reuse.stepwise == (name in ("jamba", "mamba"))
+    assert bool(reuse.short_stepwise) == (name in ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"))
+    if reuse.short_stepwise:  # the responses took both paths
+        lengths = {len(r) for r in responses}
+        assert min(lengths) <= reuse.short_stepwise < max(lengths)
 
 
 # Zamba2's MLP applies exact GELU to a chunk of its fused gate/up output (a strided tensor): probe/core/invariance.py's
@@ -243,7 +248,7 @@ def test_llama4_text_finds_its_own_stack(hybrid):
 
 def test_the_plan_covers_the_counted_peak_of_a_hybrid_batch(hybrid):
     """A row of a hybrid copies the prefix's recurrent state and runs chunk-padded kernels: what a row really
-    allocates (counted tensor by tensor, 32 rows minus 16) is at most the plan's bytes per row, within 1.5x; the
+    allocates (counted tensor by tensor, 32 rows minus 16) is at most the plan's bytes per row, within 2x; the
     prefix's state (batch 1) is in the plan's fixed bytes."""
     from probe.core.cache import row_state_bytes
     from probe.models.memory import fixed_bytes, row_cost
@@ -259,7 +264,9 @@ def test_the_plan_covers_the_counted_peak_of_a_hybrid_batch(hybrid):
                  for b in (16, 32)}
         measured = (peaks[32] - peaks[16]) / 16
         planned = row_cost(lm.model.config, n_prefix, n_new, torch.float32, mode, "cache").total
-        assert measured <= planned <= 1.5 * measured, (name, measured, planned)
+        # the plan counts every tensor the meta run creates; the CPU's counted peak of Qwen3.5's one-token steps
+        # (SHORT) is about half of it (each step's working tensors freed before the next): a plan within 2x
+        assert measured <= planned <= 2.0 * measured, (name, measured, planned)
         assert planned > row_state_bytes(scorer.cache) > 0
         assert fixed_bytes(lm.model.config, n_prefix, torch.float32, "cache") >= row_state_bytes(scorer.cache)
 
