@@ -9,7 +9,7 @@ length its own forward), each the least of ``--repeats`` runs with the three mod
 strict mode; the Llama is timed on its default path (the shared-prefix attention) and on the plain cache path, as the
 hybrids run.
 
-    python -m experiments.bench_hybrid_cpu [--repeats 3] [--only qwen3_5 jamba]
+    python -m experiments.bench_hybrid_cpu [--repeats 3] [--only qwen3_5 jamba]   (--only: those rows again)
 
 writes experiments/results/bench_hybrid_cpu.json and .md.
 """
@@ -129,6 +129,8 @@ def main(argv=None) -> dict:
                        "torch": torch.__version__, "transformers": __import__("transformers").__version__,
                        "capability": torch.backends.cpu.get_cpu_capability()},
            "rows": {}}
+    if args.only and (RESULTS / "bench_hybrid_cpu.json").is_file():  # the other rows kept, these measured again
+        out["rows"] = json.loads((RESULTS / "bench_hybrid_cpu.json").read_text())["rows"]
     for name in names:
         config = widened(name, tok)
         llama = _model(llama_like(config, tok), "LlamaForCausalLM")

@@ -181,13 +181,13 @@ def row_state_bytes(cache) -> int:
 # Mamba-1's selective scan in transformers starts a multi-token call from a zero state: model type -> its mixer
 STEPWISE = {"jamba": "JambaMambaMixer", "mamba": "MambaMixer", "falcon_mamba": "FalconMambaMixer",
             "zamba": "ZambaMambaMixer"}
-# The gated delta nets' chunked kernel (transformers' reference, the CPU's) pads every call to a 64-token chunk: a
-# sweep row of 6 tokens pays for 64. Their one-token step is exact too (the same recurrence, another rounding), and
-# up to SHORT new tokens one step per token is cheaper: 256 rows of 6 tokens on Qwen3.5's layout at hidden 256, 2.9x
-# (experiments/bench_hybrid_cpu.py); at 12 tokens and 64 rows the chunk wins. A function of the row's own length:
-# the same path whatever the batch.
-SHORT_STEPWISE = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid")
-SHORT = 8
+# The delta nets' chunked kernels (transformers' reference, the CPU's) pad every call to a 64-token chunk: a sweep
+# row of 6 tokens pays for 64. Their one-token step is exact too (the same recurrence, another rounding), and up to
+# a number of new tokens one step per token is cheaper (the tests' layouts at hidden 256, one thread): the gated delta
+# nets up to 8 (256 rows of 6 tokens on Qwen3.5's, 2.9x; at 12 tokens and 64 rows the chunk wins); Kimi's delta
+# attention, whose chunk runs a Python loop over the chunk's 64 positions, up to 32 (34x at 6 tokens, 2.7x at 32).
+# A function of the row's own length: the same path whatever the batch. model type -> most new tokens stepped
+SHORT_STEPWISE = {"qwen3_5_text": 8, "qwen3_5_moe_text": 8, "qwen3_next": 8, "olmo_hybrid": 8, "kimi_linear": 32}
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 STATE_TYPES = ("linear_attention", "conv")
 BOTH_TYPES = ("hybrid", "hybrid_sliding")
@@ -207,7 +207,7 @@ class PrefixReuse:
     layers: dict[str, int] = field(default_factory=dict)
     stepwise: bool = False
     why: str | None = None
-    short_stepwise: int = 0  # continuations of at most this many tokens run one token at a time (SHORT_STEPWISE)
+    short_stepwise: int = 0  # continuations of at most this many tokens run one token at a time (`SHORT_STEPWISE`)
 
     def steps(self, n_tokens: int, autograd: bool = False) -> bool:
         """Whether a continuation of ``n_tokens`` runs one token at a time (not under GCG's gradient, whose chunked
@@ -272,7 +272,7 @@ def plan(config) -> PrefixReuse:
         return PrefixReuse("cache", counts, stepwise=True,
                            why=f"Mamba-1's scan ({STEPWISE[model_type]}) takes no initial state over several tokens: "
                                "the continuation runs one token at a time")
-    return PrefixReuse("cache", counts, short_stepwise=SHORT if model_type in SHORT_STEPWISE else 0)
+    return PrefixReuse("cache", counts, short_stepwise=SHORT_STEPWISE.get(model_type, 0))
 
 
 # --- the continuation -----------------------------------------------------------------------------------------------

@@ -24,8 +24,8 @@ from tests.conftest import _loaded
 
 pytestmark = pytest.mark.parity
 PROMPT = "What, in one word, is the greatest thing ever?"
-# Kimi's delta attention runs transformers' reference kernel, a Python loop over a 64-token chunk per call (a second a
-# call here): its tests are slow ones
+# Kimi's own forward (the reference) runs transformers' chunked kernel, a Python loop over a 64-token chunk per call (a
+# second a call here): its tests are slow ones
 CACHED = [pytest.param(n, marks=pytest.mark.slow) if n == "kimi_linear" else n
           for n in tiny_hybrid.ARCHS if n != "deepseek_v32"]
 
@@ -58,7 +58,7 @@ def _setup(lm, name: str):
 
 def _responses(tok, split, n: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
-    # 1 to 10 ids and the closing ones: both sides of SHORT (probe/core/cache.py), stepped and chunked
+    # 1 to 10 ids and the closing ones: both sides of 8 (probe/core/cache.py SHORT_STEPWISE), stepped and chunked
     return [[rng.randrange(len(tok)) for _ in range(rng.randint(1, 10))] + list(split.suffix_ids) for _ in range(n)]
 
 
@@ -85,8 +85,9 @@ def test_sweep_and_whole_responses_equal_the_models_own_forward(hybrid, name):
     assert scoring_path(lm) == "cache" and path_record(lm)["path"] == "cache"
     reuse = plan(lm.model.config)
     assert reuse.path == "cache" and reuse.stepwise == (name in ("jamba", "mamba"))
-    assert bool(reuse.short_stepwise) == (name in ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid"))
-    if reuse.short_stepwise:  # the responses took both paths
+    assert bool(reuse.short_stepwise) == (name in ("qwen3_5", "qwen3_5_moe", "qwen3_next", "olmo_hybrid",
+                                                   "kimi_linear"))
+    if reuse.short_stepwise == 8:  # the responses took both paths
         lengths = {len(r) for r in responses}
         assert min(lengths) <= reuse.short_stepwise < max(lengths)
 
