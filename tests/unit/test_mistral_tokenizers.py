@@ -3,8 +3,9 @@
 transformers 5.2x takes an installed mistral_common as the tokenizer backend of every Mistral-family model type and
 imports it to probe each checkpoint; `make venv` installed mistral-common without its dependencies (for its data
 files), so that import failed (``No module named 'tiktoken'``) for every Mistral, Ministral and Ministral 3 folder.
-The Makefile now installs it whole, and rm-probe reads the Hugging Face files even where a ``tekken.json`` sits
-beside them (probe/models/loading.py `hf_format`): its chat template and ids are what it scores.
+The Makefile now installs what its import needs (MISTRAL_DEPS), and rm-probe reads the Hugging Face files even where
+a ``tekken.json`` sits beside them (probe/models/loading.py `hf_format`): its chat template and ids are what it
+scores.
 """
 
 from __future__ import annotations
