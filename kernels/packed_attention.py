@@ -104,7 +104,7 @@ def plan(rows: list[tuple[int, int, int]], length: int, device: torch.device, pr
          pool: PrefixPool | None = None) -> Pack:
     """The attention groups of a tile holding ``rows`` ((start, n, prefix index in ``pool``) each, n >= 1) in
     ``length`` positions: one ``prefix`` for all, or a ``pool`` of prefixes."""
-    from probe.core.invariance import fixed_groups, group_rows
+    from probe.core.invariance import fixed_groups, group_rows, tail_rows
 
     pack = Pack(length, prefix, pool)
     by_key: dict[tuple[int, int], list[int]] = {}
@@ -113,7 +113,7 @@ def plan(rows: list[tuple[int, int, int]], length: int, device: torch.device, pr
         by_key.setdefault((attention_bucket(n), width), []).append(r)
     for (size, width), members in by_key.items():
         per = max(1, group_rows(device) // size)
-        for group, real in fixed_groups(members, per):
+        for group, real in fixed_groups(members, per, tail_rows(size, device)):  # a soft-cap's tanh: no row in its tail
             index, src, dst = [], [], []
             for slot, r in enumerate(group):
                 start, n, _ = rows[r]

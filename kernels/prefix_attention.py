@@ -28,8 +28,15 @@ import torch
 from torch import Tensor
 
 NAME = "rm_shared_prefix"
-# families whose attention modules are tested against the plain path (tests/unit/test_kernels.py)
-SUPPORTED_MODEL_TYPES = ("llama", "gemma2", "gemma3_text", "qwen2", "qwen3")
+# families whose attention modules are tested against the plain path (tests/unit/test_kernels.py; the newer decoders,
+# tests/unit/test_shared_prefix_coverage.py: each module hands the attention function its new tokens' keys and values
+# after RoPE or NoPE, its scaling, soft-cap and sliding window, and caches the same keys and values). Not: attention
+# sinks (GPT-OSS), latent attention whose values differ in width from the keys (DeepSeek-V3, Mistral 4), chunked
+# attention (Llama 4), layers that read another layer's keys and values (Gemma 4's shared key-value layers), and
+# every hybrid with recurrent layers (probe/core/cache.py)
+SUPPORTED_MODEL_TYPES = ("llama", "gemma2", "gemma3_text", "qwen2", "qwen3",
+                         "cohere2", "exaone4", "gemma4_text", "glm4", "glm4_moe", "granite", "ministral", "ministral3",
+                         "mixtral", "olmo2", "olmo3", "phi3", "qwen2_moe", "qwen3_moe", "seed_oss", "smollm3")
 
 
 @dataclass
@@ -91,7 +98,14 @@ def _attend(module, query: Tensor, key: Tensor, value: Tensor, scaling, softcap,
 
 
 def supported(model) -> bool:
-    return getattr(model.config.get_text_config(), "model_type", None) in SUPPORTED_MODEL_TYPES
+    return supported_config(model.config)
+
+
+def supported_config(config) -> bool:
+    """Whether the shared-prefix attention is exact for a model of ``config``: a family above, none of whose layers
+    reads another's keys and values."""
+    text = config.get_text_config()
+    return getattr(text, "model_type", None) in SUPPORTED_MODEL_TYPES and not getattr(text, "num_kv_shared_layers", 0)
 
 
 _registered = False

@@ -18,9 +18,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from probe.core.cache import check_replicable, replicate
+from probe.core.cache import UnsupportedCache, architecture, check_replicable, continue_prefix, plan
 from probe.core.heads import ScoreHead
-from probe.core.invariance import buckets, check_device, cpu_activations, fixed_groups, rows_per_forward, tile_rows
+from probe.core.invariance import (buckets, check_device, cpu_activations, fixed_groups, rows_per_forward, tail_rows,
+                                   tile_rows)
 from probe.core.packing import Tiles, TileFill, gather_hidden, layout, run_tiles, token_table
 from probe.models.attention import require_trained_attention
 
@@ -63,7 +64,14 @@ def input_device(model: torch.nn.Module) -> torch.device:
 
 
 def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
-    return getattr(model, model.base_model_prefix)
+    """The decoder (or encoder) stack under the head: the attribute ``base_model_prefix`` names, else ``model``
+    (Llama 4's text model names ``language_model``, which only its multimodal parent has; its own stack is
+    ``model``)."""
+    for name in (model.base_model_prefix, "model"):
+        found = getattr(model, name, None)
+        if isinstance(found, torch.nn.Module):
+            return found
+    raise AttributeError(f"{type(model).__name__} has neither {model.base_model_prefix!r} nor 'model'")
 
 
 def cache_keyword(module: torch.nn.Module) -> str:
@@ -101,6 +109,11 @@ class PrefixScorer:
         if not prefix_ids:
             raise ValueError("empty prefix")
         require_trained_attention(model)
+        self.reuse = plan(model.config)  # how rows continue the prefix (probe/core/cache.py)
+        if self.reuse.path != "cache":
+            raise UnsupportedCache(f"{architecture(model.config)}: {self.reuse.why}; GCG, the beam and traces read a "
+                                   "continuation of the prefix: not supported for it (sweeps, whole responses, judges "
+                                   "and social items run each sequence through the model's own forward)")
         self.model, self.head, self.use_cache = model, head, use_cache
         self.backbone = backbone_of(model)
         self.device = input_device(model)
@@ -141,9 +154,8 @@ class PrefixScorer:
             return self._hidden_shared(input_ids, inputs_embeds, b, n)
         if not self.use_cache:
             return self._hidden_uncached(input_ids, inputs_embeds)
-        out = self.backbone(input_ids=input_ids, inputs_embeds=inputs_embeds, use_cache=True,
-                            **{cache_keyword(self.backbone): replicate(self.cache, b)})
-        return out.last_hidden_state
+        return continue_prefix(self.backbone, cache_keyword(self.backbone), self.cache, self.n_prefix, input_ids,
+                               inputs_embeds, self.reuse)
 
     def _hidden_shared(self, input_ids, inputs_embeds, b: int, n: int):
         from probe.kernels.prefix_attention import using_shared_prefix
@@ -190,7 +202,11 @@ class PrefixScorer:
             per = rows_per_forward(n_in + (0 if self.use_cache else self.n_prefix), self.device)
             if per is not None and not self.packed:
                 self.fill.add(len(idx) * n_in, -(-len(idx) // per) * per * n_in)
-            for group, real in fixed_groups(idx, per):
+            # rows after the group's so that no scored row ends an elementwise tensor (`tail_rows`; the plain cache
+            # path's continuation adds its own)
+            tail = tail_rows(n_in if self.packed else n_in + (0 if self.use_cache else self.n_prefix), self.device) \
+                if (self.packed or not self.use_cache) else 0
+            for group, real in fixed_groups(idx, per, tail):
                 sel = torch.tensor(group, device=cont.device)
                 rows, n = fit(cont[sel], width), lengths[sel]
                 hidden = (gather_hidden(tiles, group, n_in, self.prefix_hidden) if self.packed
@@ -248,7 +264,7 @@ class PrefixScorer:
         out = []
         for b, n in enumerate(sizes):  # one virtual row per prefix of row b, ``chunk`` of them a call
             parts = []
-            for group, real in fixed_groups(range(n), min(chunk, n)):  # a call's shape set by the row alone
+            for group, real in fixed_groups(range(n), min(chunk, n), tail_rows(cont.shape[1], self.device)):
                 upto = upto_all[torch.tensor(group, device=upto_all.device)]
                 k = len(group)
                 parts.append(self.head.score(hidden[b : b + 1].expand(k, -1, -1), rows[b : b + 1].expand(k, -1),
@@ -323,10 +339,11 @@ class FullSequenceScorer:
                     per = self.batch_size or len(idx)
                 elif self.batch_size:
                     per = min(per, self.batch_size)
+                tail = tail_rows(len(self.prefix_ids) + n, self.device)
                 if not takes_rows(self.model):
-                    per = 1
+                    per, tail = 1, 0  # one row alone: no other row's place to take
                 self.fill.add(len(idx) * n, -(-len(idx) // per) * per * n)
-                for group, real in fixed_groups(idx, per):
+                for group, real in fixed_groups(idx, per, tail):
                     rows = cont[torch.tensor(group, device=self.device), :n]
                     ids = torch.cat([prefix[None].expand(len(group), -1), rows], 1)
                     parts.append((group[:real], self.head.own_forward(self.model, ids, len(self.prefix_ids))

@@ -57,8 +57,14 @@ def allowed_tokens(vocab: pl.DataFrame, which: str, allow_special: bool) -> Bool
     return torch.from_numpy(ok)
 
 
+# families whose decoder scales the embeddings it looks up itself, and not embeddings it is given (Falcon-H1's
+# muP ``embedding_multiplier``): a one-hot row must carry the scale
+SCALED_LOOKUP = {"falcon_h1": "embedding_multiplier"}
+
+
 def embedding_matrix(model: torch.nn.Module) -> tuple[Tensor, float]:
-    """The input embedding matrix and the scale the embedding module applies (Gemma 3 scales inside it)."""
+    """The input embedding matrix and the scale the embedding module applies (Gemma 3 scales inside it), times the
+    one the decoder applies to looked-up ids alone (`SCALED_LOOKUP`)."""
     emb = model.get_input_embeddings()
     weight = emb.weight
     probe = torch.arange(min(8, weight.shape[0]), device=weight.device)
@@ -67,6 +73,9 @@ def embedding_matrix(model: torch.nn.Module) -> tuple[Tensor, float]:
     scale = float(getattr(emb, "embed_scale", 1.0))
     if not torch.allclose(looked_up, raw * scale, rtol=1e-2, atol=1e-3):
         raise ProbeError(f"{type(emb).__name__} is not a (scaled) lookup table; GCG cannot form one-hot gradients")
+    text = model.config.get_text_config()
+    if (field := SCALED_LOOKUP.get(getattr(text, "model_type", None))) is not None:
+        scale *= float(getattr(text, field, 1.0))
     return weight, scale
 
 

@@ -294,10 +294,12 @@ class StepRewardHead(ScoreHead):
 
 
 def logit_transform(model: torch.nn.Module):
-    """The family's elementwise transform of LM-head logits, or None: Gemma 2/3 soft-cap
-    (``final_logit_softcapping``), Cohere scales (``logit_scale``), Granite divides (``logits_scaling``)."""
+    """The family's elementwise transform of LM-head logits, or None: Gemma 2/3/4 soft-cap
+    (``final_logit_softcapping``), Cohere scales (``logit_scale``), Falcon-H1 too (``lm_head_multiplier``), Granite
+    divides (``logits_scaling``)."""
     cfg = model.config.get_text_config()
-    scale, divide = getattr(cfg, "logit_scale", None), getattr(cfg, "logits_scaling", None)
+    scale = getattr(cfg, "logit_scale", None) or getattr(cfg, "lm_head_multiplier", None)
+    divide = getattr(cfg, "logits_scaling", None)
     cap = getattr(cfg, "final_logit_softcapping", None)
     if scale is None and divide is None and cap is None:
         return None

@@ -148,16 +148,32 @@ def whole_tiles(batch: int, tokens_per_row: int, device: torch.device | str, nea
     return max(1, k) * per
 
 
-def fixed_groups(indices: Sequence[int], per: int | None) -> list[tuple[list[int], int]]:
-    """``indices`` in groups of exactly ``per`` (None: one group of all), the last padded by repeating its first index;
-    each as (the group's indices, how many are real)."""
+# A CPU's elementwise kernels for transcendental functions (SiLU, the sigmoid, softplus, tanh, GELU's tanh form, exp;
+# measured on AVX-512) run a tensor's last numel % (2 x the vector width) elements in a scalar loop that rounds
+# otherwise than the vector body. A row that ends a call's tensor then gets other bits than the same row anywhere else
+# in that call, wherever its elements are not a multiple of 32 (a hybrid's per-head gates: OLMo hybrid's 30 linear
+# heads; a soft-capped attention's scores). TAIL trailing elements of padding rows take the tail on the CPU: no row
+# scored is ever in it (64 floats: the widest scalar tail, bfloat16's on AVX-512). A packed tile needs none: its
+# positions are a multiple of 64.
+TAIL = 64
+
+
+def tail_rows(n_tokens: int, device: torch.device | str) -> int:
+    """Padding rows after a call's rows of ``n_tokens`` tokens so that every elementwise tensor of at least one element
+    per token and row ends in `TAIL` elements of padding (none off the CPU)."""
+    return -(-TAIL // max(1, n_tokens)) if torch.device(device).type == "cpu" else 0
+
+
+def fixed_groups(indices: Sequence[int], per: int | None, tail: int = 0) -> list[tuple[list[int], int]]:
+    """``indices`` in groups of exactly ``per`` (None: one group of all) and then ``tail`` more (`tail_rows`), padded
+    by repeating each group's first index; each as (the group's indices, how many are real: its first ones)."""
     indices = list(indices)
     if per is None:
-        return [(indices, len(indices))] if indices else []
+        return [(indices + indices[:1] * tail, len(indices))] if indices else []
     out = []
     for s in range(0, len(indices), per):
         part = indices[s : s + per]
-        out.append((part + [part[0]] * (per - len(part)), len(part)))
+        out.append((part + [part[0]] * (per + tail - len(part)), len(part)))
     return out
 
 
@@ -186,9 +202,12 @@ def in_pieces(fn, x: Tensor) -> Tensor:
     round some functions differently (GELU's tanh form, SiLU, the sigmoid: 11 of 286,720 elements of Gemma 3's MLP
     differ between 1 and 3 threads, and torchrun's ``OMP_NUM_THREADS=1`` moved traces by 9.5e-7); in pieces below
     the grain size each call runs on one thread from an aligned start, the same bits at every thread count."""
-    if x.device.type != "cpu" or x.numel() <= PIECE:
+    if x.device.type != "cpu":
         return fn(x)
-    return torch.cat([fn(p) for p in x.contiguous().view(-1).split(PIECE)]).view(x.shape)
+    x = x.contiguous()  # a strided input rounds otherwise in some kernels (exact GELU on Zamba2's chunked gate)
+    if x.numel() <= PIECE:
+        return fn(x)
+    return torch.cat([fn(p) for p in x.view(-1).split(PIECE)]).view(x.shape)
 
 
 def _elementwise_activation(m: torch.nn.Module) -> bool:
@@ -313,14 +332,14 @@ def check_device(model: torch.nn.Module, device: torch.device | str) -> dict:
         from probe.runs.cpu import blas_mode
 
         blas = blas_mode()
-    warn_once(device, check, blas)
+    warn_once(device, check, blas, model)
     return check
 
 
-def warn_once(device: torch.device, check: dict, blas: dict | None) -> None:
+def warn_once(device: torch.device, check: dict, blas: dict | None, model: torch.nn.Module | None = None) -> None:
     """One line per process and device where scores may move with the batch or the thread count, naming the device
     and why (the run's meta.json says the same)."""
-    why = not_invariant_because(device, check, blas)
+    why = not_invariant_because(device, check, blas, model)
     if why and str(device) not in _warned:
         import logging
 
@@ -347,10 +366,32 @@ def device_name(device: torch.device | str) -> str:
     return str(device)
 
 
-def not_invariant_because(device: torch.device | str, check: dict | None, blas: dict | None) -> str | None:
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+DENSE_EXPERTS = ("llama4_text",)  # every expert over every row (a batched product of one shape): no routed counts
+
+
+def routed_experts(model: torch.nn.Module | None) -> str | None:
+    """A mixture-of-experts model whose expert products hold only the tokens routed to them: why that is not batch-
+    invariant by construction (None for a dense model)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config()
+    experts = max((getattr(text, k, None) or 0 for k in EXPERT_COUNTS if isinstance(getattr(text, k, None), int)),
+                  default=0)
+    if experts <= 1 or getattr(text, "model_type", None) in DENSE_EXPERTS:
+        return None
+    return (f"a mixture of {experts} experts: each expert's product holds the tile's tokens routed to it, a count that "
+            "follows the other rows of the tile (checked on this device's kernels only by its own tests)")
+
+
+def not_invariant_because(device: torch.device | str, check: dict | None, blas: dict | None,
+                          model: torch.nn.Module | None = None) -> str | None:
     """Why this run's scores are not batch-invariant (None where they are)."""
     if tile_rows(device) is None:
         return "RM_PROBE_TILE_ROWS=0: forwards as large as the batch"
+    if routed_experts(model):
+        return routed_experts(model)
     if check is not None and not check.get("row_stable", True):
         return "a product's row changes with its place in the product: " + check.get("first_difference", "")
     if check is not None and check.get("thread_stable") is False:
@@ -378,7 +419,7 @@ def describe(device: torch.device | str, model: torch.nn.Module | None = None) -
     check = row_check(model, device) if model is not None else None
     if check is not None:
         out["row_check"] = check
-    why = not_invariant_because(device, check, blas)
+    why = not_invariant_because(device, check, blas, model)
     out["batch_invariant"] = why is None and check is not None
     if why:
         out["why_not"] = why

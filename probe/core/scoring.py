@@ -245,9 +245,16 @@ def build_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int]
         ref = replace(loaded.ref, ref=None)
         return PairScorer(build_scorer(replace(loaded, ref=None), head, prefix_ids, use_cache),
                           build_scorer(ref, reference_head(loaded, head), prefix_ids, use_cache), loaded.beta)
-    if isinstance(head, OwnForwardHead) or not use_cache:
+    if isinstance(head, OwnForwardHead) or not use_cache or prefix_plan(loaded.model).path == "full":
         return FullSequenceScorer(loaded.model, head, prefix_ids, batch_size=None)  # the planned batch, whole
     return PrefixScorer(loaded.model, head, prefix_ids)
+
+
+def prefix_plan(model):
+    """How rows of ``model`` continue a shared prefix (probe/core/cache.py `plan`, from its config)."""
+    from probe.core.cache import plan
+
+    return plan(model.config)
 
 
 def full_sequence_scorer(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int],
@@ -399,11 +406,11 @@ def self_check(loaded: LoadedModel, head: ScoreHead, source, fast: Scorer, token
 def check_rows(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], fast: Scorer, rows: torch.Tensor,
                lengths: torch.Tensor, names: Sequence[str], token_ids: Sequence[int] = (),
                got: np.ndarray | None = None) -> SelfCheck:
-    """The self-check every command runs: ``rows`` (continuations of ``prefix_ids``) through the fast path (or its
-    scores ``got``, already computed) and through the model's own forward (rows of one length together, at most
-    `REFERENCE_TOKENS` token rows a forward, where it `takes_a_batch`; else one sequence at a time); raises naming
-    the first row (``names``) outside `precision.tolerance` (in half precision measured from the model's rounding
-    noise on these rows)."""
+    """The self-check every command runs: ``rows`` (continuations of ``prefix_ids``) through the fast path as a first
+    batch and a later one (`first_and_later`), or its scores ``got`` already computed in the run's own batches, and
+    through the model's own forward (rows of one length together, at most `REFERENCE_TOKENS` token rows a forward,
+    where it `takes_a_batch`; else one sequence at a time); raises naming the first row (``names``) outside
+    `precision.tolerance` (in half precision measured from the model's rounding noise on these rows)."""
     models = (loaded.model,) if loaded.ref is None else (loaded.model, loaded.ref.model)
     batch = max(1, REFERENCE_TOKENS // (len(prefix_ids) + rows.shape[1])) if all(map(takes_a_batch, models)) else 1
     own = full_sequence_scorer(loaded, head, prefix_ids, batch)
@@ -413,7 +420,7 @@ def check_rows(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], 
 
     ref = reference()
     if got is None:
-        got = fast.score(rows, lengths).cpu().numpy()
+        got = first_and_later(fast, rows, lengths, ref)
     diff = np.abs(np.asarray(got, dtype=np.float64) - ref)
     noise = rounding_noise(models, reference, ref) if is_half(loaded.dtype) else None
     tol = tolerance(ref, loaded.dtype, noise)
@@ -426,6 +433,16 @@ def check_rows(loaded: LoadedModel, head: ScoreHead, prefix_ids: Sequence[int], 
             "Pass --spec/--label-index, or --verify 0 to skip the check at your own risk"
         )
     return check
+
+
+def first_and_later(fast: Scorer, rows: torch.Tensor, lengths: torch.Tensor, ref: np.ndarray) -> np.ndarray:
+    """The fast path's scores of ``rows`` as a first batch and again as a later one (the rows reversed, each at
+    another position), whichever is farther from ``ref`` per row: a scorer that carried state from one batch to the
+    next (MiniMax's shared lightning states: its first batch right, later ones up to 2.3e-2 off) cannot pass."""
+    first = fast.score(rows, lengths).cpu().numpy()
+    back = torch.arange(rows.shape[0] - 1, -1, -1)
+    later = fast.score(rows[back], lengths[back]).cpu().numpy()[back.numpy()]
+    return np.where(np.abs(later.astype(np.float64) - ref) > np.abs(first.astype(np.float64) - ref), later, first)
 
 
 def n_scorable(loaded: LoadedModel) -> int:
@@ -441,7 +458,22 @@ def scoring_path(loaded: LoadedModel, head: ScoreHead | None = None) -> str:
         return "full"
     if loaded.kind == "reward" and loaded.spec.reader == "forward":
         return "full"
+    if prefix_plan(loaded.model).path == "full":
+        return "full"
     return "shared" if supported(loaded.model) else "cache"
+
+
+def path_record(loaded: LoadedModel) -> dict:
+    """What meta.json says of the path a run's rows take (`scoring_path`) and why: the prefix's cache layers by type
+    and how each row continues them (probe/core/cache.py)."""
+    path = scoring_path(loaded)
+    out = {"path": path, "kernel": {"shared": "shared-prefix attention (kernels/prefix_attention.py)",
+                                    "cache": "the model's own layers on a per-row copy of the prefix's cache",
+                                    "full": "each whole sequence through the model's own forward"}[path]}
+    reuse = prefix_plan(loaded.model)
+    if reuse.path == "full" or path != "full":
+        out.update(reuse.to_json())
+    return out
 
 
 def device_shares(model: torch.nn.Module) -> tuple[dict[torch.device, float], torch.device]:

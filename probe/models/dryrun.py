@@ -53,14 +53,18 @@ def meta_parameters(config, kind: str = "reward") -> int:
 
 def path_for_config(config, mode: str) -> str:
     """The scoring path (probe/models/memory.py) a model of this config takes: encoders run whole sequences, the
-    families of the shared-prefix attention share it, other causal models replicate the prefix cache."""
-    from probe.kernels.prefix_attention import SUPPORTED_MODEL_TYPES
+    families of the shared-prefix attention share it, other causal models replicate the prefix cache, and a model
+    whose cache cannot be continued (probe/core/cache.py) runs whole too; one line (`UnsupportedCache`) for a layer
+    type without a rule, as the run itself says it."""
+    from probe.core.cache import plan as prefix_plan
+    from probe.kernels.prefix_attention import supported_config
     from probe.models.registry import ENCODER_TYPES
 
-    model_type = getattr(config.get_text_config(), "model_type", None)
     if mode == "reward" and getattr(config, "model_type", None) in ENCODER_TYPES:
         return "full"
-    return "shared" if model_type in SUPPORTED_MODEL_TYPES else "cache"
+    if prefix_plan(config).path == "full":
+        return "full"
+    return "shared" if supported_config(config) else "cache"
 
 
 def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: str = "reward", n_prefix: int = 48,
@@ -71,6 +75,8 @@ def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: st
     CPU the batch size is the one a run uses there (256), when it fits."""
     config, source = resolve_config(ref)
     text = config.get_text_config()
+    label = ref or "embedded"
+    reuse = _prefix_reuse(label, config, mode)
     elem = torch.empty((), dtype=dtype).element_size()
     models = [(config, mode)]
     if reference is not None:
@@ -105,9 +111,25 @@ def plan(ref: str | None, dtype: torch.dtype, device_memory_gib: float, mode: st
            "prefix_cache_bytes": fixed_bytes(config, n_prefix, dtype, path),
            "batch_size": batch, "fits": batch > 0, "vocab_size": text.vocab_size,
            "sweep_flops": flops, "n_prompts": n_prompts}
+    if reuse is not None:
+        out["prefix_reuse"] = reuse.to_json()
     if tflops:
         out["floor_seconds_at_tflops"] = {str(tflops): flops / (tflops * 1e12)}
     return out
+
+
+def _prefix_reuse(label: str, config, mode: str):
+    """How this model's rows continue a shared prefix (probe/core/cache.py), for decoders; the run's one-line refusal
+    of a layer type without a rule, here too."""
+    from probe.core.cache import UnsupportedCache, plan as prefix_plan
+    from probe.models.registry import ENCODER_TYPES
+
+    if mode == "reward" and getattr(config, "model_type", None) in ENCODER_TYPES:
+        return None
+    try:
+        return prefix_plan(config)
+    except UnsupportedCache as err:
+        raise UnsupportedCache(f"{label}: {err}") from None
 
 
 def describe(p: dict) -> str:
@@ -128,6 +150,12 @@ def describe(p: dict) -> str:
              # sweep_flops is the work of the run's prompts (1 with one --prompt), not always the paper's 3
              f"  one prompt over {p['vocab_size']:,} tokens: "
              f"{p['sweep_flops'] / p.get('n_prompts', 3) / 1e15:.2f} PFLOP"]
+    reuse = p.get("prefix_reuse") or {}
+    if reuse.get("recurrent_state") or reuse.get("why"):
+        kinds = ", ".join(f"{n} {t}" for t, n in reuse["layers"].items())
+        lines.append(f"  layers: {kinds}" + ("; recurrent state copied per row from the prefix's"
+                                             if reuse.get("recurrent_state") else "")
+                     + (f"; {reuse['why']}" if reuse.get("why") else ""))
     for t, s in p.get("floor_seconds_at_tflops", {}).items():
         lines.append(f"  floor for the {p.get('n_prompts', 3)} prompt(s) at {t} TFLOP/s: {s:.0f} s")
     return "\n".join(lines)

@@ -296,6 +296,18 @@ def _tokenizer_config(path: str, revision: str | None) -> dict:
         return {}
 
 
+def hf_format() -> dict:
+    """The tokenizer's Hugging Face files, never mistral-common's (``mistral_format=False``, where transformers has the
+    choice: 5.2x). rm-probe reads a tokenizer through its chat template and ids (tokenizer.json, tokenizer.model),
+    which mistral-common's backend does not offer. Left to choose, transformers maps every Mistral-family model type
+    to that backend wherever the mistral_common package is found, and probes it by importing it: in an install that
+    holds the package for its data files alone (``make venv``: ``--no-deps``), that import fails (tiktoken, jsonschema),
+    and every Mistral, Ministral and Ministral 3 checkpoint saved by transformers 5 failed to load its tokenizer."""
+    from transformers.models.auto import tokenization_auto
+
+    return {"mistral_format": False} if hasattr(tokenization_auto, "_use_mistral_format") else {}
+
+
 def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, chat_template: str | None = None,
                    family_template: str | None = None, need_template: bool = True, family_replaces: bool = False):
     """The tokenizer, with ``chat_template`` (``--chat-template``) if given; else its own template; else the
@@ -305,7 +317,8 @@ def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool, cha
 
     _check_sentencepiece(path)
     try:
-        tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code,
+                                            **hf_format())
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load the tokenizer of {path}: {_first_line(err)}") from None
     tok.rm_probe_config = _tokenizer_config(path, revision)
@@ -404,6 +417,8 @@ def load_model(
     from probe.core.pairwise import OWN_FORWARD
 
     own_format = pairwise is not None and pairwise.format in OWN_FORWARD  # PairRM's, SteamSHP's, POLAR's: not a chat
+    if not (kind == "reward" and (spec.reader == "forward" or own_format)):
+        check_prefix_reuse(model_id, config)  # before any weights: one line for a cache the engine cannot continue
     family, replaces = family_template(spec, input_method) if kind == "reward" else (None, False)
     tokenizer = load_tokenizer(path, revision, trust_remote_code, chat_template, family,
                                need_template and not own_format, family_replaces=replaces)
@@ -442,6 +457,20 @@ def load_model(
     return LoadedModel(model, tokenizer, spec, kind, model_id, path, revision, match, source, pairwise=pairwise,
                        principle=principle, random_head={"parameters": list(drawn)} if drawn else None,
                        own_judge=own_judge)
+
+
+def check_prefix_reuse(model_id: str, config) -> None:
+    """Refuse, in one line naming the architecture and the layer type, a decoder whose cache rm-probe has no rule to
+    continue a shared prefix from (probe/core/cache.py); warn where its rows run whole instead."""
+    from probe.core.cache import UnsupportedCache, plan
+
+    try:
+        reuse = plan(config)
+    except UnsupportedCache as err:
+        raise UnsupportedCache(f"{model_id}: {err}") from None
+    if reuse.path == "full":
+        log.warning("%s: %s; no shared prefix: every sequence runs through the model's own forward (exact, slower)",
+                    model_id, reuse.why)
 
 
 def check_polar_reward_token(model_id: str, tokenizer, config) -> None:

@@ -11,6 +11,11 @@ Three paths run a batch, and they hold different things per row (``n`` new token
 * ``cache``: the plain cache path (every other causal family). Each row gets a view of the prefix cache, and
   the model's cache update concatenates it with the row's new keys and values, so every layer keeps a
   ``(L + n)``-token copy per row until the forward ends; attention expands grouped keys and values to all heads.
+  A model with recurrent state (linear attention, state-space and convolution layers: probe/core/cache.py) also
+  copies that state per row, whatever ``L`` (51 MB a row for Qwen3.5-9B's layout in float32), and its layers' chunked
+  kernels pad the new tokens to their chunk (Mamba-2's 256: a ``heads x 256 x 256`` float32 matrix per row and
+  layer). For these the row is measured, not counted by hand: the continuation runs on the meta device (no memory,
+  no weights) and every tensor it creates is added up (`measured_cache`; within 1.35x of the CPU's counted peak).
 * ``full``: whole sequences through the model's own forward (encoders, remote code, pairwise encoders): the
   activations of ``L + n`` tokens and the ``heads x (L + n)^2`` attention scores.
 
@@ -98,6 +103,96 @@ def head_bytes(config, positions: int, dtype: torch.dtype, mode: str, fused: boo
     return positions * 3 * vocab * 4
 
 
+def _recurrent(config) -> bool:
+    """Whether rows of this model copy a recurrent state or continue one token at a time (probe/core/cache.py)."""
+    from probe.core.cache import UnsupportedCache, plan
+
+    try:
+        reuse = plan(config)
+    except (UnsupportedCache, AttributeError, TypeError, ValueError):
+        return False
+    return reuse.path == "cache" and (reuse.recurrent or reuse.stepwise)
+
+
+_META: dict = {}
+
+
+def _meta_backbone(config, dtype: torch.dtype):
+    """The decoder stack of ``config`` on the meta device (no memory), its MoE experts as one batched product (the
+    grouped product needs real routing), once per config and dtype."""
+    key = (id(config), dtype)
+    if key not in _META:
+        from transformers import AutoModel
+
+        with torch.device("meta"):
+            try:
+                model = AutoModel.from_config(config, dtype=dtype, experts_implementation="batched_mm")
+            except (TypeError, ValueError):  # a transformers without the experts' choice
+                model = AutoModel.from_config(config, dtype=dtype)
+        _META[key] = (config, model.eval())  # the config held: its id is not reused while cached
+    return _META[key][1]
+
+
+class _CountNew:
+    """Bytes of every tensor an operation creates (not its views), alive at once at the peak: a dispatch mode that
+    works on the meta device, where tensors have sizes but no storage."""
+
+    def __init__(self):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                returns = func._schema.returns
+                for i, t in enumerate(tree_flatten(out)[0]):
+                    if not isinstance(t, torch.Tensor) or (i < len(returns) and returns[i].alias_info is not None):
+                        continue
+                    n = t.numel() * t.element_size()
+                    counter.live += n
+                    counter.peak = max(counter.peak, counter.live)
+                    weakref.finalize(t, counter.free, n)
+                return out
+
+        self.mode, self.live, self.peak = Mode(), 0, 0
+
+    def free(self, n: int) -> None:
+        self.live -= n
+
+
+def measured_cache(config, n_prefix: int, n_in: int, dtype: torch.dtype) -> tuple[int, int] | None:
+    """(bytes one row of ``n_in`` new tokens needs on the plain cache path, bytes of the ``n_prefix``-token prefix's
+    cache), measured on the meta device: the peak of 2 rows minus that of 1. None where the model does not run
+    there."""
+    from probe.core.cache import check_replicable, continue_prefix, plan, row_state_bytes
+    from probe.core.engine import cache_keyword
+
+    try:
+        backbone = _meta_backbone(config, dtype)
+        stepwise = plan(config).steps(n_in)
+        with torch.no_grad():
+            out = backbone(input_ids=torch.zeros(1, n_prefix, dtype=torch.long, device="meta"), use_cache=True)
+            cache = out.cache if "cache" in out else out.past_key_values
+            check_replicable(cache)
+            peaks = []
+            for rows in (1, 2):
+                count = _CountNew()
+                with count.mode:
+                    continue_prefix(backbone, cache_keyword(backbone), cache, n_prefix,
+                                    torch.zeros(rows, n_in, dtype=torch.long, device="meta"), stepwise=stepwise)
+                peaks.append(count.peak)
+    except Exception:  # noqa: BLE001 (a plan that cannot be measured falls back to the count by hand)
+        return None
+    keys_values = sum(t.numel() * t.element_size() for layer in cache.layers
+                      for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                      if isinstance(t, torch.Tensor))
+    return max(0, peaks[1] - peaks[0]), keys_values + row_state_bytes(cache)
+
+
 def row_cost(config, n_prefix: int, n_new: int, dtype: torch.dtype, mode: str, path: str = "shared",
              fused: bool = True) -> RowCost:
     """What one row of ``n_new`` new tokens on an ``n_prefix``-token prefix needs on ``path`` (module doc)."""
@@ -108,6 +203,10 @@ def row_cost(config, n_prefix: int, n_new: int, dtype: torch.dtype, mode: str, p
     heads, kv, head_dim = attention_heads(config)
     # the log-probability head never feeds the continuation's last token (LogprobHead.drops_last_input)
     n_in = max(1, n_new - 1) if mode == "logprob" else n_new
+    positions = n_new - 1 if mode == "logprob" else 0
+    if path == "cache" and _recurrent(config) and (found := measured_cache(config, n_prefix, n_in, dtype)):
+        # what the head reads besides (a copy of the row's final hidden states, its score) is held with the layers'
+        return RowCost(found[0] + n_in * c.hidden_size * elem, 0, head_bytes(config, positions, dtype, mode, fused))
     tokens = n_in if path != "full" else n_prefix + n_in
     keys = n_prefix + n_in  # what each new token attends to
     stream = tokens * 4 * c.hidden_size * elem  # the layer's input, its normed copy, projections, the residual sum
@@ -125,14 +224,16 @@ def row_cost(config, n_prefix: int, n_new: int, dtype: torch.dtype, mode: str, p
     else:
         attn = stream + heads * tokens * tokens * 4 + 3 * heads * tokens * head_dim * elem
         held = 0
-    positions = n_new - 1 if mode == "logprob" else 0
     return RowCost(held, max(attn, mlp), head_bytes(config, positions, dtype, mode, fused))
 
 
 def fixed_bytes(config, n_prefix: int, dtype: torch.dtype, path: str = "shared") -> int:
-    """Once per prompt: the prefix cache, and for the shared path in half precision its float32 working copy."""
+    """Once per prompt: the prefix cache (with a recurrent model's state, measured: `measured_cache`), and for the
+    shared path in half precision its float32 working copy."""
     if path == "full":
         return 0
+    if path == "cache" and _recurrent(config) and (found := measured_cache(config, n_prefix, 1, dtype)):
+        return found[1]
     cache = kv_bytes_per_token(config, dtype) * n_prefix
     if path == "shared" and dtype in (torch.float16, torch.bfloat16):
         cache += kv_bytes_per_token(config, torch.float32) * n_prefix

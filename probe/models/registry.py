@@ -553,6 +553,21 @@ REGISTRY: dict[str, RewardModelSpec] = {
           for cls, layout, template in (("GRewardModel", "grm", None), ("INFORMForSequenceClassification", "inform", None),
                                         ("LlamaRewardModel", "ultrarm", "ultrarm-card"),
                                         ("LlamaForScore", "beaver", "beaver-card"), ("LDLRewardModel27B", "ldl", None))],
+        # Sequence classifiers on the hybrid linear-attention and state-space decoders: transformers' own classes, found
+        # by the architecture a checkpoint's config names (SGLang serves Qwen3.5 reward models through
+        # Qwen3_5ForSequenceClassification, 2026-08); no checkpoint of the others published yet: listed as they
+        # appear. The linear head on the last token, on the plain cache path: the prefix's recurrent state copied
+        # per row (probe/core/cache.py); Jamba's Mamba-1 layers continue one token at a time.
+        *[RewardModelSpec(cls, family=family,
+                          notes=f"{cls}: transformers' class, by architecture; linear head on the last token, the "
+                                f"prefix's {state} copied per row (probe/core/cache.py)")
+          for cls, family, state in (
+              ("Qwen3_5ForSequenceClassification", "Qwen3.5", "gated delta net state"),
+              ("Qwen3_5TextForSequenceClassification", "Qwen3.5", "gated delta net state"),
+              ("Qwen3NextForSequenceClassification", "Qwen3-Next", "gated delta net state"),
+              ("JambaForSequenceClassification", "Jamba", "Mamba-1 state (continued one token at a time)"),
+              ("Zamba2ForSequenceClassification", "Zamba2", "Mamba-2 state"),
+              ("MiniMaxForSequenceClassification", "MiniMax", "lightning attention state"))],
         RewardModelSpec(
             "LlamaForSequenceClassificationWithNormal_Weights", reader="forward", output="logits",
             trust_remote_code=True, shims=_REMOTE_LLAMA_SHIMS, family="Llama 3.1", input_call="tokenizer(text)",

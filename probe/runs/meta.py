@@ -31,6 +31,7 @@ def model_record(loaded, revision: str | None = None) -> dict:
     """The ``model`` section: id, path, source and quantization, the weights' identity, the registry spec and how
     it was matched, architecture, size, dtype, device and the tokenizer's special tokens."""
     from probe.core.invariance import describe as invariance_record
+    from probe.core.scoring import path_record
     from probe.core.template import input_call
     from probe.models.attention import record as attention_record
     from probe.models.loading import weights_identity
@@ -43,7 +44,7 @@ def model_record(loaded, revision: str | None = None) -> dict:
         "architecture": (getattr(model.config, "architectures", None) or [type(model).__name__])[0],
         "n_parameters": sum(p.numel() for p in model.parameters()),
         "dtype": str(loaded.dtype), "device": str(loaded.device), "attention": attention_record(model),
-        "batch_invariance": invariance_record(loaded.device, model),
+        "batch_invariance": invariance_record(loaded.device, model), "scoring_path": path_record(loaded),
         "embedding_rows": model.get_input_embeddings().num_embeddings, "tokenizer_len": len(tok),
         "special_tokens": {k: str(v) for k, v in tok.special_tokens_map.items()},
         "pad_token_id": model.config.get_text_config().pad_token_id, "bos_token_id": tok.bos_token_id,
