@@ -269,7 +269,7 @@ def explain(model, tokenizer, prompt: str, responses: str | Sequence[str], *, sc
             baseline: str | None = None, heads: bool = False, patch: bool = True, atp: bool = True,
             ig_steps: int = 128, ig_target: float = 0.01, ig_baseline: str = "zero", system: str | None = None,
             date: str = DEFAULT_DATE, logprob_reduce: str = "sum", judge_question: str = JUDGE_QUESTION,
-            batch_size: int = 16) -> dict:
+            batch_size: int = 64) -> dict:
     """Why a response scores what it does (probe/attribution/): for each response, ``score`` (what `score_responses`
     gives it), ``components`` (the embedding and each layer's attention and MLP part, through the final norm frozen
     at its real scale; ``heads=True``: each attention head too) and ``rest`` (head bias, minus the log-sum-exp of a

@@ -70,6 +70,7 @@ def enforce(label: str, dec: Decomposition, settings: str, reported: float | Non
         gap = reported - dec.score
         if not math.isfinite(gap) or abs(gap) > reported_bound:
             raise NotExplained(
-                f"probe explain: {label!r}: {source} is {reported:+.6g}, the forward decomposed scores {dec.score:+.6g} "
-                f"(off by {gap:+.3g}, bound {reported_bound:.2g} in {dtype}): the input explained is not the one "
-                "that was scored (template, system turn, date, --ref, principle, input method, spec); not explained")
+                f"probe explain: {label!r}: {source} is {reported:+.6g}, the forward decomposed scores "
+                f"{dec.score:+.6g} (off by {gap:+.3g}, bound {reported_bound:.2g} in {dtype}): the input explained "
+                "is not the one that was scored (template, system turn, date, --ref, principle, input method, spec); "
+                "not explained")

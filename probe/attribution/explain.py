@@ -66,7 +66,7 @@ def dtype_note(dtype: torch.dtype) -> str:
 
 def explain_items(loaded, head_for, items: Sequence[Item], baseline: Item | None = None, *, heads: bool = False,
                   patch_components: bool = True, atp: bool = True, ig_steps: int = 128, ig_target: float = 0.01,
-                  ig_baseline_id: int | None = None, batch: int = 16, tokenizer=None,
+                  ig_baseline_id: int | None = None, batch: int = 64, tokenizer=None,
                   source: str = "the score reported", whole_sequences: bool = False) -> dict:
     """Every item explained; ``head_for(k_fixed)`` gives the score head (make_head). Returns
     ``{"responses": [...], "agreement": {...}, "timing": {...}, "reader": note}``. ``whole_sequences``: patch
@@ -141,8 +141,8 @@ def explain_items(loaded, head_for, items: Sequence[Item], baseline: Item | None
     if ig_steps:
         for i, it in enumerate(items):
             rd, _ = kept[i]
-            res = integrated_gradients(stack, rd, it.ids, range(len(it.prefix)), ig_steps, batch=max(1, batch // 2),
-                                       baseline_id=ig_baseline_id, target=ig_target)
+            res = integrated_gradients(stack, rd, it.ids, range(len(it.prefix)), ig_steps,
+                                       batch=max(1, min(8, batch // 2)), baseline_id=ig_baseline_id, target=ig_target)
             tokens = [tokenizer.decode([t]) for t in it.prefix] if tokenizer is not None else None
             records[i]["integrated_gradients"] = {
                 "positions": res.positions, "tokens": tokens, "attributions": res.attributions, "score": res.score,

@@ -31,7 +31,7 @@ def response_items(loaded, mode, prompt: str, responses: Sequence[str], opts, sy
 def explain_responses(loaded, mode, prompt: str, responses: Sequence[str], opts, system: str | None = None, *,
                       baseline: str | None = None, heads: bool = False, patch: bool = True, atp: bool = True,
                       ig_steps: int = 128, ig_target: float = 0.01, ig_baseline: str = "zero",
-                      batch: int = 16) -> dict:
+                      batch: int = 64) -> dict:
     """Each response explained; patching against ``baseline`` (default: the response of median score among them,
     where there are 3 or more; else none)."""
     from probe.core.scoring import make_head

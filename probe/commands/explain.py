@@ -75,7 +75,9 @@ class ExplainConfig(ModelOptions):
                 "score's distance from the baseline's (recorded: reached or not)"})
     ig_baseline: str = field(default="zero", metadata={
         "help": "integrated gradients' baseline: zero (embeddings), pad, or a one-token text", "metavar": "WHAT"})
-    batch_size: int = field(default=16, metadata={"help": "sequences per hooked or patched forward"})
+    batch_size: int = field(default=64, metadata={
+        "help": "rows per patched call on the prefix cache (one item's components, the last call padded); "
+                "integrated gradients run min(8, half of it) points per call"})
     system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's)"})
     date: str | None = field(default=None, metadata={
         "help": f"date for chat templates that write one (default: {DEFAULT_DATE})"})
@@ -215,7 +217,8 @@ def run(cfg: ExplainConfig) -> Path:
         check_explainable(loaded, head_for(0))
         result = explain_items(loaded, head_for, items, base if cfg.patch else None, heads=cfg.heads,
                                patch_components=cfg.patch, atp=cfg.atp, ig_steps=cfg.ig_steps,
-                               ig_target=cfg.ig_target, ig_baseline_id=ig_baseline_id(loaded.tokenizer, cfg.ig_baseline),
+                               ig_target=cfg.ig_target,
+                               ig_baseline_id=ig_baseline_id(loaded.tokenizer, cfg.ig_baseline),
                                batch=cfg.batch_size, tokenizer=loaded.tokenizer,
                                source="the score the run reported") | said
         result["run"]["inputs"] = {k: v for k, v in inputs.items() if k != "judge_question"}
