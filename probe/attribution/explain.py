@@ -147,10 +147,12 @@ def explain_items(loaded, head_for, items: Sequence[Item], baseline: Item | None
             records[i]["integrated_gradients"] = {
                 "positions": res.positions, "tokens": tokens, "attributions": res.attributions, "score": res.score,
                 "baseline_score": res.baseline_score, "residual": res.residual, "target": res.target,
-                "met": res.met, "points": res.points, "panels": res.panels, "baseline": res.baseline,
+                "met": res.met, "panel_residuals": res.panel_residuals, "points": res.points, "panels": res.panels,
+                "baseline": res.baseline,
                 "rule": res.rule, "history": res.history,
                 "what": "per prompt position: (x - x0) . the integral of the gradient on the straight path; residual "
-                        "= sum(attributions) - (score - baseline_score), measured; met: |residual| <= target "
+                        "= sum(attributions) - (score - baseline_score), measured; met: the sum of the path's panels' "
+                        "|residuals| (panel_residuals, which bounds |residual|) <= target "
                         f"({ig_target:g} x |score - baseline_score|, or the scores' own rounding where larger)"}
     t_ig = time.perf_counter() - t2
     per = [r["patching"]["spearman"] for r in records if "spearman" in r.get("patching", {})]

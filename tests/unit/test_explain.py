@@ -145,13 +145,14 @@ def test_integrated_gradients_reach_their_target_and_say_so(tiny_models, name, m
     stack = stack_of(lm.model)
     res = integrated_gradients(stack, rd, it.ids, range(len(it.prefix)), 256, 8)
     gap = res.score - res.baseline_score
-    assert res.met and abs(res.residual) <= res.target
-    assert res.target == pytest.approx(max(0.01 * abs(gap), res.target), rel=1e-12) and res.target <= 0.01 * abs(gap)
+    assert res.met and abs(res.residual) <= res.panel_residuals <= res.target
+    assert res.target == pytest.approx(0.01 * abs(gap), rel=1e-9)  # above the scores' rounding floor on these
     assert abs(sum(res.attributions) - gap - res.residual) <= 1e-6 * (1 + abs(gap))
     assert res.history[-1]["points"] == res.points <= 256
     assert res.score == pytest.approx(it.engine_score, rel=1e-4, abs=1e-4)
     few = integrated_gradients(stack, rd, it.ids, range(len(it.prefix)), 8, 8)
-    assert few.met == (abs(few.residual) <= few.target)
+    assert few.points <= 8 and few.met == (few.panel_residuals <= few.target)
+    assert abs(few.residual) <= few.panel_residuals * (1 + 1e-6) + 1e-9
 
 
 @pytest.mark.slow
@@ -285,6 +286,6 @@ def test_a_sweeps_second_prompt_and_a_token_baseline_for_integrated_gradients(ti
         assert r["score"] == float(sweep.filter(pl.col("token_id") == r["token_id"])["score"][0])
         ig = r["integrated_gradients"]
         assert ig["baseline"].startswith("id ") and ig["points"] <= 4
-        assert ig["met"] == (abs(ig["residual"]) <= ig["target"])
+        assert ig["met"] == (ig["panel_residuals"] <= ig["target"])
     assert explain_main(["--run", str(run), "--top", "1", "--ig-baseline", "the worst", "--out",
                          str(tmp_path / "ex2")]) == 2

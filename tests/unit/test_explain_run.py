@@ -78,7 +78,7 @@ def test_a_gcg_run_made_with_a_chat_template_is_explained_under_it(tiny_dirs, tm
     (r,) = got["responses"]
     ig = r["integrated_gradients"]  # --ig-target: the residual aimed at, a quarter of the gap here; --no-atp: none
     assert ig["points"] <= 16 and ig["target"] >= 0.25 * abs(ig["score"] - ig["baseline_score"]) * (1 - 1e-12)
-    assert ig["met"] == (abs(ig["residual"]) <= ig["target"]) and r["patching"]["atp"] is None
+    assert ig["met"] == (ig["panel_residuals"] <= ig["target"]) and r["patching"]["atp"] is None
     assert r["score"] == result["best_score"]
     assert abs(r["check"]["decomposed_forward_score"] - r["score"]) <= FLOAT32_RTOL * (1 + abs(r["score"]))
     assert abs(r["check"]["engine_minus_decomposed_forward"]) <= r["check"]["engine_tolerance"]
