@@ -5,12 +5,14 @@ patching.
 
 The issue's case: the best and worst ``--top`` tokens of a SmolLM2 log-probability sweep (here of the first
 ``--limit`` ids, the paper's first prompt) patched from the sweep's median token, every layer's attention and MLP
-output (61 components; ``--heads``: and the 270 heads). Each token is patched three ways, one after another on the
-same loaded model: whole sequences (the reference, what `probe explain` ran before), on the prefix's KV cache (what
-it runs now), and the cache plus attribution patching (AtP: one forward and one backward). Recorded per way: the
-wall time, the calls and rows run; the largest gap between the two paths' effects (against the project's float32
-rule, 1e-3 x (1 + |score|)); AtP's Spearman against the real effects (n, 95% interval). Then integrated gradients
-at the default budget: points used, the residual reached and whether it met its 1% target. Writes
+output (61 components; ``--heads``: and the 270 heads). Each token is patched every way in turn before the next
+token (so that the shared CPU's load falls on every way alike): whole sequences at 16 rows per call (what `probe
+explain` ran before), on the prefix's KV cache at 16 and at 64 rows per call (the default now), and attribution
+patching (AtP: one forward and one backward). Recorded per way: the wall time, the calls run; the largest gap
+between the two paths' effects (against the project's float32 rule, 1e-3 x (1 + |score|)); AtP's Spearman against
+the real effects (n, 95% interval), per level. Then integrated gradients of the first ``--ig-items`` token(s) from
+the zero embeddings and from the pad token's: points used, the residual reached and whether it met its 1% target.
+Writes
 experiments/results/explain_cost_smollm2_cpu.{json,md}.
 """
 
@@ -36,7 +38,7 @@ def main(argv=None) -> None:
     parser.add_argument("--limit", type=int, default=2048)
     parser.add_argument("--top", type=int, default=3)
     parser.add_argument("--heads", action="store_true")
-    parser.add_argument("--ig-steps", type=int, default=128)
+    parser.add_argument("--ig-steps", type=int, default=64)
     parser.add_argument("--ig-items", type=int, default=1, help="tokens whose integrated gradients are timed")
     args = parser.parse_args(argv)
     reproducible_blas()
@@ -54,50 +56,79 @@ def main(argv=None) -> None:
     items = [item(r, "best") for r in rows[:args.top]] + [item(r, "worst") for r in rows[-args.top:]]
     median = item(rows[len(rows) // 2], "median")
     head_for = lambda k: make_head(lm, "logprob", opts, response_in_prefix=k)  # noqa: E731
-    out = []
-    runs = {}
-    for way, kw in (("whole sequence, 16 rows per call (before)", {"whole_sequences": True, "atp": False, "batch": 16}),
-                    ("prefix cache, 16 rows per call", {"atp": False, "batch": 16}),
-                    ("prefix cache", {"atp": False}), ("prefix cache + AtP", {"atp": True})):
-        t0 = time.perf_counter()
-        res = explain_items(lm, head_for, items, median, heads=args.heads, ig_steps=0, tokenizer=lm.tokenizer, **kw)
-        wall = time.perf_counter() - t0
-        runs[way] = res
-        print(f"{way}: {res['timing']} ({wall:.1f} s)", file=sys.stderr, flush=True)
-        out.append({"what": f"patching, {way}", "wall_s": round(wall, 2), "patching_s": res["timing"]["patching_s"],
-                    "calls": res["timing"]["patched_calls"], "rows_per_call": res["timing"]["patch_rows_per_call"]})
-    whole, cached = runs["whole sequence, 16 rows per call (before)"], runs["prefix cache"]
+    # each way timed token by token, the ways interleaved, so that the shared CPU's load falls on all of them alike
+    from probe.attribution.direct import forward
+    from probe.attribution.model import stack_of
+    from probe.attribution.patching import (agreement, attribution_patching, component_names, level, patch_effects,
+                                            patch_effects_whole, prefix_state)
+    from probe.attribution.readers import reader
+
+    stack = stack_of(lm.model)
+    names = component_names(stack, args.heads)
+    base = forward(stack, median.ids, args.heads)
+    ways = {"whole sequence, 16 rows per call (before)": 0.0, "prefix cache, 16 rows per call": 0.0,
+            "prefix cache, 64 rows per call (now)": 0.0, "AtP (one forward and backward)": 0.0}
+    calls = dict.fromkeys(ways, 0)
     gap, allowed, worst = 0.0, 0.0, -1.0
-    for a, b in zip(whole["responses"], cached["responses"]):
-        if "effects" not in a.get("patching", {}):
-            continue
-        rule = 2e-3 * (1 + abs(a["check"]["decomposed_forward_score"]))  # two scores, each to 1e-3 x (1 + |s|)
-        for k, v in a["patching"]["effects"].items():
-            d = abs(v - b["patching"]["effects"][k])
+    pairs: dict = {}
+    for it in items:
+        rd = reader(lm, head_for(it.k_fixed), it.ids, len(it.prefix))
+        n_prefix = len(it.prefix)
+        t0 = time.perf_counter()
+        whole, clean = patch_effects_whole(stack, rd, it.ids, n_prefix, base, len(median.prefix), names, 16)
+        ways["whole sequence, 16 rows per call (before)"] += time.perf_counter() - t0
+        calls["whole sequence, 16 rows per call (before)"] += -(-len(names) // 15)
+        t0 = time.perf_counter()
+        state = prefix_state(stack, it.prefix)  # once per prefix in probe explain; timed with each way here
+        _, _, k = patch_effects(stack, rd, it.ids, n_prefix, base, len(median.prefix), names, state, 16)
+        ways["prefix cache, 16 rows per call"] += time.perf_counter() - t0
+        calls["prefix cache, 16 rows per call"] += k
+        t0 = time.perf_counter()
+        state = prefix_state(stack, it.prefix)
+        cached, _, k = patch_effects(stack, rd, it.ids, n_prefix, base, len(median.prefix), names, state, 64)
+        ways["prefix cache, 64 rows per call (now)"] += time.perf_counter() - t0
+        calls["prefix cache, 64 rows per call (now)"] += k
+        t0 = time.perf_counter()
+        atp = attribution_patching(stack, rd, it.ids, n_prefix, base, len(median.prefix), names, state)
+        ways["AtP (one forward and backward)"] += time.perf_counter() - t0
+        calls["AtP (one forward and backward)"] += 1
+        rule = 2e-3 * (1 + abs(clean))  # two scores, each to the float32 rule 1e-3 x (1 + |s|)
+        for k in names:
+            d = abs(whole[k] - cached[k])
             if d / rule > worst:
                 worst, gap, allowed = d / rule, d, rule
-    speed = out[0]["patching_s"] / max(out[2]["patching_s"], 1e-9)
-    speed16 = out[0]["patching_s"] / max(out[1]["patching_s"], 1e-9)
-    levels = runs["prefix cache + AtP"]["agreement"]["levels"]
-    t0 = time.perf_counter()
-    ig = explain_items(lm, head_for, items[:args.ig_items], None, patch_components=False, ig_steps=args.ig_steps,
-                       tokenizer=lm.tokenizer)
-    t_ig = time.perf_counter() - t0
-    igs = [r["integrated_gradients"] for r in ig["responses"]]
+            got = pairs.setdefault(level(k), {"atp": [], "effect": []})
+            got["atp"].append(atp[k])
+            got["effect"].append(cached[k])
+        print(f"{it.label!r}: {ways}", file=sys.stderr, flush=True)
+    out = [{"what": f"patching, {way}", "wall_s": round(t, 2), "patching_s": round(t, 2), "calls": calls[way],
+            "rows_per_call": 16 if "16" in way else 64 if "64" in way else 1} for way, t in ways.items()]
+    t = list(ways.values())
+    speed, speed16 = t[0] / max(t[2], 1e-9), t[0] / max(t[1], 1e-9)
+    levels = {lev: {"atp_vs_patching": agreement(got["atp"], got["effect"])} for lev, got in pairs.items()}
+    igs, t_ig = [], 0.0
+    for baseline in (None, lm.tokenizer.pad_token_id):  # the zero embeddings, then the pad token's
+        t0 = time.perf_counter()
+        ig = explain_items(lm, head_for, items[:args.ig_items], None, patch_components=False, ig_steps=args.ig_steps,
+                           ig_baseline_id=baseline, tokenizer=lm.tokenizer)
+        t_ig += time.perf_counter() - t0
+        igs += [r["integrated_gradients"] for r in ig["responses"]]
+        print(f"integrated gradients from {igs[-1]['baseline']}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     summary = {"speedup_patching": round(speed, 2), "speedup_patching_16_rows": round(speed16, 2),
                "largest_effect_gap": gap, "its_rule": allowed,
-               "atp_vs_patching": {lev: got.get("atp_vs_patching") for lev, got in levels.items()},
-               "direct_vs_patching": {lev: got.get("direct_vs_patching") for lev, got in levels.items()},
+               "atp_vs_patching": {lev: got["atp_vs_patching"] for lev, got in levels.items()},
                "ig": {"wall_s": round(t_ig, 2), "points": [g["points"] for g in igs],
                       "residual_over_gap": [abs(g["residual"]) / max(abs(g["score"] - g["baseline_score"]), 1e-12)
                                             for g in igs], "met": [g["met"] for g in igs],
-                      "history": [g["history"] for g in igs]},
+                      "baselines": [g["baseline"] for g in igs], "history": [g["history"] for g in igs],
+                      "panel_residuals_over_gap": [g["panel_residuals"] / max(abs(g["score"] - g["baseline_score"]),
+                                                                             1e-12) for g in igs]},
                "tokens": [it.label for it in items], "baseline": median.label, "prefix_ids": len(prefix),
-               "continuation_ids": len(items[0].continuation), "components": len(cached["responses"][0]["patching"]
-                                                                                  .get("effects", {})),
+               "continuation_ids": len(items[0].continuation), "components": len(names),
                "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                "torch": torch.__version__}
-    out.append({"what": f"integrated gradients ({args.ig_items} token)", "wall_s": round(t_ig, 2),
+    out.append({"what": f"integrated gradients ({args.ig_items} token, zero and pad baselines)",
+                "wall_s": round(t_ig, 2),
                 "patching_s": None, "calls": None, "rows_per_call": 8, "summary": summary})
 
     def agree(a):
@@ -115,12 +146,12 @@ def main(argv=None) -> None:
              f"call (the default now), is {speed:.1f}x faster than whole sequences at 16 rows per call (what it ran "
              f"before); {speed16:.1f}x at 16 rows per call; the largest gap between the two paths' effects is "
              f"{gap:.2e} (the float32 rule for two computations of a score allows {allowed:.2e}). AtP against real "
-             f"patching: components {agree(levels.get('components', {}).get('atp_vs_patching'))}"
+             "patching (all tokens' pairs, per level): components "
+             f"{agree(levels.get('components', {}).get('atp_vs_patching'))}"
              + (f", heads {agree(levels.get('heads', {}).get('atp_vs_patching'))}" if args.heads else "")
-             + f"; the direct parts against patching: components "
-             f"{agree(levels.get('components', {}).get('direct_vs_patching'))}. Integrated gradients of the first "
-             f"{args.ig_items} token(s), {args.ig_steps} points at most: points used {summary['ig']['points']}, "
-             "residual / gap "
+             + ". Integrated gradients of the first "
+             f"{args.ig_items} token(s), {args.ig_steps} points at most, from the zero embeddings and from the pad "
+             f"token's ({summary['ig']['baselines']}): points used {summary['ig']['points']}, residual / gap "
              + ", ".join(f"{x:.1e}" for x in summary["ig"]["residual_over_gap"])
              + f", target met {summary['ig']['met']}.")
     print(write_results(

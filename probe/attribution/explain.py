@@ -213,11 +213,14 @@ def _record(it: Item, dec, reported_bound: float | None, tokenizer) -> dict:
 
 
 def closure_line(r: dict) -> str:
-    """``score = parts + rest`` as it holds: the gap and the bound it is held to."""
+    """``score = parts + rest`` as it holds: the gap and the bound it is held to (an explain.json written before
+    the bound was recorded: its closure and the tolerance it had)."""
     c = r["check"]
-    return (f"score {r['score']:+.4f} = parts {sum(r['components'].values()):+.4f} + rest {r['rest']:+.4f} "
-            f"(to {abs(c['score_minus_parts_and_rest']):.1e}, within the {c['dtype'].replace('torch.', '')} bound "
-            f"{c['bound']:.1e})")
+    head = f"score {r['score']:+.4f} = parts {sum(r['components'].values()):+.4f} + rest {r['rest']:+.4f}"
+    if "bound" not in c:
+        return f"{head} (closure {c.get('closure', float('nan')):.2e}, allowed {c.get('closure_tolerance', 0):.1e})"
+    return (f"{head} (to {abs(c['score_minus_parts_and_rest']):.1e}, within the "
+            f"{c['dtype'].replace('torch.', '')} bound {c['bound']:.1e})")
 
 
 def summary_markdown(result: dict, title: str, top: int = 6) -> str:
@@ -259,7 +262,3 @@ def summary_markdown(result: dict, title: str, top: int = 6) -> str:
                       f"residual {g['residual']:+.2e}, target {g['target']:.1e}: "
                       f"{'met' if g['met'] else 'NOT met'}): " + ", ".join(f"{t!r} {a:+.3f}" for t, a in best), ""]
     return "\n".join(lines) + "\n"
-
-
-def _f(x) -> str:
-    return "n/a" if x is None else f"{x:+.3f}"

@@ -10,15 +10,20 @@ The path is not smooth near the zero baseline: the first norm makes the score sc
 except where ``alpha^2 |x|^2`` is near the norm's epsilon, and below that the model's arithmetic itself moves (a
 tiny Gemma 2 moves by 0.12 between alpha = 1e-16 and 1e-14, and by 0.45 between 1e-12 and 1e-3, on a gap of 0.42;
 the t^3 midpoints never sampled that, and their residual swung from -0.66 to +0.37 as the steps grew). The rule
-here: panels graded in decades from 1 down to where ``alpha |x - x0|`` reaches the square root of the dtype's
-smallest normal number (below, squares underflow and nothing moves), plus ``[0, that]`` (wider panels where
-``steps`` cannot pay for one per decade); Gauss-Legendre with 2 nodes per panel in ``log alpha`` (in ``alpha``
-on the first). On every panel ``[a, b]`` the completeness residual
-``Q - (F(b) - F(a))`` is measured (``F`` by a forward at the breakpoints), and the panel with the largest one is
-halved (in ``log alpha``), again and again, until the sum of the panels' |residuals| is under the target (``target``
-x the gap, by default 1%: met, with no cancellation between panels to hide an unresolved one) or the points run
-out. The record holds the residual reached, that sum, the target, whether it was met and each round's residual: no
-rate is claimed. Measured: the tiny Gemma 2 and Llama models meet 1% within 38 to 196 points.
+here: from the zero baseline, panels graded in decades from 1 down to where ``alpha |x - x0|`` reaches the square
+root of the dtype's smallest normal number, plus ``[0, that]`` (wider panels where ``steps`` cannot pay for one per
+decade), Gauss-Legendre with 2 nodes per panel in ``log alpha`` (in ``alpha`` on the first); from a token's
+embeddings (``--ig-baseline``), whose path never nears a vanishing state, 8 even panels in ``alpha``. On every
+panel ``[a, b]`` the completeness residual ``Q - (F(b) - F(a))`` is measured (``F`` by a forward at the
+breakpoints), and the panel with the largest one is halved (in ``log alpha`` or ``alpha`` as it was made), again
+and again, until the sum of the panels' |residuals| is under the target (``target`` x the gap, by default 1%: met,
+with no cancellation between panels to hide an unresolved one) or the points run out. The record holds the
+residual reached, that sum, the target, whether it was met and each round's residual: no rate is claimed.
+Measured: the tiny Gemma 2 and Llama models meet 1% within 38 to 196 points from zero, 16 from a token. A deep
+model's zero baseline is a singular point: each layer's norm multiplies a vanishing state by up to
+``1 / sqrt(eps)``, so on SmolLM2 (30 layers) the score at alpha = 1e-20 is already 5 nats from the score at 0 and
+moves by up to 14.5 nats from one decade to the next down there; no quadrature meets 1% from it in 128 points (the
+record says so), and a token baseline is the usable one (experiments/results/explain_cost_smollm2_cpu.md).
 
 Every forward holds rows of the one explained item, ``batch`` rows per call (the last call padded by repeating a
 row, whose result is dropped): a call's shape is a function of the item alone.
@@ -122,15 +127,18 @@ def integrated_gradients(stack: Stack, rd: Reader, ids: Sequence[int], positions
             scores += [float(v) for v in out[:len(chunk)].detach()]
         return scores, grads
 
-    # panels: [0, lo], then decades up to 1 (lo: where alpha |x - x0| is the square root of the smallest normal)
-    lo = min(0.1, math.sqrt(torch.finfo(dtype).tiny) / span)
-    n_log = min(math.ceil(-math.log10(lo)), steps // 2 - 1)  # a decade each, fewer (wider) within the points given
-    if n_log < 1:
-        panels = [_Panel(0.0, 1.0, False)]
-    else:
-        edges = [0.0] + np.geomspace(lo, 1.0, n_log + 1).tolist()
-        edges[-1] = 1.0
-        panels = [_Panel(a, b, a > 0) for a, b in zip(edges[:-1], edges[1:])]
+    if baseline_id is not None:  # a token's embeddings: no norm sees a vanishing state, the path is even
+        n = max(1, min(8, steps // 2))
+        panels = [_Panel(k / n, (k + 1) / n, False) for k in range(n)]
+    else:  # [0, lo], then decades up to 1 (lo: where alpha |x - x0| is the square root of the smallest normal)
+        lo = min(0.1, math.sqrt(torch.finfo(dtype).tiny) / span)
+        n_log = min(math.ceil(-math.log10(lo)), steps // 2 - 1)  # a decade each, fewer (wider) within the points
+        if n_log < 1:
+            panels = [_Panel(0.0, 1.0, False)]
+        else:
+            edges = [0.0] + np.geomspace(lo, 1.0, n_log + 1).tolist()
+            edges[-1] = 1.0
+            panels = [_Panel(a, b, a > 0) for a, b in zip(edges[:-1], edges[1:])]
     f_at: dict[float, float] = {}
 
     def evaluate(new: list[_Panel]) -> int:

@@ -101,9 +101,10 @@ def why_section(result: dict, top: int = 5) -> str:
         if g:
             toks = g.get("tokens") or [str(x) for x in g["positions"]]
             best = sorted(zip(toks, g["attributions"]), key=lambda kv: -abs(kv[1]))[:top]
-            items.append("prompt words that matter most: " + ", ".join(f"{t!r} {a:+.3f}" for t, a in best)
-                         + f" (completeness residual {g['residual']:+.2e} against the target {g['target']:.1e}: "
-                         + ("met" if g.get("met") else "NOT met: read these as unconverged") + ")")
+            said = (f" (completeness residual {g['residual']:+.2e} against the target {g['target']:.1e}: "
+                    + ("met" if g.get("met") else "NOT met: read these as unconverged") + ")") if "target" in g else \
+                f" (completeness residual {g['residual']:+.2e}, no target recorded)"
+            items.append("prompt words that matter most: " + ", ".join(f"{t!r} {a:+.3f}" for t, a in best) + said)
         img = _bars_png(comps, f"{r['response']!r}: parts by layer")
         parts.append(f"<h3>{e(repr(r['response']))}</h3><ul>" + "".join(f"<li>{e(x)}</li>" for x in items)
                      + f"</ul><img alt='parts of {e(repr(r['response']))} by layer' src='data:image/png;base64,{img}'>")

@@ -11,7 +11,7 @@ import torch
 import probe
 from probe.config import ScoringOptions
 from probe.core.scoring import make_head
-from probe.attribution.direct import explain_ids, forward
+from probe.attribution.direct import decompose, forward
 from probe.attribution.inputs import response_items
 from probe.attribution.model import stack_of
 from probe.attribution.patching import patch_effects, prefix_state
@@ -36,20 +36,26 @@ def _explained(lm, mode, responses=RESPONSES, heads=True):
     stack = stack_of(lm.model)
     out = []
     for it in items:
-        rd = reader(lm, make_head(lm, mode, opts, response_in_prefix=it.k_fixed), it.ids, len(it.prefix))
-        out.append((it, rd, explain_ids(stack, rd, it.ids, heads)))
+        head = make_head(lm, mode, opts, response_in_prefix=it.k_fixed)
+        rd = reader(lm, head, it.ids, len(it.prefix))
+        # the forward decomposed is the model's own, its score its own head's
+        cap = forward(stack, it.ids, heads, own=lambda x, h=head, n=len(it.prefix): h.own_forward(lm.model, x, n))
+        out.append((it, rd, decompose(stack, rd, cap, 0, heads)))
     return out
 
 
 @pytest.mark.parametrize("name,mode", _cases(TINY))
 def test_parts_sum_to_the_score_the_engine_gives_on_every_tiny_family(tiny_models, name, mode):
-    """score = sum(components) + rest within the rounding bound, and the engine's score (`probe score --responses`)
-    equals the decomposed forward's to the project's float32 rule; every block contributes."""
+    """score = sum(components) + rest within the rounding bound, the score being the model's own forward's (its own
+    head on its own states), the residual stream the sum of the parts to Higham's bound, and the engine's score
+    (`probe score --responses`) equals the decomposed forward's to the project's float32 rule; every block
+    contributes."""
     from probe.core.precision import FLOAT32_RTOL
 
     for it, rd, dec in _explained(tiny_models[name], mode):
         total = sum(dec.components.values()) + dec.rest_total
         assert abs(dec.score - total) <= dec.tolerance, (name, it.label, dec.score, total, dec.tolerance)
+        assert dec.stream_gap <= 1
         assert abs(it.engine_score - dec.score) <= FLOAT32_RTOL * (1 + abs(it.engine_score))
         n_blocks = len(stack_of(tiny_models[name].model).blocks)
         assert len(dec.components) == 1 + 2 * n_blocks
