@@ -11,7 +11,7 @@ explain` ran before), on the prefix's KV cache at 16 and at 64 rows per call (th
 patching (AtP: one forward and one backward). Recorded per way: the wall time and this process's CPU time (the
 work done, which the other jobs on a shared machine do not inflate as they inflate the wall time), the calls run;
 the largest gap between the two paths' effects (against the project's float32 rule, 1e-3 x (1 + |score|)); AtP's
-Spearman against the real effects (n, 95% interval), per level. Then integrated gradients of the first
+and the direct parts' Spearman against the real effects (n, 95% interval), per level. Then integrated gradients of the first
 ``--ig-items`` token(s) from the zero embeddings and from the pad token's (0: none): points used, the residual
 reached and whether it met its 1% target. Writes experiments/results/explain_cost_smollm2_cpu[_<n>thread].{json,md}.
 """
@@ -35,8 +35,8 @@ def main(argv=None) -> None:
     from probe.attribution.direct import forward
     from probe.attribution.explain import Item, explain_items
     from probe.attribution.model import stack_of
-    from probe.attribution.patching import (agreement, attribution_patching, component_names, level, patch_effects,
-                                            patch_effects_whole, prefix_state)
+    from probe.attribution.patching import (agreement, attribution_patching, component_names, direct_difference,
+                                            level, patch_effects, patch_effects_whole, prefix_state)
     from probe.attribution.readers import reader
     from probe.config import ScoringOptions
     from probe.core.scoring import make_head, n_scorable, prompt_split
@@ -96,20 +96,23 @@ def main(argv=None) -> None:
         calls[WAYS[2]] += k
         atp = timed(WAYS[3], lambda: attribution_patching(stack, rd, it.ids, n, base, nb, names, state))
         calls[WAYS[3]] += 1
+        direct, _ = direct_difference(stack, rd, forward(stack, it.ids, args.heads), base, n, nb, names)
         rule = 2e-3 * (1 + abs(clean))  # two scores, each to the float32 rule 1e-3 x (1 + |s|)
         for name in names:
             d = abs(whole[name] - cached[name])
             if d / rule > worst:
                 worst, gap, allowed = d / rule, d, rule
-            got = pairs.setdefault(level(name), {"atp": [], "effect": []})
+            got = pairs.setdefault(level(name), {"atp": [], "direct": [], "effect": []})
             got["atp"].append(atp[name])
+            got["direct"].append(direct[name])
             got["effect"].append(cached[name])
         print(f"{it.label!r}: wall {wall}, cpu {cpu}", file=sys.stderr, flush=True)
     out = [{"what": f"patching, {way}", "wall_s": round(wall[way], 2), "cpu_s": round(cpu[way], 2),
             "calls": calls[way], "rows_per_call": 16 if "16" in way else 64 if "64" in way else 1} for way in WAYS]
     speed, speed16 = cpu[WAYS[0]] / max(cpu[WAYS[2]], 1e-9), cpu[WAYS[0]] / max(cpu[WAYS[1]], 1e-9)
     wall_speed = wall[WAYS[0]] / max(wall[WAYS[2]], 1e-9)
-    levels = {lev: {"atp_vs_patching": agreement(got["atp"], got["effect"])} for lev, got in pairs.items()}
+    levels = {lev: {"atp_vs_patching": agreement(got["atp"], got["effect"]),
+                    "direct_vs_patching": agreement(got["direct"], got["effect"])} for lev, got in pairs.items()}
     igs, t_ig = [], 0.0
     for baseline in ((None, lm.tokenizer.pad_token_id) if args.ig_items else ()):  # zero, then the pad token's
         t0 = time.perf_counter()
@@ -121,6 +124,7 @@ def main(argv=None) -> None:
     summary = {"speedup_patching_cpu": round(speed, 2), "speedup_patching_16_rows_cpu": round(speed16, 2),
                "speedup_patching_wall": round(wall_speed, 2), "largest_effect_gap": gap, "its_rule": allowed,
                "atp_vs_patching": {lev: got["atp_vs_patching"] for lev, got in levels.items()},
+               "direct_vs_patching": {lev: got["direct_vs_patching"] for lev, got in levels.items()},
                "ig": {"wall_s": round(t_ig, 2), "baselines": [g["baseline"] for g in igs],
                       "points": [g["points"] for g in igs], "met": [g["met"] for g in igs],
                       "residual_over_gap": [abs(g["residual"]) / max(abs(g["score"] - g["baseline_score"]), 1e-12)
@@ -165,6 +169,9 @@ def main(argv=None) -> None:
              f"score allows {allowed:.2e}). AtP against real patching (all tokens' pairs, per level): components "
              f"{agree(levels.get('components', {}).get('atp_vs_patching'))}"
              + (f", heads {agree(levels.get('heads', {}).get('atp_vs_patching'))}" if args.heads else "")
+             + "; the direct parts' differences against real patching: components "
+             f"{agree(levels.get('components', {}).get('direct_vs_patching'))}"
+             + (f", heads {agree(levels.get('heads', {}).get('direct_vs_patching'))}" if args.heads else "")
              + "." + ig_line)
     stem = "explain_cost_smollm2_cpu" + (f"_{args.threads}thread" if args.threads else "")
     print(write_results(
