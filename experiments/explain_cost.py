@@ -11,9 +11,9 @@ explain` ran before), on the prefix's KV cache at 16 and at 64 rows per call (th
 patching (AtP: one forward and one backward). Recorded per way: the wall time and this process's CPU time (the
 work done, which the other jobs on a shared machine do not inflate as they inflate the wall time), the calls run;
 the largest gap between the two paths' effects (against the project's float32 rule, 1e-3 x (1 + |score|)); AtP's
-and the direct parts' Spearman against the real effects (n, 95% interval), per level. Then integrated gradients of the first
-``--ig-items`` token(s) from the zero embeddings and from the pad token's (0: none): points used, the residual
-reached and whether it met its 1% target. Writes experiments/results/explain_cost_smollm2_cpu[_<n>thread].{json,md}.
+and the direct parts' Spearman against the real effects (n, 95% interval), per level. Then integrated gradients of
+the first ``--ig-items`` token(s) from the zero embeddings and from the pad token's (0: none): points used, the
+residual reached and whether it met its 1% target. Writes experiments/results/explain_cost_smollm2_cpu[_<n>thread].{json,md}.
 """
 
 from __future__ import annotations
