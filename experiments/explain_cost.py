@@ -13,7 +13,8 @@ work done, which the other jobs on a shared machine do not inflate as they infla
 the largest gap between the two paths' effects (against the project's float32 rule, 1e-3 x (1 + |score|)); AtP's
 and the direct parts' Spearman against the real effects (n, 95% interval), per level. Then integrated gradients of
 the first ``--ig-items`` token(s) from the zero embeddings and from the pad token's (0: none): points used, the
-residual reached and whether it met its 1% target. Writes experiments/results/explain_cost_smollm2_cpu[_<n>thread].{json,md}.
+residual reached and whether it met its 1% target. Writes
+experiments/results/explain_cost_smollm2_cpu[_<n>thread].{json,md}.
 """
 
 from __future__ import annotations
