@@ -20,6 +20,7 @@ experiments/results/explain_cost_smollm2_cpu[_<n>thread].{json,md}.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import time
@@ -52,6 +53,7 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
     reproducible_blas()
+    load_before = os.getloadavg()[0]
     if args.threads:
         torch.set_num_threads(args.threads)
     prompt = "What, in one word, is the greatest thing ever?"
@@ -136,6 +138,7 @@ def main(argv=None) -> None:
                "tokens": [it.label for it in items], "baseline": median.label, "prefix_ids": len(prefix),
                "continuation_ids": len(items[0].continuation), "components": len(names),
                "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+               "load_average_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
                "torch": torch.__version__}
     if igs:
         out.append({"what": f"integrated gradients ({args.ig_items} token, zero and pad baselines)",
@@ -158,8 +161,9 @@ def main(argv=None) -> None:
     intro = (f"`python -m experiments.explain_cost --limit {args.limit} --top {args.top}"
              f"{' --heads' if args.heads else ''}{f' --threads {args.threads}' if args.threads else ''}"
              f"{f' --ig-items {args.ig_items}' if args.ig_items != 1 else ''}`, float32, {summary['cpu']}, "
-             f"{summary['threads']} threads, torch {summary['torch']}; the CPU is shared with other jobs (load "
-             "average 7 to 9 on 2 cores while this ran): wall times are upper bounds, CPU times the work done. "
+             f"{summary['threads']} threads, torch {summary['torch']}; the CPU is shared with other jobs (1-minute load "
+             f"average {summary['load_average_1min'][0]} at the start, {summary['load_average_1min'][1]} at the end, "
+             f"on {os.cpu_count()} cores): wall times are upper bounds, CPU times the work done. "
              f"SmolLM2-135M log-probability; the best and worst {args.top} of the first {args.limit} ids of the "
              f"paper's first prompt ({', '.join(repr(t) for t in summary['tokens'])}), patched from the median token "
              f"{median.label!r}: {len(names)} components each, prefix {len(prefix)} ids, continuation "
