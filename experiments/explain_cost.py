@@ -8,8 +8,9 @@ The issue's case: the best and worst ``--top`` tokens of a SmolLM2 log-probabili
 output (61 components; ``--heads``: and the 270 heads). Each token is patched every way in turn before the next
 token (so that the shared CPU's load falls on every way alike): whole sequences at 16 rows per call (what `probe
 explain` ran before), on the prefix's KV cache at 16 and at 64 rows per call (the default now; the prefix's forward
-run once, as probe explain runs it), and attribution patching (AtP: one forward and one backward). Recorded per way: the wall time and this process's CPU time (the
-work done, which the other jobs on a shared machine do not inflate as they inflate the wall time), the calls run;
+run once, as probe explain runs it), and attribution patching (AtP: one forward and one backward). Recorded per
+way: the wall time and this process's CPU time (the work done, which the other jobs on a shared machine do not
+inflate as they inflate the wall time), the calls run;
 the largest gap between the two paths' effects (against the project's float32 rule, 1e-3 x (1 + |score|)); AtP's
 and the direct parts' Spearman against the real effects (n, 95% interval), per level. Then integrated gradients of
 the first ``--ig-items`` token(s) from the zero embeddings and from the pad token's (0: none): points used, the
