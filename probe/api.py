@@ -270,16 +270,20 @@ def gcg(model, tokenizer, prompt: str, *, score: str = "auto", config: GCGConfig
 
 
 def explain(model, tokenizer, prompt: str, responses: str | Sequence[str], *, score: str = "auto",
-            baseline: str | None = None, heads: bool = False, patch: bool = True, ig_steps: int = 32,
-            ig_baseline: str = "zero", system: str | None = None, date: str = DEFAULT_DATE,
-            logprob_reduce: str = "sum", judge_question: str = JUDGE_QUESTION, batch_size: int = 16) -> dict:
+            baseline: str | None = None, heads: bool = False, patch: bool = True, atp: bool = True,
+            ig_steps: int = 128, ig_target: float = 0.01, ig_baseline: str = "zero", system: str | None = None,
+            date: str = DEFAULT_DATE, logprob_reduce: str = "sum", judge_question: str = JUDGE_QUESTION,
+            batch_size: int = 64) -> dict:
     """Why a response scores what it does (probe/attribution/): for each response, ``score`` (what `score_responses`
     gives it), ``components`` (the embedding and each layer's attention and MLP part, through the final norm frozen
     at its real scale; ``heads=True``: each attention head too) and ``rest`` (head bias, minus the log-sum-exp of a
-    log-probability, a soft-cap's bend), ``score = sum(components) + rest`` to the dtype's rounding; ``patching``
-    against ``baseline`` (default: the median-scored response, given 3 or more) with its Spearman agreement;
-    ``integrated_gradients`` over the prompt's input embeddings (``ig_steps``; 0: none). The dict `probe explain`
-    writes as explain.json.
+    log-probability, a soft-cap's bend, the residual stream's and final norm's rounding in the model's dtype),
+    ``score = sum(components) + rest`` to a bound of the dtype that the call refuses to break (`ProbeError`);
+    ``patching`` against ``baseline`` (default: the median-scored response, given 3 or more) on the prefix's cache,
+    with attribution patching's estimate (``atp``) and their Spearman agreements (n, 95% interval) per level;
+    ``integrated_gradients`` over the prompt's input embeddings (``ig_steps`` points at most, refined until the
+    completeness residual is under ``ig_target`` of the gap; 0: none). The dict `probe explain` writes as
+    explain.json.
 
     >>> probe.explain(lm, None, "What is the greatest thing ever?", ["Love", "freedom", "The Beatles"])  # doctest: +SKIP
     """
@@ -289,8 +293,11 @@ def explain(model, tokenizer, prompt: str, responses: str | Sequence[str], *, sc
     if mode not in ("reward", "logprob", "judge"):
         raise ProbeError(f"score={mode!r}: explain reads reward, logprob or judge")
     opts = ScoringOptions(logprob_reduce, judge_question, resolve_date(date))  # type: ignore[arg-type]
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ProbeError("prompt is empty: give the user prompt the responses answer")
     return explain_responses(loaded, mode, prompt, _responses(responses), opts, system, baseline=baseline, heads=heads,
-                             patch=patch, ig_steps=ig_steps, ig_baseline=ig_baseline, batch=batch_size)
+                             patch=patch, atp=atp, ig_steps=ig_steps, ig_target=ig_target, ig_baseline=ig_baseline,
+                             batch=batch_size)
 
 
 __all__ = ["load", "sweep", "score_responses", "trace", "gcg", "explain", "ScoreMode"]

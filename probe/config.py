@@ -187,7 +187,8 @@ class ModelOptions:
     def check_reference(self) -> None:
         """--beta 0 and --beta without --ref are errors (one line, before anything loads); so are the model
         settings given as an empty text."""
-        check_not_blank(self, "device", "dtype", "device_map", "revision", "chat_template", "spec", "ref")
+        check_not_blank(self, "device", "dtype", "device_map", "revision", "chat_template", "spec", "ref",
+                        "unit_test")
         check_at_least(self, 0, "label_index")  # -1 reached the registry's check as a traceback
         if isinstance(self.rm, str):
             check_not_blank(self, "rm")

@@ -29,11 +29,15 @@ def response_items(loaded, mode, prompt: str, responses: Sequence[str], opts, sy
 
 
 def explain_responses(loaded, mode, prompt: str, responses: Sequence[str], opts, system: str | None = None, *,
-                      baseline: str | None = None, heads: bool = False, patch: bool = True, ig_steps: int = 32,
-                      ig_baseline: str = "zero", batch: int = 16) -> dict:
+                      baseline: str | None = None, heads: bool = False, patch: bool = True, atp: bool = True,
+                      ig_steps: int = 128, ig_target: float = 0.01, ig_baseline: str = "zero",
+                      batch: int = 64) -> dict:
     """Each response explained; patching against ``baseline`` (default: the response of median score among them,
     where there are 3 or more; else none)."""
     from probe.core.scoring import make_head
+
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ProbeError("the prompt is empty: give the user prompt the responses answer")
 
     head_for = lambda k: make_head(loaded, mode, opts, response_in_prefix=k)  # noqa: E731
     check_explainable(loaded, head_for(0))
@@ -50,9 +54,10 @@ def explain_responses(loaded, mode, prompt: str, responses: Sequence[str], opts,
         why = "the response of median score among those given"
     elif patch:
         why = "no patching: name a --baseline response (or give 3 or more responses: the median one is taken)"
-    result = explain_items(loaded, head_for, items, base_item, heads=heads, patch_components=patch,
-                           ig_steps=ig_steps, ig_baseline_id=ig_baseline_id(loaded.tokenizer, ig_baseline),
-                           batch=batch, tokenizer=loaded.tokenizer)
+    result = explain_items(loaded, head_for, items, base_item, heads=heads, patch_components=patch, atp=atp,
+                           ig_steps=ig_steps, ig_target=ig_target,
+                           ig_baseline_id=ig_baseline_id(loaded.tokenizer, ig_baseline), batch=batch,
+                           tokenizer=loaded.tokenizer, source="the score probe score --responses gives")
     result["baseline"] = {"response": base_item.label if base_item else None,
                           "score": base_item.engine_score if base_item else None,
                           "chosen": "named (--baseline)" if baseline is not None else why}
@@ -99,6 +104,33 @@ def read_sweep(folder: str) -> tuple[dict, object]:
     if not (path / "scores.parquet").is_file():
         raise ProbeError(f"--run {folder}: no scores.parquet (an unfinished sweep? finish it with --resume)")
     return meta, pl.read_parquet(path / "scores.parquet")
+
+
+def run_inputs(meta: dict, folder: str) -> dict:
+    """What the run's scores were computed with beyond its ids (its template, system turn, date, principle, input
+    method, spec, reference), as the loader's and the head's settings; one line where the decomposition cannot take
+    the run's score: an implicit reward (``--ref``: a difference of two models' log-probabilities) or a sweep made
+    with ``--input-method paper`` (rows decoded, re-rendered and re-tokenized: not the prefix + token ids)."""
+    config = meta.get("config") or {}
+    settings = meta.get("settings") or {}
+    ref = config.get("ref") or (settings.get("ref") or {}).get("model")
+    if ref:
+        beta = config.get("beta", settings.get("beta", 1.0))
+        raise ProbeError(f"--run {folder}: an implicit reward (--ref {ref}, beta {beta:g}): its score is beta x the "
+                         "difference of two models' log-probabilities, which one decomposition cannot take; explain "
+                         "the model's --score logprob (probe explain --rm MODEL --score logprob) instead")
+    method = config.get("input_method") or settings.get("input_method") or "ids"
+    if method == "paper":
+        raise ProbeError(f"--run {folder}: swept with --input-method paper (each row decoded, re-rendered and "
+                         "re-tokenized, so its rows are not the run's prefix + token ids): explain a sweep made with "
+                         "--input-method ids")
+    keep = ("chat_template", "principle", "reference_response", "unit_test", "revision", "spec", "label_index")
+    out = {k: config[k] for k in keep if config.get(k) is not None}
+    if method == "rewardbench":
+        out["input_method"] = "rewardbench"
+    if config.get("judge_question"):
+        out["judge_question"] = config["judge_question"]
+    return out
 
 
 def search_config(meta: dict):

@@ -4,8 +4,12 @@ stream, the per-head inputs of ``o_proj``, the final norm; hooks that capture th
 A block of the families read here adds two things to the residual stream: ``x + attn`` then ``+ mlp``. For Llama,
 Qwen, Mistral and SmolLM2 these are the outputs of ``self_attn`` and ``mlp``; for Gemma 2/3 (and OLMo 2) the
 post-attention and post-feed-forward norms sit inside the block's contribution, so the part is that norm's output
-(`Block.attn_out`, `Block.mlp_out`). The residual stream the final norm reads is then exactly
-``embedding + sum over blocks (attn + mlp)``, which `capture` checks on every forward (to the dtype's rounding).
+(`Block.attn_out`, `Block.mlp_out`). Granite (and HyperCLOVA X) add ``residual_multiplier x`` each output, MiniCPM3
+``residual_scale x`` it: `Block.scale`. The embedding is read where block 0 receives it, after any
+``embedding_multiplier`` or Gemma's ``sqrt(d)``. The residual stream the final norm reads is then
+``embedding + sum over blocks scale (attn + mlp)`` up to the rounding of each addition, which `residual_rounding`
+checks on every decomposed forward against the bound of the model's dtype: an architecture that writes into its
+stream otherwise is refused, naming the settings of its config that scale the stream.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Block:
     post_attn_norm: nn.Module | None  # Gemma 2/3: the norm between o_proj and the residual stream
     n_heads: int
     head_dim: int
+    scale: float = 1.0  # the residual stream adds ``scale x`` each output (Granite's residual_multiplier)
 
 
 @dataclass
@@ -38,6 +43,29 @@ class Stack:
     backbone: nn.Module
     blocks: list[Block]
     final_norm: nn.Module
+
+
+# a decoder layer's attribute that multiplies both its outputs before they enter the residual stream
+RESIDUAL_SCALES = ("residual_multiplier", "residual_scale")  # Granite, GraniteMoe*, HyperCLOVA X; MiniCPM3
+# config settings that scale the residual stream or the logits (named where a decomposition does not close)
+STREAM_SETTINGS = ("residual_multiplier", "embedding_multiplier", "logits_scaling", "logit_scale", "scale_depth",
+                   "scale_emb", "dim_model_base", "mup_width_multiplier", "attention_multiplier",
+                   "use_post_norm", "final_logit_softcapping")
+
+
+def stream_settings(model: nn.Module) -> str:
+    """The config's settings that scale the residual stream or the logits, as ``name=value`` (empty: none)."""
+    cfg = model.config.get_text_config()
+    found = [f"{k}={getattr(cfg, k)!r}" for k in STREAM_SETTINGS if getattr(cfg, k, None) not in (None, False)]
+    return ", ".join(found)
+
+
+def _block_scale(layer: nn.Module) -> float:
+    for name in RESIDUAL_SCALES:
+        value = getattr(layer, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 1.0
 
 
 def stack_of(model: nn.Module) -> Stack:
@@ -64,7 +92,8 @@ def stack_of(model: nn.Module) -> Stack:
             o_proj = None
         blocks.append(Block(i, layer, layer.post_attention_layernorm if sandwich else attn,
                             layer.post_feedforward_layernorm if sandwich else layer.mlp, o_proj,
-                            layer.post_attention_layernorm if sandwich else None, n_heads, head_dim))
+                            layer.post_attention_layernorm if sandwich else None, n_heads, head_dim,
+                            _block_scale(layer)))
     return Stack(bb, blocks, norm)
 
 
@@ -81,6 +110,7 @@ class Captured:
     attn_raw: list[Tensor | None]  # Gemma: o_proj's output, before the post-attention norm
     resid: Tensor  # [b, L, d]: what the final norm reads
     normed: Tensor  # [b, L, d]: the final norm's output
+    own: Tensor | None = None  # [b] float32: the model's own score of this forward, where it was run with its head
 
 
 @contextlib.contextmanager
@@ -174,69 +204,127 @@ def freeze(norm: nn.Module, x: Tensor, y: Tensor | None = None) -> FrozenNorm:
     return frozen
 
 
+@dataclass(frozen=True)
+class Window:
+    """Where a patch lands: the forward's positions ``[start, start + n)`` (clipped to the positions it computes: a
+    log-probability's forward on the prefix cache does not feed the last id) take the baseline's
+    ``[base_start, base_start + n)``."""
+
+    start: int
+    n: int
+    base_start: int
+
+    def slices(self, length: int) -> tuple[slice, slice]:
+        k = max(0, min(self.n, length - self.start))
+        return slice(self.start, self.start + k), slice(self.base_start, self.base_start + k)
+
+
+def _hooks_by_name(stack: Stack, name: str):
+    """(module, kind, head) of a component name: ``embed`` (block 0's input), ``L3.attn``, ``L3.mlp`` (outputs),
+    ``L3.attn.h2`` (o_proj's input columns of head 2)."""
+    if name == "embed":
+        return stack.blocks[0].layer, "embed", None
+    layer, kind, *head = name.split(".")
+    b = stack.blocks[int(layer[1:])]
+    if head:
+        if b.o_proj is None:
+            raise ProbeError(f"{name}: this model's attention has no per-head output projection")
+        return b.o_proj, "head", (int(head[0][1:]), b.head_dim)
+    return (b.attn_out if kind == "attn" else b.mlp_out), "out", None
+
+
+def _register(module: nn.Module, kind: str, edit):
+    """A hook that replaces the tensor of a component (``edit(t) -> t``): block 0's input, a module's output or
+    o_proj's input."""
+    if kind == "embed":
+        def pre(m, args, kwargs):
+            if args:
+                return (edit(args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": edit(kwargs["hidden_states"])}
+        return module.register_forward_pre_hook(pre, with_kwargs=True)
+    if kind == "head":
+        return module.register_forward_pre_hook(lambda m, args: (edit(args[0]), *args[1:]))
+
+    def post(m, args, out):
+        t = edit(_first(out))
+        return (t, *out[1:]) if isinstance(out, tuple) else t
+    return module.register_forward_hook(post)
+
+
+def _base_values(base: Captured, stack: Stack, name: str) -> Tensor:
+    if name == "embed":
+        return base.embed
+    layer, kind, *head = name.split(".")
+    i = int(layer[1:])
+    if head:
+        if base.o_in[i] is None:
+            raise ProbeError("the baseline's per-head outputs were not captured")
+        return base.o_in[i]
+    return base.attn[i] if kind == "attn" else base.mlp[i]
+
+
 @contextlib.contextmanager
-def patching(stack: Stack, plan: dict, base: Captured, n_prefix: int, n_base_prefix: int):
-    """Replace, per batch row, one component's output by its value in ``base`` (the baseline response's forward).
+def patching(stack: Stack, plan: dict, base: Captured, window: Window):
+    """Replace, per batch row, one component by its value in ``base`` (the baseline response's forward) at the
+    ``window``'s positions.
 
-    ``plan``: row -> component name (``L3.attn``, ``L3.mlp``, ``L3.attn.h2``, ``embed``; None: unpatched). The
-    patched positions are the continuation's (the prefix is the same text in both, so its parts are equal),
-    aligned from the right end: the read position and the template's closing ids line up; where the two
-    continuations differ in length only the last ``min`` positions are replaced (the function's caller says so).
-    """
-    handles = []
-    by_module: dict = {}
+    ``plan``: row -> component name (``L3.attn``, ``L3.mlp``, ``L3.attn.h2``, ``embed``; None: unpatched). Rows of
+    one component share one hook. The prefix is the same text in both forwards, so its parts are equal and only
+    the continuation's positions are patched, aligned from the right end (the read position and the template's
+    closing ids line up)."""
+    by_name: dict = {}
     for row, name in plan.items():
-        if name is None:
-            continue
-        by_module.setdefault(name, []).append(row)
-
-    def window(total: int) -> tuple[slice, slice]:
-        n = min(total - n_prefix, base.resid.shape[1] - n_base_prefix)
-        return slice(total - n, total), slice(base.resid.shape[1] - n, base.resid.shape[1])
-
-    def replacer(values: Tensor, rows: list[int]):
-        def hook(module, args, out):
-            t = _first(out)
-            here, there = window(t.shape[1])
-            t = t.clone()
-            t[rows, here] = values[0, there].to(t.dtype)
-            return (t, *out[1:]) if isinstance(out, tuple) else t
-        return hook
-
-    def head_replacer(values: Tensor, rows: list[int], h: int, dh: int):
-        def hook(module, args):
-            t = args[0]
-            here, there = window(t.shape[1])
-            t = t.clone()
-            t[rows, here, h * dh:(h + 1) * dh] = values[0, there, h * dh:(h + 1) * dh].to(t.dtype)
-            return (t, *args[1:])
-        return hook
-
+        if name is not None:
+            by_name.setdefault(name, []).append(row)
+    handles = []
     try:
-        for name, rows in by_module.items():
-            if name == "embed":
-                def pre(module, args, kwargs, rows=rows):
-                    t = (args[0] if args else kwargs["hidden_states"])
-                    here, there = window(t.shape[1])
-                    t = t.clone()
-                    t[rows, here] = base.embed[0, there].to(t.dtype)
-                    if args:
-                        return (t, *args[1:]), kwargs
-                    return args, {**kwargs, "hidden_states": t}
-                handles.append(stack.blocks[0].layer.register_forward_pre_hook(pre, with_kwargs=True))
-                continue
-            layer, kind, *head = name.split(".")
-            b = stack.blocks[int(layer[1:])]
-            if head:
-                if base.o_in[b.index] is None:
-                    raise ProbeError("the baseline's per-head outputs were not captured")
-                handles.append(b.o_proj.register_forward_pre_hook(
-                    head_replacer(base.o_in[b.index], rows, int(head[0][1:]), b.head_dim)))
-            else:
-                values = base.attn[b.index] if kind == "attn" else base.mlp[b.index]
-                handles.append((b.attn_out if kind == "attn" else b.mlp_out).register_forward_hook(
-                    replacer(values, rows)))
+        for name, rows in by_name.items():
+            module, kind, head = _hooks_by_name(stack, name)
+            values = _base_values(base, stack, name)
+
+            def edit(t, rows=rows, values=values, head=head):
+                here, there = window.slices(t.shape[1])
+                t = t.clone()
+                if head is None:
+                    t[rows, here] = values[0, there].to(t.dtype)
+                else:
+                    h, dh = head
+                    t[rows, here, h * dh:(h + 1) * dh] = values[0, there, h * dh:(h + 1) * dh].to(t.dtype)
+                return t
+            handles.append(_register(module, kind, edit))
         yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def tapped(stack: Stack, heads: bool, window: Window):
+    """For attribution patching: a zero tensor that requires grad added to every component's output (and, with
+    ``heads``, to each o_proj's input) at the ``window``'s positions of a one-row forward, so that one backward
+    gives d score / d (each component's output) there, through every later layer. Yields ``{name: {"delta": the
+    zero tensor, "clean": the component's value there}}`` (``L3.o_in`` for a layer's heads)."""
+    taps: dict[str, dict] = {}
+    handles = []
+
+    def tap(key: str):
+        def edit(t):
+            here, _ = window.slices(t.shape[1])
+            d = torch.zeros(t.shape[0], here.stop - here.start, t.shape[-1], dtype=t.dtype, device=t.device,
+                            requires_grad=True)
+            taps[key] = {"delta": d, "clean": t[:, here].detach()}
+            t = t.clone()
+            t[:, here] = t[:, here] + d
+            return t
+        return edit
+    try:
+        handles.append(_register(stack.blocks[0].layer, "embed", tap("embed")))
+        for b in stack.blocks:
+            handles.append(_register(b.attn_out, "out", tap(f"L{b.index}.attn")))
+            handles.append(_register(b.mlp_out, "out", tap(f"L{b.index}.mlp")))
+            if heads and b.o_proj is not None:
+                handles.append(_register(b.o_proj, "head", tap(f"L{b.index}.o_in")))
+        yield taps
     finally:
         for h in handles:
             h.remove()

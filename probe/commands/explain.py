@@ -7,20 +7,26 @@
 
 For each response (scored exactly as ``probe score --responses`` scores it: the same rendering, head and engine):
 
-* ``components``: the embedding and each layer's attention and MLP output, read through the final norm frozen at
-  the scale it really had and the head's linear reader, in float32; ``rest``: what lies outside them (the head's
-  bias; for ``logprob`` minus each position's log-sum-exp; a soft-cap's bend). ``score = sum(components) + rest``
-  to the dtype's rounding (``check``: the closure and the bound it is held to). ``--heads``: each attention head
-  (o_proj's columns per head; the heads of a layer sum to its attention part).
+* ``components``: the embedding and each layer's attention and MLP output (times Granite's residual multiplier),
+  the model's own activations read through the final norm frozen at the scale it really had and the head's linear
+  reader, summed in float32; ``rest``: what lies outside them (the head's bias; for ``logprob`` minus each
+  position's log-sum-exp; a soft-cap's bend; the residual stream's and the final norm's rounding in the model's
+  dtype). ``check``: ``score = sum(components) + rest`` to a bound that can fail in the dtype used, and the score
+  decomposed is the one reported; an item that fails either is refused (exit 2, one line), never written.
+  ``--heads``: each attention head (o_proj's columns per head; the heads of a layer sum to its attention part).
 * ``patching``: each component replaced by its value under a baseline response (``--baseline``; default the median
-  one of those given, or the run's median token), batched; its effect on the score beside its direct difference,
-  and their Spearman agreement (per response and overall): how far the direct parts tell cause on this model.
-* ``integrated_gradients``: per prompt position, over the input embeddings (``--ig-steps``, ``--ig-baseline``),
-  with the completeness residual.
+  one of those given, or the run's median token), on the prefix's KV cache at the continuation's positions; its
+  effect beside its direct difference and attribution patching's estimate (``--atp``), with Spearman agreements
+  (n, 95% interval) within one level (components, or heads).
+* ``integrated_gradients``: per prompt position, over the input embeddings (``--ig-steps`` points at most,
+  ``--ig-baseline``), refined until the completeness residual is under ``--ig-target`` of the gap; the residual
+  reached and whether it met the target.
 
-Exact for reward heads read linearly (sequence classifiers, linear family heads, the Nemotron logit reader), the
-Yes/No judge and the log-probability; gated heads (ArmoRM), process models' softmax, rating judges, encoders'
-own forward, pairwise models and implicit rewards are refused with the reason. Writes ``explain.json``,
+Exact for reward heads read linearly (sequence classifiers, affine family heads in any dtype, the Nemotron logit
+reader), gated heads (ArmoRM, QRM: the gate held at its real value), the Yes/No judge and the log-probability;
+process models' softmax, rating judges, MLP heads, encoders' own forward, pairwise models and implicit rewards are
+refused with the reason. ``--run`` explains the run's own input (its ids, template, system turn, date, principle,
+input method and spec) and refuses a ``--ref`` run or an ``--input-method paper`` sweep. Writes ``explain.json``,
 ``explain.md`` and ``explain.html`` (the auditors' "why" section: parts by layer, top heads, prompt words, the
 agreement in words; probe/report/why.py) into ``--out``, a new or empty folder, written whole at the end.
 """
@@ -36,7 +42,7 @@ from pathlib import Path
 from typing import Literal
 
 from probe.commands.args import config_from_args
-from probe.config import DEFAULT_DATE, ModelOptions, resolve_date
+from probe.config import DEFAULT_DATE, ModelOptions, check_not_blank, resolve_date
 from probe.errors import ProbeError
 
 
@@ -60,11 +66,18 @@ class ExplainConfig(ModelOptions):
                 "run's median token)", "metavar": "TEXT"})
     heads: bool = field(default=False, metadata={"help": "also each attention head (decomposed and patched)"})
     patch: bool = field(default=True, metadata={"help": "activation patching against the baseline"})
-    ig_steps: int = field(default=32, metadata={
-        "help": "integrated-gradients steps over the prompt's input embeddings (0: none)"})
+    atp: bool = field(default=True, metadata={
+        "help": "with patching: attribution patching's estimate of every effect (one backward), and its agreement"})
+    ig_steps: int = field(default=128, metadata={
+        "help": "integrated gradients over the prompt's input embeddings: the most points on the path (0: none)"})
+    ig_target: float = field(default=0.01, metadata={
+        "help": "integrated gradients: refine until the completeness residual is under this fraction of the "
+                "score's distance from the baseline's (recorded: reached or not)"})
     ig_baseline: str = field(default="zero", metadata={
         "help": "integrated gradients' baseline: zero (embeddings), pad, or a one-token text", "metavar": "WHAT"})
-    batch_size: int = field(default=16, metadata={"help": "sequences per hooked or patched forward"})
+    batch_size: int = field(default=64, metadata={
+        "help": "rows per patched call on the prefix cache (one item's components, the last call padded); "
+                "integrated gradients run min(8, half of it) points per call"})
     system: str | None = field(default=None, metadata={"help": "system prompt (default: the template's)"})
     date: str | None = field(default=None, metadata={
         "help": f"date for chat templates that write one (default: {DEFAULT_DATE})"})
@@ -78,12 +91,20 @@ class ExplainConfig(ModelOptions):
 
     def __post_init__(self) -> None:
         self.check_reference()
+        check_not_blank(self, "responses", "run", "prompt_key", "ig_baseline", "out")
         if not (self.response or self.responses or self.run):
             raise ValueError("give --response TEXT, --responses FILE or --run SWEEP_DIR")
         if self.run and (self.response or self.responses):
             raise ValueError("--run explains a sweep's tokens; --response/--responses explain texts: one at a time")
         if any(not r.strip() for r in self.response):
             raise ValueError("--response is empty: nothing to explain")
+        if self.prompt is not None and not self.prompt.strip():
+            raise ValueError("--prompt is empty: give the user prompt the responses answer (leave it out for the "
+                             "paper's)")
+        if self.run and self.prompt is not None:
+            raise ValueError("--prompt goes with --response/--responses; --run explains the run's own prompt")
+        if not (0 < self.ig_target < 1):
+            raise ValueError("--ig-target is a fraction of the score's distance from the baseline's, in (0, 1)")
         if self.baseline is not None and not self.baseline.strip():
             raise ValueError("--baseline is empty: name a response to patch from")
         if self.top < 1:
@@ -105,11 +126,12 @@ def _check_out(out: Path) -> None:
     check(out)
 
 
-def _sweep_model(cfg: ExplainConfig, meta: dict) -> tuple[ExplainConfig, str]:
-    """The sweep's model and score mode (its model record, spec and output column, dtype)."""
+def _sweep_model(cfg: ExplainConfig, meta: dict) -> tuple[ExplainConfig, str, dict]:
+    """The run's model and score mode (its model record, spec and output column, dtype) and its inputs beyond the
+    ids (`run_inputs`: template, principle, input method, ...); one line where they cannot be decomposed."""
     from probe.commands.trace import _model_ref
 
-    from probe.attribution.inputs import SEARCHES, search_config
+    from probe.attribution.inputs import SEARCHES, run_inputs, search_config
 
     s, model = meta.get("settings") or {}, meta.get("model") or {}
     mode = search_config(meta).mode if meta.get("experiment") in SEARCHES else s.get("mode")
@@ -117,18 +139,25 @@ def _sweep_model(cfg: ExplainConfig, meta: dict) -> tuple[ExplainConfig, str]:
         raise ProbeError(f"--run {cfg.run}: scored with --score {mode}; explain reads reward, logprob or judge")
     if cfg.score not in ("auto", mode):
         raise ProbeError(f"--score {cfg.score}: the run was scored with {mode}; leave --score out")
-    dtype = str(s.get("dtype") or model.get("dtype") or "auto").replace("torch.", "")
+    inputs = run_inputs(meta, cfg.run)
+    dtype = str(model.get("dtype") or s.get("dtype") or "auto").replace("torch.", "")
     config = meta.get("config") or {}
     head = s.get("head") or {}
-    return replace(cfg, rm=_model_ref(model), spec=s.get("spec"), label_index=s.get("label_index"), dtype=dtype,
+    spec = s.get("spec") if isinstance(s.get("spec"), str) else inputs.get("spec")
+    label = s.get("label_index") if "label_index" in s else inputs.get("label_index")
+    return replace(cfg, rm=_model_ref(model), spec=spec, label_index=label, dtype=dtype,
                    trust_remote_code=cfg.trust_remote_code or bool(config.get("trust_remote_code")),
                    allow_random_head=cfg.allow_random_head or bool(config.get("allow_random_head")),
-                   logprob_reduce=head.get("reduce", "sum")), mode
+                   chat_template=inputs.get("chat_template", cfg.chat_template),
+                   principle=inputs.get("principle", cfg.principle),
+                   reference_response=inputs.get("reference_response", cfg.reference_response),
+                   unit_test=inputs.get("unit_test", cfg.unit_test), revision=inputs.get("revision", cfg.revision),
+                   logprob_reduce=head.get("reduce", config.get("logprob_reduce", "sum"))), mode, inputs
 
 
 def run(cfg: ExplainConfig) -> Path:
     """Reads and checks every input, loads the model, explains, writes ``--out`` whole."""
-    from probe.config import ScoringOptions, model_kind, resolve_score_mode
+    from probe.config import JUDGE_QUESTION, ScoringOptions, model_kind, resolve_score_mode
     from probe.core.scoring import make_head
     from probe.attribution.explain import check_explainable, explain_items, summary_markdown
     from probe.attribution.inputs import (SEARCHES, explain_responses, ig_baseline_id, read_sweep, search_items,
@@ -140,9 +169,10 @@ def run(cfg: ExplainConfig) -> Path:
     out = Path(cfg.out or Path("results") / f"explain_{utc_stamp()}").expanduser()
     _check_out(out)
     meta = scores = None
+    inputs: dict = {}
     if cfg.run:
         meta, scores = read_sweep(cfg.run)
-        cfg, mode = _sweep_model(cfg, meta)
+        cfg, mode, inputs = _sweep_model(cfg, meta)
     else:
         mode = resolve_score_mode(cfg.score, cfg.rm, cfg.ref, cfg.spec)
         if mode not in ("reward", "logprob", "judge"):
@@ -153,8 +183,9 @@ def run(cfg: ExplainConfig) -> Path:
 
         responses += read_responses(cfg.responses, "response")
     seed = int((meta or {}).get("config", {}).get("seed") or 0)
-    loaded = load_for_config(cfg, model_kind(mode), seed=seed)
-    opts = ScoringOptions(cfg.logprob_reduce, date_string=resolve_date(cfg.date or DEFAULT_DATE))  # type: ignore[arg-type]
+    loaded = load_for_config(cfg, model_kind(mode), seed=seed, input_method=inputs.get("input_method"))
+    opts = ScoringOptions(cfg.logprob_reduce, inputs.get("judge_question", JUDGE_QUESTION),  # type: ignore[arg-type]
+                          date_string=resolve_date(cfg.date or DEFAULT_DATE))
     t_loaded = time.perf_counter()
     if cfg.run:
         from probe.commands.trace import TracedRun, check_weights
@@ -186,14 +217,18 @@ def run(cfg: ExplainConfig) -> Path:
         head_for = lambda k: make_head(loaded, mode, opts, response_in_prefix=k)  # noqa: E731
         check_explainable(loaded, head_for(0))
         result = explain_items(loaded, head_for, items, base if cfg.patch else None, heads=cfg.heads,
-                               patch_components=cfg.patch, ig_steps=cfg.ig_steps,
+                               patch_components=cfg.patch, atp=cfg.atp, ig_steps=cfg.ig_steps,
+                               ig_target=cfg.ig_target,
                                ig_baseline_id=ig_baseline_id(loaded.tokenizer, cfg.ig_baseline),
-                               batch=cfg.batch_size, tokenizer=loaded.tokenizer) | said
+                               batch=cfg.batch_size, tokenizer=loaded.tokenizer,
+                               source="the score the run reported") | said
+        result["run"]["inputs"] = {k: v for k, v in inputs.items() if k != "judge_question"}
     else:
         from probe.config import PAPER_PROMPTS
 
-        result = explain_responses(loaded, mode, cfg.prompt or PAPER_PROMPTS["greatest"], responses, opts, cfg.system,
-                                   baseline=cfg.baseline, heads=cfg.heads, patch=cfg.patch, ig_steps=cfg.ig_steps,
+        result = explain_responses(loaded, mode, PAPER_PROMPTS["greatest"] if cfg.prompt is None else cfg.prompt,
+                                   responses, opts, cfg.system, baseline=cfg.baseline, heads=cfg.heads,
+                                   patch=cfg.patch, atp=cfg.atp, ig_steps=cfg.ig_steps, ig_target=cfg.ig_target,
                                    ig_baseline=cfg.ig_baseline, batch=cfg.batch_size)
     result = {"model": loaded.model_id, "mode": mode, "dtype": str(loaded.dtype), "device": str(loaded.device),
               **result}
@@ -215,16 +250,16 @@ def run(cfg: ExplainConfig) -> Path:
 
 
 def _say(result: dict) -> None:
+    from probe.attribution.explain import closure_line
+    from probe.report.why import agreement_words
+
     for r in result["responses"]:
         top = sorted(r["components"].items(), key=lambda kv: -abs(kv[1]))[:3]
         said = ", ".join(f"{k} {v:+.3f}" for k, v in top)
-        rho = (r.get("patching") or {}).get("spearman")
-        print(f"{r['response']!r}: score {r['score']:+.4f} = parts {sum(r['components'].values()):+.4f} + rest "
-              f"{r['rest']:+.4f}; largest {said}" + ("" if rho is None else f"; patching Spearman {rho:+.2f}"))
-    ag = result["agreement"]
-    if ag["overall_spearman"] is not None:
-        print(f"agreement with patching, overall Spearman {ag['overall_spearman']:+.3f} ({ag['n_pairs']} pairs)",
-              file=sys.stderr)
+        print(f"{r['response']!r}: {closure_line(r)}; largest {said}")
+    for lev, got in result["agreement"].get("levels", {}).items():
+        for what, a in got.items():
+            print(f"{lev}, {what.replace('_', ' ')}: {agreement_words(a)}", file=sys.stderr)
 
 
 def main_from_args(ns: argparse.Namespace) -> int:

@@ -38,46 +38,73 @@ def _bars_png(components: dict[str, float], title: str) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def agreement_words(rho: float | None) -> str:
-    """Spearman agreement of the direct parts with patching, said in words."""
-    if rho is None:
+MIN_PAIRS = 10  # below this, no verdict whatever the interval says
+
+
+def agreement_words(a) -> str:
+    """An agreement with patching (``{"spearman", "n", "ci95"}``, probe/attribution/patching.py: `agreement`) said in
+    words, with its n and 95% interval. The verdict is the one the whole interval supports (its lower end decides
+    how strong the agreement is at least); none below `MIN_PAIRS` pairs or where the interval spans the thresholds."""
+    if a is None or (isinstance(a, dict) and not a.get("n")):
         return "not measured (no baseline to patch from)"
-    if rho >= 0.7:
-        how = "the direct parts rank the components much as patching does: read them as causes"
-    elif rho >= 0.4:
-        how = "the direct parts and patching agree in part: trust the largest parts, not their order"
-    elif rho > 0.1:
-        how = "weak agreement: most of the effect travels through later layers, read the parts as correlation"
+    rho, n, ci = a.get("spearman"), a.get("n", 0), a.get("ci95")
+    if rho is None:
+        return f"undefined over n={n} pairs (one side constant)"
+    said = f"Spearman {rho:+.2f} (n={n}"
+    if ci is None or n < MIN_PAIRS:
+        return said + (f", 95% interval [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci else "") + \
+            f"): too few pairs for a verdict (fewer than {MIN_PAIRS})"
+    lo, hi = ci
+    said += f", 95% interval [{lo:+.2f}, {hi:+.2f}])"
+    if lo >= 0.7:
+        how = "they rank the components much as patching does: read them as causes"
+    elif lo >= 0.4:
+        how = "they agree at least in part: trust the largest, not their order"
+    elif lo > 0.1:
+        how = "at least weak agreement: most of the effect may travel through later layers"
+    elif hi <= 0.1:
+        how = "no agreement: they say little about cause on this model"
     else:
-        how = "no agreement: the direct parts say little about cause on this model"
-    return f"Spearman {rho:+.2f}: {how}"
+        how = "not settled: the interval spans agreement and none"
+    return f"{said}: {how}"
 
 
 def why_section(result: dict, top: int = 5) -> str:
+    from probe.attribution.explain import closure_line
+
     e = html.escape
     ag = result.get("agreement", {})
+    said = "; ".join(f"{lev}, {what.replace('_', ' ')}: {agreement_words(a)}"
+                     for lev, got in ag.get("levels", {}).items() for what, a in got.items())
     parts = [f"<section class='why'><h2>Why: {e(str(result.get('model', '')))} ({e(str(result.get('mode', '')))})</h2>",
-             f"<p>{e(str(result.get('reader') or ''))}. Agreement with activation patching over all responses: "
-             f"{e(agreement_words(ag.get('overall_spearman')))}.</p>"]
+             f"<p>{e(str(result.get('reader') or ''))}. {e(str(result.get('exactness') or ''))}.</p>",
+             f"<p>Agreement with activation patching over all responses: "
+             f"{e(said or agreement_words(None))}.</p>"]
     for r in result.get("responses", []):
         comps = r["components"]
         big = sorted(comps.items(), key=lambda kv: -abs(kv[1]))[:top]
         outside = ", ".join(f"{k.replace('_', ' ')} {v:+.3f}" for k, v in r["rest_items"].items())
-        items = [f"score {r['score']:+.4f} = the parts {sum(comps.values()):+.4f} + what lies outside them "
-                 f"{r['rest']:+.4f} ({outside})",
+        items = [closure_line(r) + f"; what lies outside the parts: {outside}",
                  "largest parts: " + ", ".join(f"{k} {v:+.3f}" for k, v in big)]
+        if r.get("held"):
+            items.append("held at its real value: the gate " + ", ".join(f"{g:.3f}" for g in r["held"]["gate"])
+                         + f" (position {r['held']['gate_position']})")
         if r.get("heads"):
             hs = sorted(((k, v) for k, v in r["heads"].items() if ".h" in k), key=lambda kv: -abs(kv[1]))[:top]
             items.append("top heads: " + ", ".join(f"{k} {v:+.3f}" for k, v in hs))
         p = r.get("patching") or {}
         if "effects" in p:
-            items.append(f"against {p['baseline']!r}: {agreement_words(p.get('spearman'))}")
+            for lev, got in p.get("agreement", {}).items():
+                for what, a in got.items():
+                    items.append(f"against {p['baseline']!r}, {lev}, {what.replace('_', ' ')}: {agreement_words(a)}")
         g = r.get("integrated_gradients")
         if g:
             toks = g.get("tokens") or [str(x) for x in g["positions"]]
             best = sorted(zip(toks, g["attributions"]), key=lambda kv: -abs(kv[1]))[:top]
-            items.append("prompt words that matter most: " + ", ".join(f"{t!r} {a:+.3f}" for t, a in best)
-                         + f" (completeness residual {g['residual']:+.2e})")
+            said = (f" (completeness residual {g['residual']:+.2e} against the target {g['target']:.1e}: "
+                    + ("met" if g.get("met") else "NOT met: read these as unconverged") + ")") if "target" in g else \
+                f" (completeness residual {g['residual']:+.2e}, no target recorded)"
+            items.append("prompt words that matter most: " + ", ".join(f"{t!r} {a:+.3f}" for t, a in best) + said)
         img = _bars_png(comps, f"{r['response']!r}: parts by layer")
         parts.append(f"<h3>{e(repr(r['response']))}</h3><ul>" + "".join(f"<li>{e(x)}</li>" for x in items)
                      + f"</ul><img alt='parts of {e(repr(r['response']))} by layer' src='data:image/png;base64,{img}'>")
