@@ -43,7 +43,8 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x
 TEST_FILES = ("tests/gpu", "tests/unit/test_engine_parity.py", "tests/unit/test_kernels.py", "tests/unit/test_softcap.py",
               "tests/unit/test_half_precision.py", "tests/unit/test_gcg.py", "tests/unit/test_api.py",
               "tests/unit/test_responses.py", "tests/unit/test_sweep.py", "tests/unit/test_batch_invariance.py",
-              "tests/unit/test_invariance_rules.py")
+              "tests/unit/test_invariance_rules.py", "tests/unit/test_hybrid_models.py",
+              "tests/unit/test_shared_prefix_coverage.py")
 # the real Llama 3.1 tokenizer (128,256 ids), for the time-to-result benchmark (experiments/gpu_variants.py)
 TOKENIZERS = ("llama3.1",)
 # (name, seconds expected on an H100 and on CI's 2-core CPU at --small, for the progress line; the share of the

@@ -98,6 +98,17 @@ class Pack:
     prefix: SharedPrefix | None = None
     pool: PrefixPool | None = None
     groups: list[Group] = field(default_factory=list)
+    moved: dict = field(default_factory=dict)  # device -> the groups there (a model spread by --device-map)
+
+    def groups_on(self, device: torch.device) -> list[Group]:
+        """The groups' index tensors on ``device`` (a layer's own), moved once per device and forward."""
+        if not self.groups or self.groups[0].index.device == device:
+            return self.groups
+        if device not in self.moved:
+            self.moved[device] = [Group(g.index.to(device), g.src.to(device), g.dst.to(device),
+                                        None if g.which is None else g.which.to(device), g.width)
+                                  for g in self.groups]
+        return self.moved[device]
 
 
 def plan(rows: list[tuple[int, int, int]], length: int, device: torch.device, prefix: SharedPrefix | None = None,
@@ -132,8 +143,11 @@ def _attend_rows(module, query: Tensor, key: Tensor, value: Tensor, scaling, sof
     """`_attend` with a prefix per row: row i attends to prefix ``which[i]`` of the pool (its keys padded to
     ``width``, the padding masked) and causally to its own new tokens. Returns [b, n, H, d]."""
     layer = module.layer_idx
-    kp, vp = _working(pool.keys[layer][which, :, :width]), _working(pool.values[layer][which, :, :width])
-    first, count, start = pool.first[layer][which], pool.count[layer][which], pool.length[which]
+    kept_on = pool.keys[layer].device  # the layer's own device (a model spread by --device-map)
+    w = which.to(kept_on)
+    kp, vp = _working(pool.keys[layer][w, :, :width]), _working(pool.values[layer][w, :, :width])
+    first, count = pool.first[layer][w].to(query.device), pool.count[layer][w].to(query.device)
+    start = pool.length.to(which.device)[which].to(query.device)
     out_dtype = query.dtype
     query, key, value = _working(query), _working(key), _working(value)
     b, h, n, d = query.shape
@@ -166,7 +180,7 @@ def packed_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
     outside every row (the tile's padding) get zeros."""
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, heads, d]
     out = q.new_zeros(q.shape)
-    for g in rm_pack.groups:
+    for g in rm_pack.groups_on(q.device):
         qg, kg, vg = q[g.index].transpose(1, 2), k[g.index].transpose(1, 2), v[g.index].transpose(1, 2)
         if rm_pack.pool is None:
             o = _attend(module, qg, kg, vg, scaling, softcap, sliding_window, rm_pack.prefix)  # [g, S, H, d]

@@ -65,6 +65,18 @@ def device(pytestconfig) -> torch.device:
     return torch.device(pytestconfig.getoption("--device"))
 
 
+@pytest.fixture
+def hostile(device):
+    """tests/hostile_blas.py's double in force for the test (a BLAS that keeps only the promise of the same bits for
+    the same call): the design's batch invariance proved without relying on the CPU at hand."""
+    if device.type != "cpu":
+        pytest.skip("the double runs on the CPU (a GPU's own kernels are what the kit measures)")
+    from tests.hostile_blas import HostileBLAS
+
+    with HostileBLAS() as mode:
+        yield mode
+
+
 @pytest.fixture(scope="session")
 def tokenizers():
     return {name: tiny.make_tokenizer(name) for name in tiny.FAMILIES}

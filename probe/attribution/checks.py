@@ -74,3 +74,14 @@ def enforce(label: str, dec: Decomposition, settings: str, reported: float | Non
                 f"{dec.score:+.6g} (off by {gap:+.3g}, bound {reported_bound:.2g} in {dtype}): the input explained "
                 "is not the one that was scored (template, system turn, date, --ref, principle, input method, spec); "
                 "not explained")
+
+
+def closure_line(r: dict) -> str:
+    """``score = parts + rest`` as it holds: the gap and the bound it is held to (an explain.json written before
+    the bound was recorded: its closure and the tolerance it had)."""
+    c = r["check"]
+    head = f"score {r['score']:+.4f} = parts {sum(r['components'].values()):+.4f} + rest {r['rest']:+.4f}"
+    if "bound" not in c:
+        return f"{head} (closure {c.get('closure', float('nan')):.2e}, allowed {c.get('closure_tolerance', 0):.1e})"
+    return (f"{head} (to {abs(c['score_minus_parts_and_rest']):.1e}, within the "
+            f"{c['dtype'].replace('torch.', '')} bound {c['bound']:.1e})")

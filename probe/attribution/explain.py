@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from probe.attribution.checks import enforce, measured_noise, reported_tolerance
+from probe.attribution.checks import closure_line, enforce, measured_noise, reported_tolerance
 from probe.attribution.direct import decompose, forward
 from probe.attribution.model import stack_of, stream_settings
 from probe.attribution.patching import agreement, agreements, level, patch, prefix_state
@@ -210,17 +210,6 @@ def _record(it: Item, dec, reported_bound: float | None, tokenizer) -> dict:
     if tokenizer is not None:
         out["continuation_text"] = tokenizer.decode(list(it.continuation))
     return out
-
-
-def closure_line(r: dict) -> str:
-    """``score = parts + rest`` as it holds: the gap and the bound it is held to (an explain.json written before
-    the bound was recorded: its closure and the tolerance it had)."""
-    c = r["check"]
-    head = f"score {r['score']:+.4f} = parts {sum(r['components'].values()):+.4f} + rest {r['rest']:+.4f}"
-    if "bound" not in c:
-        return f"{head} (closure {c.get('closure', float('nan')):.2e}, allowed {c.get('closure_tolerance', 0):.1e})"
-    return (f"{head} (to {abs(c['score_minus_parts_and_rest']):.1e}, within the "
-            f"{c['dtype'].replace('torch.', '')} bound {c['bound']:.1e})")
 
 
 def summary_markdown(result: dict, title: str, top: int = 6) -> str:

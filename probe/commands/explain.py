@@ -250,7 +250,7 @@ def run(cfg: ExplainConfig) -> Path:
 
 
 def _say(result: dict) -> None:
-    from probe.attribution.explain import closure_line
+    from probe.attribution.checks import closure_line
     from probe.report.why import agreement_words
 
     for r in result["responses"]:

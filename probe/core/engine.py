@@ -22,27 +22,9 @@ from probe.core.cache import UnsupportedCache, architecture, check_replicable, c
 from probe.core.heads import ScoreHead
 from probe.core.invariance import (buckets, check_device, cpu_activations, fixed_groups, rows_per_forward, tail_rows,
                                    tile_rows)
-from probe.core.packing import Tiles, TileFill, gather_hidden, layout, run_tiles, token_table
+from probe.core.packing import (Tiles, TileFill, _as_batch, _on, gather_hidden, layout, pad_rows,  # noqa: F401
+                                run_tiles, token_table)
 from probe.models.attention import require_trained_attention
-
-
-def pad_rows(rows: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
-    """Rows of different lengths as one right-padded tensor and their true lengths. The padding repeats each
-    row's last id: a real token never attends to what comes after it, so any id would do."""
-    rows = [list(r) for r in rows]
-    if not rows or any(len(r) == 0 for r in rows):
-        raise ValueError("empty continuation")
-    m = max(len(r) for r in rows)
-    return torch.tensor([r + [r[-1]] * (m - len(r)) for r in rows]), torch.tensor([len(r) for r in rows])
-
-
-def _as_batch(cont: Tensor | Sequence[Sequence[int]], lengths, device) -> tuple[Tensor, Tensor]:
-    if not isinstance(cont, Tensor):
-        cont, lengths = pad_rows(cont)
-    cont = cont.to(device=device, dtype=torch.long)
-    if lengths is None:
-        lengths = torch.full((cont.shape[0],), cont.shape[1])
-    return cont, torch.as_tensor(lengths, device=device, dtype=torch.long)
 
 
 def fit(cont: Tensor, width: int) -> Tensor:
@@ -51,12 +33,6 @@ def fit(cont: Tensor, width: int) -> Tensor:
     if width <= m:
         return cont[:, :width]
     return torch.cat([cont, cont[:, -1:].expand(-1, width - m)], 1)
-
-
-def _on(hidden: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
-    """``tensors`` on the device of the final hidden states: the last layers' device when ``--device-map`` spread
-    the model over several GPUs (the backbone's outputs stay where its last layer ran), where the heads read."""
-    return tuple(t.to(hidden.device) for t in tensors)
 
 
 def input_device(model: torch.nn.Module) -> torch.device:

@@ -20,6 +20,31 @@ from torch import Tensor
 from probe.core.invariance import bucket_length, cpu_activations
 
 
+def pad_rows(rows: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+    """Rows of different lengths as one right-padded tensor and their true lengths. The padding repeats each
+    row's last id: a real token never attends to what comes after it, so any id would do."""
+    rows = [list(r) for r in rows]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("empty continuation")
+    m = max(len(r) for r in rows)
+    return torch.tensor([r + [r[-1]] * (m - len(r)) for r in rows]), torch.tensor([len(r) for r in rows])
+
+
+def _as_batch(cont: Tensor | Sequence[Sequence[int]], lengths, device) -> tuple[Tensor, Tensor]:
+    if not isinstance(cont, Tensor):
+        cont, lengths = pad_rows(cont)
+    cont = cont.to(device=device, dtype=torch.long)
+    if lengths is None:
+        lengths = torch.full((cont.shape[0],), cont.shape[1])
+    return cont, torch.as_tensor(lengths, device=device, dtype=torch.long)
+
+
+def _on(hidden: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """``tensors`` on the device of the final hidden states: the last layers' device when ``--device-map`` spread
+    the model over several GPUs (the backbone's outputs stay where its last layer ran), where the heads read."""
+    return tuple(t.to(hidden.device) for t in tensors)
+
+
 class TileFill:
     """Token rows scored over token rows computed in fixed-shape forwards (1.0: every tile full)."""
 
@@ -171,12 +196,11 @@ def score_mixed(scorers: Sequence, rows: Sequence[Sequence[int]], which: Sequenc
     of one model and one kind of head), packed together into full tiles; each row read by its own scorer's head in
     a call of its own shape. Scorers off the packed layout (no shared-prefix attention, or tiles off) score each
     prefix's rows through their own `score` instead. Returns float32 scores on the CPU, in row order."""
-    from probe.core.engine import _as_batch, _on, pad_rows
     from probe.kernels.packed_attention import PrefixPool
 
     if not rows:
         return torch.empty(0, dtype=torch.float32)
-    if not all(s.packed for s in scorers):
+    if not all(getattr(s, "packed", False) for s in scorers):  # an implicit reward's pair: each on its own
         out = torch.empty(len(rows), dtype=torch.float32)
         for k, sc in enumerate(scorers):
             mine = [i for i, w in enumerate(which) if w == k]

@@ -70,7 +70,7 @@ def agreement_words(a) -> str:
 
 
 def why_section(result: dict, top: int = 5) -> str:
-    from probe.attribution.explain import closure_line
+    from probe.attribution.checks import closure_line
 
     e = html.escape
     ag = result.get("agreement", {})

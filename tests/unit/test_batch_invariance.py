@@ -3,10 +3,14 @@
 RewardBench's users see scores move with the batch size (its issue #137); so did rm-probe's: a tiny reward model's
 sweep of 3,200 ids moved in 1,122 rows between batches of 256 and 7 (MKL's matrix-vector product under the reward
 head), whole responses moved with the rows padded beside them, the fused log-probability head with the number of
-positions. probe/core/invariance.py says what makes a row's bits its own; these tests hold every path to it, bitwise
-(``torch.equal``, never a tolerance), on any CPU: MKL's strict mode gives the same bits at every row count and thread
-count, the heads sum in a fixed tree, and a row is padded to a length set by itself. On a GPU (``--device cuda``,
-the kit) the same tests run with the products in fixed row tiles.
+positions. probe/core/invariance.py makes every call's shape a function of the row alone (fixed tiles); these tests
+hold the machine at hand to what its records claim, bitwise (``torch.equal``, never a tolerance): wherever meta.json
+would say ``batch_invariant: true`` (its row check found a product's row independent of its place and of the thread
+count), the bits must not move. Nothing here assumes a property of the BLAS (MKL's strict mode does not promise that
+a row's sum is independent of the rows beside it, and on an AVX2-only EPYC it is not): where the check finds a row
+moving, the record says not invariant and the case is skipped; tests/unit/test_hostile_blas.py proves the design under
+a BLAS double that keeps only the promise of the same bits for the same call. On a GPU (``--device cuda``, the kit)
+the same tests run with its tiles.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ PATHS = ("shared", "cache", "uncached", "full")
 OWN_CODE = ("armo-like", "qrm-like")
 
 
-def _setup(tiny_models, name: str, mode: str):
+def _setup(tiny_models, name: str, mode: str, claimed: bool = False):
     lm = tiny_models[name]
+    if claimed:
+        _claimed(lm)
     opts = ScoringOptions()
     head = make_head(lm, mode, opts)
     split = split_template(lm.tokenizer, conversation(mode, PROMPT, None, opts, lm), n_verify=0)
@@ -51,11 +57,23 @@ def _scorer(lm, head, split, path: str):
                         shared_attention=path == "shared")
 
 
+def _claimed(lm) -> None:
+    """These tests hold the machine at hand to what its run records claim: bitwise equality wherever meta.json would
+    say ``batch_invariant: true``. Where this device's own row check finds a product's row moving with its place (a
+    BLAS may: it promises only the same bits for the same call), the record says so and the claim is not made, so
+    there is nothing to hold it to here: tests/unit/test_hostile_blas.py proves the design under a double instead."""
+    from probe.core.invariance import describe
+
+    record = describe(next(lm.model.parameters()).device, lm.model)
+    if not record["batch_invariant"]:
+        pytest.skip(f"not claimed on this device: {record.get('why_not')}")
+
+
 def _case(tiny_models, name: str, mode: str, path: str, device):
     """(model, split, score function) of a case; skipped where the path is not rm-probe's own arithmetic."""
     if path == "full" and name in OWN_CODE and device.type != "cpu":
         pytest.skip("the test's own stand-in of a remote class sums in its own way (OWN_CODE)")
-    lm, head, split = _setup(tiny_models, name, mode)
+    lm, head, split = _setup(tiny_models, name, mode, claimed=True)
     return lm, split, _scorer(lm, head, split, path).score
 
 
@@ -103,7 +121,7 @@ def test_a_whole_response_has_the_same_bits_whatever_rows_are_padded_beside_it(t
 def test_a_trace_has_the_same_bits_however_its_responses_are_dealt(tiny_models, name, mode, path):
     """``probe trace`` scores every prefix of a response from one forward over a chunk of responses (64 a process;
     under torchrun round robin over the ranks): a response's trace must not depend on its chunk."""
-    lm, head, split = _setup(tiny_models, name, mode)
+    lm, head, split = _setup(tiny_models, name, mode, claimed=True)
     responses = _responses(lm.tokenizer, split, 12, seed=5, longest=12)
     sc = _scorer(lm, head, split, path)
     together = sc.score_prefixes(responses)
@@ -121,6 +139,7 @@ def test_the_implicit_reward_and_its_reference_are_batch_invariant(tiny_models):
     from tests.tiny import perturbed_copy
 
     lm = tiny_models["llama-lm"]
+    _claimed(lm)
     ref = replace(lm, model=perturbed_copy(lm.model))
     lm = replace(lm, ref=ref, beta=0.5)
     head = make_head(lm, "logprob")
@@ -135,7 +154,7 @@ def test_the_implicit_reward_and_its_reference_are_batch_invariant(tiny_models):
 
 def test_an_out_of_memory_halving_changes_no_bit(tiny_models):
     """The batcher halves the batch after an out-of-memory error and scores the same rows again, smaller."""
-    lm, head, split = _setup(tiny_models, "llama-rm", "reward")
+    lm, head, split = _setup(tiny_models, "llama-rm", "reward", claimed=True)
     rows = sweep_rows(np.arange(len(lm.tokenizer)), split.suffix_ids)
     sc = PrefixScorer(lm.model, head, split.prefix_ids)
     want = AdaptiveBatcher(256).run(sc.score, rows)
@@ -158,7 +177,7 @@ def test_gcg_reports_the_score_its_result_has_alone_and_searches_alike_at_any_ba
     import probe
     from probe.config import GCGConfig
 
-    lm, head, split = _setup(tiny_models, "llama-rm", "reward")
+    lm, head, split = _setup(tiny_models, "llama-rm", "reward", claimed=True)
     config = GCGConfig(length=3, steps=3, search_width=48, topk=16, seed=1, progress=False)
     result = probe.gcg(lm, None, PROMPT, config=config)
     alone = PrefixScorer(lm.model, head, split.prefix_ids).score([list(result.best_ids) + list(split.suffix_ids)])
@@ -176,6 +195,7 @@ def test_social_items_have_the_same_bits_at_every_batch_size(tiny_models):
     from probe.social.scoring import score_items
 
     lm = tiny_models["llama-rm"]
+    _claimed(lm)
     words = ["the doctor", "the nurse", "nobody", "a person from far away", "someone", "the old man who sat there"]
     items = [Item("synthetic", "bias", str(i), f"Question {i % 4}: who did it?",
                   (words[i % 6], words[(i + 1) % 6], words[(i + 2) % 6] + " and so on" * (i % 3)), ("a", "b", "c"),
@@ -223,7 +243,7 @@ def test_a_trace_has_the_same_bits_at_every_thread_count(tiny_models, name, mode
     tanh form, SiLU) over threads at element counts that follow the thread count, and rounds the split's scalar
     tails otherwise than its vector loop; 3 threads split 41 responses of one length (one forward: a CPU runs each
     length alone) off the vector width."""
-    lm, head, split = _setup(tiny_models, name, mode)
+    lm, head, split = _setup(tiny_models, name, mode, claimed=True)
     rng = random.Random(11)
     sc = PrefixScorer(lm.model, head, split.prefix_ids)
     threads = torch.get_num_threads()

@@ -93,7 +93,7 @@ def test_half_precision_explanations_are_true_to_their_bound(tiny_models, name, 
     for r in out["responses"]:
         assert r["check"]["closure_tolerance"] <= 0.05 * (1 + abs(r["check"]["decomposed_forward_score"]))
         _holds(r)
-        from probe.attribution.explain import closure_line
+        from probe.attribution.checks import closure_line
 
         assert r["check"]["dtype"] == "torch.bfloat16"
         assert {"residual_rounding", "final_norm_rounding"} <= set(r["rest_items"])

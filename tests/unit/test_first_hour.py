@@ -258,8 +258,8 @@ def test_social_resume(tiny_dirs, tmp_path, monkeypatch, capsys, social_data):
 
 def test_social_resume_keeps_the_chunks_of_a_data_set_cut_short(tiny_dirs, tmp_path, monkeypatch, capsys,
                                                                  social_data):
-    """One process interrupted in its second data set (every chunk kept as it finishes here) scores only the chunks
-    it had not finished on --resume: the same scores, bitwise."""
+    """One process interrupted in its second data set (every chunk kept as it finishes here; cut as it keeps its
+    second chunk) scores only the chunks it had not kept on --resume: the same scores, bitwise."""
     from probe.commands.social import main
 
     args = ["--rm", tiny_dirs["rm"], "--device", "cpu", "--no-progress", "--limit", "6",
@@ -268,12 +268,12 @@ def test_social_resume_keeps_the_chunks_of_a_data_set_cut_short(tiny_dirs, tmp_p
     assert main([*args, "--output", str(tmp_path / "full")]) == 0
     (full,) = (tmp_path / "full").glob("*/social_*")
     monkeypatch.setattr("probe.social.scoring.FLUSH_ROWS", 1)
-    original = _interrupt_after(monkeypatch, "probe.core.scoring.AdaptiveBatcher:run", 3)
+    _interrupt_after(monkeypatch, "probe.runs.rundir.RunDir:write_chunks", 2)
     assert main([*args, "--output", str(tmp_path / "cut")]) == 130
     (cut,) = (tmp_path / "cut").glob("*/social_*")
     kept = sum(len(np.load(p)["scores"]) for p in (cut / "checkpoints" / "001").glob("chunks_*.npz"))
     assert kept and (cut / "checkpoints" / "000.parquet").is_file()
-    monkeypatch.setattr("probe.core.scoring.AdaptiveBatcher.run", original)
+    monkeypatch.undo()
     assert main([*args, "--output", str(tmp_path / "cut"), "--resume"]) == 0
     assert pl.read_parquet(cut / "scores.parquet").equals(pl.read_parquet(full / "scores.parquet"))
     rows = pl.read_parquet(cut / "checkpoints" / "001.parquet").height

@@ -18,19 +18,15 @@ from probe.core.scoring import AdaptiveBatcher, PairScorer, make_head, reference
 from tests.hostile_blas import HostileBLAS, rows_of, ulps
 from tests.unit.test_batch_invariance import PATHS, PROMPT, _at, _responses, _scorer, _setup
 
-pytestmark = pytest.mark.parity
 BATCHES = (64, 7, 5, 2)
 CASES = [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("chatml-rm-padeot", "reward"), ("armo-like", "reward"),
          ("qwen3-rm", "reward"), ("gemma3-lm", "logprob"), ("llama-lm", "logprob"), ("llama-lm", "judge"),
          ("qwen3-lm", "rating")]
-
-
-@pytest.fixture
-def hostile(device):
-    if device.type != "cpu":
-        pytest.skip("the double runs on the CPU (a GPU's own kernels are what the kit measures)")
-    with HostileBLAS() as mode:
-        yield mode
+# every family and head on the shared-prefix path (sweeps' and responses' default); the other paths, whose forwards
+# are the same tiles through other attention, on a reward head, the fused log-probability head and a judge
+GRID = [(*case, "shared") for case in CASES] + [
+    (*case, path) for case in (("llama-rm", "reward"), ("gemma3-lm", "logprob"), ("llama-lm", "judge"))
+    for path in PATHS if path != "shared"]
 
 
 def test_the_double_moves_a_row_by_its_row_count_and_keeps_the_same_call_the_same():
@@ -51,8 +47,7 @@ def _sweep(lm, split, n: int = 90):
     return sweep_rows(np.linspace(0, len(lm.tokenizer) - 1, n).astype(np.int64), split.suffix_ids)
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name,mode", CASES)
+@pytest.mark.parametrize("name,mode,path", GRID)
 def test_a_sweep_row_keeps_its_bits_at_every_batch_size_under_a_hostile_blas(tiny_models, name, mode, path, hostile):
     lm, head, split = _setup(tiny_models, name, mode)
     score = _scorer(lm, head, split, path).score
@@ -65,8 +60,7 @@ def test_a_sweep_row_keeps_its_bits_at_every_batch_size_under_a_hostile_blas(tin
     assert torch.equal(_at(score, rows.flip(0), 256).flip(0), base)
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name,mode", CASES)
+@pytest.mark.parametrize("name,mode,path", GRID)
 def test_a_whole_response_keeps_its_bits_whatever_rows_share_its_batch_under_a_hostile_blas(tiny_models, name, mode,
                                                                                           path, hostile):
     lm, head, split = _setup(tiny_models, name, mode)

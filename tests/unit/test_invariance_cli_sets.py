@@ -11,18 +11,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from tests.hostile_blas import HostileBLAS
 
 PROMPT = "What, in one word, is the greatest thing ever?"
 WORDS = ["love", "peace", "the", "music", "of", "freedom", "and", "a", "very", "good", "thing", "ever"]
-
-
-@pytest.fixture
-def hostile(device):
-    if device.type != "cpu":
-        pytest.skip("the double runs on the CPU")
-    with HostileBLAS() as mode:
-        yield mode
 
 
 def _responses_file(tmp_path, n: int, longest: int = 25):

@@ -82,7 +82,8 @@ def test_cached_scores_equal_the_models_own_forward(families, name, mode):
     lm = families[name]
     split = prompt_split(lm, mode, PROMPT, None, ScoringOptions(), len(lm.tokenizer))
     scorer = PrefixScorer(lm.model, make_head(lm, mode), split.prefix_ids)
-    assert scorer.shared is None  # these families take the plain cache path
+    # Mistral and Cohere take the plain cache path; Phi-3 and Granite the shared-prefix attention (issue 71)
+    assert (scorer.shared is None) == (name.split("-")[0] in ("mistral", "cohere"))
     rows = _rows(lm.tokenizer, split.suffix_ids, 16, 4, seed=5)
     got = scorer.score(rows)
     want = torch.tensor([_own_score(lm.model, lm.kind, list(split.prefix_ids) + r, len(split.prefix_ids))

@@ -152,17 +152,21 @@ def test_a_social_run_refuses_a_resume_with_other_settings(tiny_dirs, social_run
 
 def test_a_social_run_cut_inside_a_data_set_scores_only_the_chunks_it_lacks(tiny_dirs, social_run, tmp_path,
                                                                            monkeypatch):
-    """Cut before chunk 2 (every chunk kept as it finishes): the kept chunks 0 and 1 (the short one) are read back,
+    """Cut as it keeps chunk 2 (every chunk kept as it finishes; chunks 1 and 2 scored in one window): the kept chunks 0 and 1 (the short one) are read back,
     only chunk 2 is scored, and the table is the uninterrupted run's, bitwise."""
     from probe.commands.social import main
 
     data, run = social_run
     monkeypatch.setattr("probe.social.scoring.FLUSH_ROWS", 1)
-    original = _interrupt_after(monkeypatch, "probe.core.scoring.AdaptiveBatcher:run", 2)
+    _interrupt_after(monkeypatch, "probe.runs.rundir.RunDir:write_chunks", 2)
     assert main(social_args(tiny_dirs, data, tmp_path / "cut")) == 130
     (cut,) = (tmp_path / "cut").glob("*/social_*")
     kept = {p.name: len(np.load(p)["scores"]) for p in (cut / "checkpoints" / "000").glob("chunks_*.npz")}
     assert kept == {"chunks_000000.npz": 256, "chunks_000001.npz": 6}
+    monkeypatch.undo()
+    from probe.core.scoring import AdaptiveBatcher
+
+    original = AdaptiveBatcher.run
     rows = []  # the rows each chunk scored on resume (the record of rows_scored is counted, not measured)
 
     def counted(self, fn, cont, *a, **k):

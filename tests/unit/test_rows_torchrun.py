@@ -192,9 +192,10 @@ def test_two_ranks_resume_a_social_run_killed_mid_data_set(tiny_dirs, tmp_path, 
 
     assert main(social_args(tmp_path, tiny_dirs, "one")) == 0
     (a,) = (tmp_path / "one").glob("*/social_*")
-    # rank 1 scores crows chunk 1, then the pairs' chunks 1, 3, 5, ...: it dies before chunk 5
+    # rank 1 scores crows chunk 1, then the pairs' chunks 1, 3, 5, ... (one window of rows packed together), keeping
+    # each chunk as it finishes: it dies before it keeps chunk 5 (its 4th write)
     killed_torchrun(tmp_path, "probe.commands.social", social_args(tmp_path, tiny_dirs, "cut"), 1, 4,
-                    "probe.core.scoring:AdaptiveBatcher.run", "import probe.social.scoring as s; s.FLUSH_ROWS = 1")
+                    "probe.runs.rundir:RunDir.write_chunks", "import probe.social.scoring as s; s.FLUSH_ROWS = 1")
     (cut,) = (tmp_path / "cut").glob("*/social_*")
     chunks = {n: p for n, p in files(cut).items() if n.startswith("checkpoints/001/")}
     assert {"checkpoints/001/chunks_000001.npz", "checkpoints/001/chunks_000003.npz"} <= chunks.keys()
