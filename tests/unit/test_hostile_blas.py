@@ -192,3 +192,21 @@ def _fresh(model):
     out.__dict__.update(model.__dict__)
     out.__dict__.pop("_rm_row_check", None)
     return out
+
+
+def test_an_explanation_keeps_its_bits_among_other_items_under_a_hostile_blas(tiny_models, hostile):
+    """`probe explain`: every forward (the decomposition, patching on the prefix cache, AtP, integrated gradients)
+    holds rows of one item only, in calls whose shape is set by the item and the run's settings: 'Love' explained
+    alone and among other responses keeps its bits under a BLAS that rounds by the row count."""
+    import probe
+
+    lm = tiny_models["llama-lm"]
+    kw = dict(score="logprob", baseline="the cat", heads=True, ig_steps=12, batch_size=5)
+    alone = probe.explain(lm, None, PROMPT, ["Love"], **kw)["responses"][0]
+    among = probe.explain(lm, None, PROMPT, ["freedom", "Love", "Love and peace"], **kw)["responses"][1]
+    assert among["response"] == alone["response"] == "Love"
+    for key in ("score", "components", "heads", "rest_items"):
+        assert among[key] == alone[key], key
+    for key in ("effects", "direct_difference", "atp"):
+        assert among["patching"][key] == alone["patching"][key], key
+    assert among["integrated_gradients"]["attributions"] == alone["integrated_gradients"]["attributions"]
