@@ -254,9 +254,35 @@ def architecture(config) -> str:
     return (getattr(config, "architectures", None) or [type(config).__name__.removesuffix("Config")])[0]
 
 
+# the hybrids' and state-space models' own model types: before transformers 5.5 each kept its own cache class (and the
+# Mamba models none in their output), with no shared-prefix rule here; some of their configs name no layer types then
+HYBRID_MODEL_TYPES = ("jamba", "mamba", "mamba2", "falcon_mamba", "bamba", "falcon_h1", "zamba", "zamba2", "nemotron_h",
+                      "granitemoehybrid", "lfm2", "lfm2_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
+                      "qwen3_5_moe_text", "minimax", "olmo_hybrid", "kimi_linear")
+UNIFIED_CACHE = "5.5"  # the first transformers with cache_utils' LinearAttentionLayer (the unified hybrid cache)
+
+
+def require_unified_cache(config) -> None:
+    """`UnsupportedCache` (one line, before any weights) for a hybrid or state-space model under a transformers that
+    predates the unified linear-attention cache: its prefix state cannot be given to every row there."""
+    if _LINEAR is not None:
+        return
+    import transformers
+
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kinds = {getattr(config, "model_type", None), getattr(text, "model_type", None)}
+    types = set(getattr(text, "layer_types", None) or ())
+    if kinds & set(HYBRID_MODEL_TYPES) or types - set(ATTENTION_TYPES + NOTHING_TYPES):
+        raise UnsupportedCache(
+            f"{architecture(config)}: a hybrid linear-attention or state-space model needs transformers >= "
+            f"{UNIFIED_CACHE} (its unified linear-attention cache); this is {transformers.__version__}: "
+            f"pip install -U 'transformers>={UNIFIED_CACHE}'")
+
+
 def plan(config) -> PrefixReuse:
     """How rows of a model of ``config`` continue a shared prefix (module doc); `UnsupportedCache` for a layer type
     without a rule."""
+    require_unified_cache(config)
     types = layer_types(config)
     counts: dict[str, int] = {}
     for t in types:

@@ -91,3 +91,22 @@ def test_gemma4_with_shared_key_value_layers_stays_on_the_cache_path(tokenizers)
     model = tiny_hybrid.build("gemma4_shared_kv", tok)
     assert model.config.model_type == "gemma4_text" and not supported(model)
     assert scoring_path(_loaded(model, tok, kind="causal")) == "cache"
+
+
+@pytest.mark.parametrize("config_class", ["JambaConfig", "Qwen3NextConfig", "MambaConfig", "LlamaConfig"])
+def test_a_hybrid_under_a_transformers_without_the_unified_cache_is_refused_in_one_line(config_class, monkeypatch):
+    """Before transformers 5.5 each hybrid kept a cache class of its own (the Mamba models none in their output): the
+    prefix state had no rule, and the runs failed with tracebacks deep in the engine (transformers 5.2, CI's lowest
+    column). Now the plan refuses them from the config alone, naming the version to install; a plain decoder passes."""
+    from probe.core import cache
+
+    monkeypatch.setattr(cache, "_LINEAR", None)  # what transformers 5.2 has (natively None there)
+    config = getattr(transformers, config_class)()
+    if config_class == "LlamaConfig":
+        assert cache.plan(config).path == "cache"
+        return
+    with pytest.raises(cache.UnsupportedCache) as err:
+        cache.plan(config)
+    line = str(err.value)
+    assert "\n" not in line and f"needs transformers >= {cache.UNIFIED_CACHE}" in line
+    assert f"this is {transformers.__version__}" in line and "pip install -U" in line
