@@ -369,6 +369,7 @@ ROUND_8 = [
   ("the why section's prompt words by signed attribution", "probe/report/why.py", 'best = sorted(zip(toks, g["attributions"]), key=lambda kv: -abs(kv[1]))[:top]', 'best = sorted(zip(toks, g["attributions"]), key=lambda kv: -kv[1])[:top]', _WHY8),
   ("an odd sweep's middle token best and worst", "probe/attribution/inputs.py", "    n = min(top, df.height // 2)", "    n = min(top, (df.height + 1) // 2)", f"tests/unit/test_explain.py::test_a_sweeps_best_and_worst_tokens_are_explained_with_the_sweeps_scores {_X8}::test_top_at_its_edges_with_a_sweeps_run"),
   ("the mean's normaliser not divided", "probe/attribution/readers.py", 'items = {"log_softmax_normaliser": float(-lse.sum() / n),', 'items = {"log_softmax_normaliser": float(-lse.sum()),', _PARTS8),
+  ("a linear head's bias left out of rest", "probe/attribution/readers.py", 'u[None].clone().cpu(), score, lambda normed: {"head_bias": b},', 'u[None].clone().cpu(), score, lambda normed: {"head_bias": 0.0},', f"tests/unit/test_explain.py::test_parts_sum_to_the_score_the_engine_gives_on_every_tiny_family {_X8}::test_rest_items_of_a_reward_head_with_a_bias_by_hand"),
   ("the heads' closure from the first layer", "probe/attribution/direct.py", "if bound > 0 and gap / bound >= (worst / allowed if allowed else 0):", "if bound > 0 and not allowed:", f"tests/unit/test_explain.py::test_heads_sum_to_their_layers_attention_part {_X8}::test_every_responses_parts_heads_and_closure_by_hand_in_a_batch"),
 ]
 

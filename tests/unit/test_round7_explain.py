@@ -244,17 +244,27 @@ def test_rest_items_of_every_reduction_by_hand_on_a_soft_capped_model(tiny_model
         assert abs(r["check"]["closure"]) <= r["check"]["closure_tolerance"]
 
 
-def test_rest_items_of_a_reward_head_by_hand(tiny_models):
-    """A linear reward head: rest is its bias (none on this head) and the two roundings; the parts by hand sum with
-    rest to the hand's score."""
+def test_rest_items_of_a_reward_head_with_a_bias_by_hand(tiny_models):
+    """A linear reward head with a bias: rest is that bias and the two roundings; the parts by hand sum with rest
+    to the hand's score (the model's own logit, bias included)."""
+    import copy
+    from dataclasses import replace
+
     lm = tiny_models["llama-rm"]
+    model = copy.deepcopy(lm.model)
+    old = model.score
+    model.score = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        model.score.weight.copy_(old.weight)
+        model.score.bias.fill_(0.375)
+    model.requires_grad_(False)
+    lm = replace(lm, model=model)
     out = probe.explain(lm, None, PROMPT, ["Love", "the cat"], score="reward", ig_steps=0, patch=False)
     items = _items(lm, "reward", ["Love", "the cat"])
-    assert lm.model.score.bias is None
     for r in out["responses"]:
         want = _by_hand(lm, "reward", items[r["response"]])
         assert set(r["rest_items"]) == {"head_bias", "residual_rounding", "final_norm_rounding"}
-        assert r["rest_items"]["head_bias"] == 0.0
+        assert r["rest_items"]["head_bias"] == 0.375
         size = sum(want["sizes"].values())
         assert abs(r["rest"] - (want["score"] - sum(want["components"].values()))) <= \
             _tol(size, want["d"], 1) + r["check"]["closure_tolerance"] + 8 * EPS * abs(want["score"])
