@@ -8,6 +8,7 @@ time, and check that the tests named beside each fail on it.
     python -m experiments.planted_bugs --round 5  # the newest families and features: planted_bugs_round5.md
     python -m experiments.planted_bugs --round 6  # issue 67's: the families' limits and options, planted_bugs_round6.md
     python -m experiments.planted_bugs --round 7  # issue 74's: intervals, torchrun's counts, options' edges: round7.md
+    python -m experiments.planted_bugs --round 8 --results experiments/results/planted_bugs_round8_explain.md  # explain
     python -m experiments.planted_bugs --round 5 --side after  # the after column again, the before one kept
     python -m experiments.planted_bugs --round 3 --only "DPO split one id late"  # that row again, the others kept
 
@@ -328,6 +329,51 @@ ROUND_7 = [
 ]
 
 
+# Round 8 (issue 74, its part on probe explain): one-line slips in explain's own code (probe/attribution/*,
+# probe/report/why.py): the difference of two responses, the pooled and per-response agreements and their intervals,
+# integrated gradients' rule (nodes, halving, panels, the floor of the target, the baseline), a sweep's --top, the
+# mean's rest items, the heads' closure and the why section's bars and words. Targets: the existing test nearest the
+# code and the round's own (tests/unit/test_round7_explain.py).
+BEFORE_ROUND_8 = "31a21ca"
+_X8 = "tests/unit/test_round7_explain.py"
+_DIFF8 = ("tests/unit/test_explain_exact.py::test_half_precision_explanations_are_true_to_their_bound "
+          f"{_X8}::test_the_difference_of_exactly_two_responses_by_hand")
+_AGREE8 = ("tests/unit/test_explain_patching.py::test_components_and_heads_are_compared_within_one_level "
+           "tests/unit/test_explain_patching.py::test_agreements_carry_n_and_an_interval_and_verdicts_need_enough_pairs "
+           f"{_X8}::test_agreements_over_the_right_pairs_by_hand")
+_IG8 = ("tests/unit/test_explain.py::test_integrated_gradients_reach_their_target_and_say_so "
+        f"{_X8}::test_integrated_gradients_rule_points_and_completeness_by_hand")
+_WHY8 = ("tests/unit/test_explain.py::test_the_command_writes_explain_json_with_the_scores_probe_score_gives "
+         f"{_X8}::test_the_why_sections_bars_and_words_are_explain_jsons_numbers")
+_PARTS8 = ("tests/unit/test_explain.py::test_parts_sum_to_the_score_the_engine_gives_on_every_tiny_family "
+           f"{_X8}::test_every_responses_parts_heads_and_closure_by_hand_in_a_batch "
+           f"{_X8}::test_rest_items_of_every_reduction_by_hand_on_a_soft_capped_model")
+ROUND_8 = [
+  ("two responses have no difference", "probe/attribution/explain.py", "    if len(records) < 2:\n        return None", "    if len(records) < 3:\n        return None", _DIFF8),
+  ("the difference's lower is the last given", "probe/attribution/explain.py", '    lo = min(records, key=lambda r: r["score"])', "    lo = records[-1]", _DIFF8),
+  ("the difference's bound the larger item's", "probe/attribution/explain.py", '"bound": hi["check"]["bound"] + lo["check"]["bound"]}}', '"bound": max(hi["check"]["bound"], lo["check"]["bound"])}}', _DIFF8),
+  ("pooled direct differences are the effects", "probe/attribution/explain.py", 'got["direct"].append(p.direct_difference[k])', 'got["direct"].append(p.effects[k])', _AGREE8),
+  ("pooled AtP from the direct differences", "probe/attribution/explain.py", 'got["atp"].append(p.atp[k])', 'got["atp"].append(p.direct_difference[k])', _AGREE8),
+  ("n_pairs counts the responses", "probe/attribution/explain.py", '"n_pairs": comp.get("n", 0), "levels": levels}', '"n_pairs": len(per), "levels": levels}', _AGREE8),
+  ("the median per response is the mean", "probe/attribution/explain.py", "float(np.median([p for p in per if p is not None]))", "float(np.mean([p for p in per if p is not None]))", _AGREE8),
+  ("Spearman's interval with Pearson's variance", "probe/attribution/patching.py", "half = 1.959964 * math.sqrt((1 + r * r / 2) / (n - 3))", "half = 1.959964 * math.sqrt(1 / (n - 3))", _AGREE8),
+  ("a response's AtP agreement over the direct differences", "probe/attribution/patching.py", 'out[lev]["atp_vs_patching"] = agreement([p.atp[k] for k in keys], eff)', 'out[lev]["atp_vs_patching"] = agreement([p.direct_difference[k] for k in keys], eff)', _AGREE8),
+  ("Gauss-Legendre nodes at the thirds", "probe/attribution/ig.py", "GL2 = (np.array([-1.0, 1.0]) / math.sqrt(3.0),", "GL2 = (np.array([-1.0, 1.0]) / 3.0,", _IG8),
+  ("a log panel halved at its arithmetic middle", "probe/attribution/ig.py", "mid = math.sqrt(self.a * self.b) if self.log else (self.a + self.b) / 2", "mid = (self.a + self.b) / 2", _IG8),
+  ("attributions without the baseline's embeddings", "probe/attribution/ig.py", "attr = ((x - x0)[0] * q).sum(-1)[pos]", "attr = (x[0] * q).sum(-1)[pos]", _IG8),
+  ("the target without the rounding floor", "probe/attribution/ig.py", "goal = max(target * abs(gap), floor)", "goal = target * abs(gap)", _IG8),
+  ("a token's path in 8 panels whatever the points", "probe/attribution/ig.py", "n = max(1, min(8, steps // 2))", "n = 8", _IG8),
+  ("the zero path's floor at the smallest normal, not its root", "probe/attribution/ig.py", "lo = min(0.1, math.sqrt(torch.finfo(dtype).tiny) / span)", "lo = min(0.1, torch.finfo(dtype).tiny / span)", _IG8),
+  ("the MLP bars drawn from the attention parts", "probe/report/why.py", 'mlp = [components.get(f"L{i}.mlp", 0.0) for i in layers]', 'mlp = [components.get(f"L{i}.attn", 0.0) for i in layers]', _WHY8),
+  ("the why section's largest parts by signed value", "probe/report/why.py", "big = sorted(comps.items(), key=lambda kv: -abs(kv[1]))[:top]", "big = sorted(comps.items(), key=lambda kv: -kv[1])[:top]", _WHY8),
+  ("the why section's prompt words by signed attribution", "probe/report/why.py", 'best = sorted(zip(toks, g["attributions"]), key=lambda kv: -abs(kv[1]))[:top]', 'best = sorted(zip(toks, g["attributions"]), key=lambda kv: -kv[1])[:top]', _WHY8),
+  ("an odd sweep's middle token best and worst", "probe/attribution/inputs.py", "    n = min(top, df.height // 2)", "    n = min(top, (df.height + 1) // 2)", f"tests/unit/test_explain.py::test_a_sweeps_best_and_worst_tokens_are_explained_with_the_sweeps_scores {_X8}::test_top_at_its_edges_with_a_sweeps_run"),
+  ("the mean's normaliser not divided", "probe/attribution/readers.py", 'items = {"log_softmax_normaliser": float(-lse.sum() / n),', 'items = {"log_softmax_normaliser": float(-lse.sum()),', _PARTS8),
+  ("a linear head's bias left out of rest", "probe/attribution/readers.py", 'u[None].clone().cpu(), score, lambda normed: {"head_bias": b},', 'u[None].clone().cpu(), score, lambda normed: {"head_bias": 0.0},', f"tests/unit/test_explain.py::test_parts_sum_to_the_score_the_engine_gives_on_every_tiny_family {_X8}::test_rest_items_of_a_reward_head_with_a_bias_by_hand"),
+  ("the heads' closure from the first layer", "probe/attribution/direct.py", "if bound > 0 and gap / bound >= (worst / allowed if allowed else 0):", "if bound > 0 and not allowed:", f"tests/unit/test_explain.py::test_heads_sum_to_their_layers_attention_part {_X8}::test_every_responses_parts_heads_and_closure_by_hand_in_a_batch"),
+]
+
+
 def run_tests(copy: Path, tests: str, env: dict, deselect: tuple[str, ...] = ()) -> tuple[bool, str]:
     skip = " ".join(f"--deselect '{t}'" for t in deselect)
     proc = subprocess.run(f"{sys.executable} -m pytest -q -x -p no:cacheprovider {skip} {tests}", shell=True, cwd=copy,
@@ -345,7 +391,8 @@ def failing_without_a_bug(copy: Path, tests: str, env: dict) -> tuple[str, ...]:
 
 
 ROUNDS = {2: (ROUND_2, BEFORE_ROUND_2), 3: (ROUND_3, BEFORE_ROUND_3), 4: (ROUND_4, BEFORE_ROUND_4),
-          5: (ROUND_5, BEFORE_ROUND_5), 6: (ROUND_6, BEFORE_ROUND_6), 7: (ROUND_7, BEFORE_ROUND_7)}
+          5: (ROUND_5, BEFORE_ROUND_5), 6: (ROUND_6, BEFORE_ROUND_6), 7: (ROUND_7, BEFORE_ROUND_7),
+          8: (ROUND_8, BEFORE_ROUND_8)}
 
 # what a results file says below its table: round 4's check of the two bugs issue 57 names, planted by hand
 NOTES = {4: [
@@ -522,7 +569,7 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5, 6, 7), default=1)
+    parser.add_argument("--round", type=int, choices=(1, 2, 3, 4, 5, 6, 7, 8), default=1)
     parser.add_argument("--only", action="append", default=[], metavar="BUG",
                         help="rounds 2-7: rerun this bug (by name) alone, keeping the results file's other rows")
     parser.add_argument("--results", type=Path, help="rounds 2-7: the results file (default: "
