@@ -112,9 +112,11 @@ class Pack:
 
 
 def plan(rows: list[tuple[int, int, int]], length: int, device: torch.device, prefix: SharedPrefix | None = None,
-         pool: PrefixPool | None = None) -> Pack:
+         pool: PrefixPool | None = None, softcap: bool = True) -> Pack:
     """The attention groups of a tile holding ``rows`` ((start, n, prefix index in ``pool``) each, n >= 1) in
-    ``length`` positions: one ``prefix`` for all, or a ``pool`` of prefixes."""
+    ``length`` positions: one ``prefix`` for all, or a ``pool`` of prefixes. ``softcap``: the model caps its attention
+    logits (a tanh over the whole scores tensor, whose scalar tail on a CPU no scored row may sit in: `tail_rows`
+    padding rows after each group's); the softmax and the products are row by row, and need none."""
     from probe.core.invariance import fixed_groups, group_rows, tail_rows
 
     pack = Pack(length, prefix, pool)
@@ -124,7 +126,7 @@ def plan(rows: list[tuple[int, int, int]], length: int, device: torch.device, pr
         by_key.setdefault((attention_bucket(n), width), []).append(r)
     for (size, width), members in by_key.items():
         per = max(1, group_rows(device) // size)
-        for group, real in fixed_groups(members, per, tail_rows(size, device)):  # a soft-cap's tanh: no row in its tail
+        for group, real in fixed_groups(members, per, tail_rows(size, device) if softcap else 0):
             index, src, dst = [], [], []
             for slot, r in enumerate(group):
                 start, n, _ = rows[r]

@@ -24,7 +24,7 @@ from probe.core.invariance import (buckets, check_device, cpu_activations, fixed
                                    tile_rows)
 from probe.core.packing import (Tiles, TileFill, _as_batch, _on, gather_hidden, layout, pad_rows,  # noqa: F401
                                 run_tiles, token_table)
-from probe.models.attention import require_trained_attention
+from probe.models.attention import require_trained_attention, softcap_of
 
 
 def fit(cont: Tensor, width: int) -> Tensor:
@@ -109,6 +109,7 @@ class PrefixScorer:
             if supported(model):
                 self.shared = SharedPrefix.from_cache(self.cache, self.n_prefix)
         self.packed = self.shared is not None and self.tiles is not None
+        self.softcap = softcap_of(model.config) is not None  # attention groups padded past a tanh's tail (CPU)
         self.layout = "packed" if self.packed else "rows"
         self.fill = TileFill()
         self._layouts: dict = {}  # tile layouts by the rows' lengths, most recent last
@@ -158,7 +159,8 @@ class PrefixScorer:
         key = tuple(n_in)
         where = self._layouts.pop(key, None)
         if where is None:
-            where = layout(n_in, [self.n_prefix] * len(n_in), self.tiles, self.device, cont.device, prefix=self.shared)
+            where = layout(n_in, [self.n_prefix] * len(n_in), self.tiles, self.device, cont.device, prefix=self.shared,
+                           softcap=self.softcap)
         self._layouts[key] = where  # the most recent last
         while len(self._layouts) > 8:
             self._layouts.pop(next(iter(self._layouts)))

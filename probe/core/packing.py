@@ -100,10 +100,11 @@ class Layout:
 
 
 def layout(n_in: Sequence[int], first_position: Sequence[int], size: int, device: torch.device,
-           rows_device: torch.device, prefix=None, pool=None, which: Sequence[int] | None = None) -> Layout:
+           rows_device: torch.device, prefix=None, pool=None, which: Sequence[int] | None = None,
+           softcap: bool = True) -> Layout:
     """The tiles of rows of ``n_in`` ids at positions ``first_position[i]`` onward (`first_fit` into ``size``
     positions), with the packed shared-prefix attention's plan: one ``prefix``, or a ``pool`` and each row's
-    prefix ``which[i]``."""
+    prefix ``which[i]``; ``softcap``: the model caps its attention logits (`plan`)."""
     from probe.kernels.packed_attention import plan
 
     out = Layout(list(n_in), [], [0] * len(n_in), None, None)
@@ -116,7 +117,7 @@ def layout(n_in: Sequence[int], first_position: Sequence[int], size: int, device
             out.start[i] = offset + s
         pos = torch.tensor([first_position[r] + c for r, c in zip(row_of, col_of)], device=device)[None]
         pack = plan([(s, n_in[i], which[i] if which is not None else 0) for i, s in members], length, device,
-                    prefix=prefix, pool=pool)
+                    prefix=prefix, pool=pool, softcap=softcap)
         out.tiles.append((used, length, torch.tensor(row_of, device=rows_device),
                           torch.tensor(col_of, device=rows_device), pos, pack))
         rows_all += row_of
@@ -218,7 +219,7 @@ def score_mixed(scorers: Sequence, rows: Sequence[Sequence[int]], which: Sequenc
     pool = PrefixPool([scorers[k].shared for k in used], device)
     with torch.inference_mode(), cpu_activations(first.model):
         where = layout(n_in, [scorers[w].n_prefix for w in which], first.tiles, device, cont.device, pool=pool,
-                       which=[slot[w] for w in which])
+                       which=[slot[w] for w in which], softcap=first.softcap)
         tiles = run_tiles(first.backbone, device, cont, where, fill)
         table = token_table(tiles, first.head, cont) if getattr(first.head, "reads_tokens", False) else None
         scores = []
