@@ -79,7 +79,7 @@ test-all: venv browser  ## unit + integration tests (CPU, offline), then the ver
 	$(MAKE) --no-print-directory test-matrix
 
 main-tests: venv
-	$(BIN)/python -m pytest tests -q -m "not gpu" $(XDIST)
+	$(BIN)/python -m pytest tests -q -m "not gpu" --durations=25 $(XDIST)
 
 matrix-venvs: $(LOWEST)/.installed $(GPUVENV)/.installed $(KIT)
 
