@@ -376,7 +376,7 @@ def test_integrated_gradients_rule_points_and_completeness_by_hand(tiny_models, 
         else:
             x0[:, :n_prefix] = emb(torch.full((1, n_prefix), tok)).float()
     delta = (x - x0).double()
-    head = make_head(lm, "logprob", ScoringOptions())
+    make_head(lm, "logprob", ScoringOptions())  # (the head the run would build: its construction must not raise)
     pos, targets = list(range(n_prefix - 1, len(it.ids) - 1)), list(it.ids[n_prefix:])
 
     cache: dict = {}
