@@ -88,6 +88,20 @@ def _at(score, rows, batch: int) -> torch.Tensor:
     return torch.cat([score(rows[i : i + batch]).cpu() for i in range(0, len(rows), batch)])
 
 
+def _tight(score, most: int, from_call: int):
+    """``score`` that runs out of memory on a part of more than ``most`` rows from its ``from_call``-th call on (as a
+    GPU does once the batch outgrows it): the batcher halves and scores the same rows again, smaller."""
+    calls = {"n": 0}
+
+    def tight(part):
+        calls["n"] += 1
+        if len(part) > most and calls["n"] >= from_call:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return score(part)
+
+    return tight
+
+
 def _responses(tok, split, n: int, seed: int, longest: int = 20) -> list[list[int]]:
     """``n`` responses of 1 to ``longest`` ids (some of them special tokens), each with the template's closing ids."""
     rng = random.Random(seed)
@@ -163,16 +177,8 @@ def test_an_out_of_memory_halving_changes_no_bit(tiny_models):
     rows = sweep_rows(np.arange(len(lm.tokenizer)), split.suffix_ids)
     sc = PrefixScorer(lm.model, head, split.prefix_ids)
     want = AdaptiveBatcher(256).run(sc.score, rows)
-    calls = {"n": 0}
-
-    def tight(part):
-        calls["n"] += 1
-        if len(part) > 37 and calls["n"] >= 3:
-            raise torch.OutOfMemoryError("CUDA out of memory")
-        return sc.score(part)
-
     batcher = AdaptiveBatcher(256)
-    got = batcher.run(tight, rows)
+    got = batcher.run(_tight(sc.score, 37, 3), rows)
     assert batcher.batch_size == 32 and np.array_equal(got, want)
 
 

@@ -16,7 +16,7 @@ import torch
 
 from probe.core.scoring import AdaptiveBatcher, PairScorer, make_head, reference_head, sweep_rows
 from tests.hostile_blas import HostileBLAS, rows_of, ulps
-from tests.unit.test_batch_invariance import PATHS, PROMPT, _at, _responses, _scorer, _setup
+from tests.unit.test_batch_invariance import PATHS, PROMPT, _at, _responses, _scorer, _setup, _tight
 
 BATCHES = (64, 7, 5, 2)
 CASES = [("llama-rm", "reward"), ("gemma2-rm", "reward"), ("chatml-rm-padeot", "reward"), ("armo-like", "reward"),
@@ -96,15 +96,7 @@ def test_halving_resume_shard_world_size_and_threads_change_no_bit_under_a_hosti
     sc = PrefixScorer(lm.model, head, split.prefix_ids)
     rows = _sweep(lm, split, n=120)
     want = AdaptiveBatcher(256).run(sc.score, rows)
-    calls = {"n": 0}
-
-    def tight(part):
-        calls["n"] += 1
-        if len(part) > 19 and calls["n"] >= 2:
-            raise torch.OutOfMemoryError("CUDA out of memory")
-        return sc.score(part)
-
-    assert np.array_equal(AdaptiveBatcher(77).run(tight, rows), want)  # 77 -> 38 -> 19
+    assert np.array_equal(AdaptiveBatcher(77).run(_tight(sc.score, 19, 2), rows), want)  # 77 -> 38 -> 19
     half = rows.shape[0] // 3
     resumed = np.concatenate([AdaptiveBatcher(13).run(sc.score, rows[:half]),
                               AdaptiveBatcher(256).run(sc.score, rows[half:])])
