@@ -181,11 +181,12 @@ def prefix_state(stack: Stack, prefix: Sequence[int]) -> PrefixState | None:
     """The prefix's KV cache and hidden states, or None where this model's cache cannot be shared (the caller then
     patches whole sequences)."""
     from probe.core.cache import UnsupportedCache, check_replicable
+    from probe.core.engine import output_cache
 
     dev = stack.backbone.get_input_embeddings().weight.device
     with torch.no_grad():
         out = stack.backbone(input_ids=torch.tensor([list(prefix)], device=dev), use_cache=True)
-    cache = out.cache if "cache" in out else out.past_key_values
+    cache = output_cache(out)
     try:
         check_replicable(cache)
     except UnsupportedCache:

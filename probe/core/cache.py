@@ -153,8 +153,9 @@ def replicate(cache, rows: int, autograd: bool = False):
     out.layers = []
     linear = getattr(cache, "linear_cache", None) if _minimax(cache) else None
     for i, layer in enumerate(cache.layers):
-        if linear is not None and i < len(linear) and isinstance(linear[i], torch.Tensor) and _DUMMY is not None:
-            out.layers.append(_DUMMY())  # a lightning layer's never-filled placeholder
+        if linear is not None and i < len(linear) and isinstance(linear[i], torch.Tensor):
+            # a lightning layer's never-filled placeholder
+            out.layers.append(_DUMMY() if _DUMMY is not None else _past_only(cache, rows))
             continue
         rule = rule_for(layer)
         new = copy.copy(layer)  # keeps per-layer state such as the sliding window's cumulative length
@@ -166,6 +167,18 @@ def replicate(cache, rows: int, autograd: bool = False):
     if linear is not None:
         out.linear_cache = [_per_row(x, rows) if isinstance(x, torch.Tensor) else x for x in linear]
     return out
+
+
+def _past_only(cache, rows: int):
+    """A MiniMax lightning layer's placeholder before transformers had `DummyLayer`: an empty `DynamicLayer` there
+    made the first layer report no past, and the model's mask (read from the first layer) then hid the prefix from
+    the full-attention layers (its own continuation, generate's too, was off by 5e-2 on the tests' tiny model). This
+    one reports the prefix's length through zero-stride keys that no layer reads."""
+    like = next(x.keys for x in cache.layers if x.is_initialized and x.keys is not None and x.keys.numel())
+    new = cu.DynamicLayer()
+    new.keys = new.values = like.new_zeros(()).expand(rows, 1, like.shape[-2], 1)
+    new.dtype, new.device, new.is_initialized = like.dtype, like.device, True
+    return new
 
 
 def row_state_bytes(cache) -> int:
@@ -194,8 +207,10 @@ STATE_TYPES = ("linear_attention", "conv")
 BOTH_TYPES = ("hybrid", "hybrid_sliding")
 NOTHING_TYPES = ("dummy", "moe", "mlp")
 # layer types whose model is scored whole (each sequence through its own forward), and why
-FULL_PATH_TYPES = {"indexed_attention": "indexed sparse attention (DynamicIndexedLayer): its indexer keeps the top-k "
-                                        "keys of the whole sequence, which a cached continuation does not reproduce"}
+_INDEXED_WHY = ("indexed sparse attention (DynamicIndexedLayer): its indexer keeps the top-k keys of the whole "
+                "sequence, which a cached continuation does not reproduce")
+# (DeepSeek V3.2's layers were "deepseek_sparse_attention" before transformers named the kind "indexed_attention")
+FULL_PATH_TYPES = {"indexed_attention": _INDEXED_WHY, "deepseek_sparse_attention": _INDEXED_WHY}
 
 
 @dataclass(frozen=True)

@@ -52,10 +52,21 @@ def backbone_of(model: torch.nn.Module) -> torch.nn.Module:
 
 def cache_keyword(module: torch.nn.Module) -> str:
     """The forward's name for a KV cache: ``cache`` from transformers 5.2x on (``past_key_values`` is deprecated
-    there, to be removed in 5.40), ``past_key_values`` before and in remote code."""
+    there, to be removed in 5.40), ``cache_params`` in the state-space models (Mamba) before that, and
+    ``past_key_values`` elsewhere (older releases and remote code)."""
     import inspect
 
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+    params = inspect.signature(module.forward).parameters
+    return next((k for k in ("cache", "cache_params") if k in params), "past_key_values")
+
+
+def output_cache(out):
+    """The cache a forward with ``use_cache=True`` returned, under whichever name this transformers and this model
+    give it (`cache_keyword`'s three)."""
+    for key in ("cache", "past_key_values", "cache_params"):
+        if out.get(key) is not None:
+            return out[key]
+    raise TypeError(f"{type(out).__name__} returned no cache (fields: {', '.join(out.keys())})")
 
 
 def _assemble(parts: list[tuple[list[int], Tensor]], n: int) -> Tensor:
@@ -98,7 +109,7 @@ class PrefixScorer:
         self.prefix = torch.tensor(list(prefix_ids), device=self.device)[None]
         with torch.no_grad(), cpu_activations(model):  # not inference_mode: GCG back-propagates through this cache
             out = self.backbone(input_ids=self.prefix, use_cache=True)
-        self.cache = out.cache if "cache" in out else out.past_key_values  # renamed in transformers 5.2x
+        self.cache = output_cache(out)
         check_replicable(self.cache)
         self.prefix_hidden: Float[Tensor, "p d"] = out.last_hidden_state[0]
         head.prepare(list(prefix_ids), self.prefix_hidden)

@@ -169,14 +169,14 @@ def measured_cache(config, n_prefix: int, n_in: int, dtype: torch.dtype) -> tupl
     cache), measured on the meta device: the peak of 2 rows minus that of 1. None where the model does not run
     there."""
     from probe.core.cache import check_replicable, continue_prefix, plan, row_state_bytes
-    from probe.core.engine import cache_keyword
+    from probe.core.engine import cache_keyword, output_cache
 
     try:
         backbone = _meta_backbone(config, dtype)
         stepwise = plan(config).steps(n_in)
         with torch.no_grad():
             out = backbone(input_ids=torch.zeros(1, n_prefix, dtype=torch.long, device="meta"), use_cache=True)
-            cache = out.cache if "cache" in out else out.past_key_values
+            cache = output_cache(out)
             check_replicable(cache)
             peaks = []
             for rows in (1, 2):

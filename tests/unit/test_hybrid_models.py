@@ -186,15 +186,14 @@ def test_mamba1_continues_one_token_at_a_time(hybrid, name):
     """Mamba-1's selective scan starts a multi-token call from a zero state: the continuation as one call is wrong
     (the reason for the rule), one token at a time equals the full forward."""
     from probe.core.cache import continue_prefix
-    from probe.core.engine import backbone_of, cache_keyword
+    from probe.core.engine import backbone_of, cache_keyword, output_cache
 
     lm = hybrid(name)
     bb = backbone_of(lm.model)
     prefix = torch.arange(5, 45)[None]
     cont = torch.tensor([[7, 8, 9, 10, 11]])
     with torch.no_grad():
-        cache = bb(input_ids=prefix, use_cache=True)
-        cache = cache.cache if "cache" in cache else cache.past_key_values
+        cache = output_cache(bb(input_ids=prefix, use_cache=True))
         ref = bb(input_ids=torch.cat([prefix, cont], 1), use_cache=False).last_hidden_state[:, 40:]
         whole = continue_prefix(bb, cache_keyword(bb), cache, 40, cont)
         steps = continue_prefix(bb, cache_keyword(bb), cache, 40, cont, stepwise=True)
@@ -346,6 +345,7 @@ def test_the_dry_run_plans_a_hybrid_row_with_its_state(tokenizers, tmp_path, cap
     """--dry-run from the config alone: the cache path, the layers, the per-row state in the bytes per row."""
     from probe.commands.score import main
     from probe.core.cache import row_state_bytes
+    from probe.core.engine import output_cache
     from probe.models.dryrun import plan as dry_plan
 
     _arch("qwen3_5")
@@ -360,5 +360,5 @@ def test_the_dry_run_plans_a_hybrid_row_with_its_state(tokenizers, tmp_path, cap
     p = dry_plan(str(tmp_path / "model"), torch.float32, 16.0, "reward", device_type="cpu")
     model = tiny_hybrid.build("qwen3_5", tok)
     with torch.no_grad():
-        cache = model.model(input_ids=torch.arange(3, 51)[None], use_cache=True).cache
+        cache = output_cache(model.model(input_ids=torch.arange(3, 51)[None], use_cache=True))
     assert p["path"] == "cache" and p["bytes_per_row"] > row_state_bytes(cache) > 0
