@@ -84,6 +84,16 @@ def first_fit(n_in: Sequence[int], size: int, device) -> list[tuple[int, int, li
     return [(used, length, members) for used, length, members in tiles]
 
 
+def last_partial(n_in: Sequence[int], size: int, device) -> list[int]:
+    """The rows `first_fit` puts in its last tile of ``size`` positions where that tile is not full: a caller with
+    more rows to come lets them wait for its next tiles (taking them out leaves every other row where it was: the
+    rows placed after them never reached that tile). [] where every tile is full or there is only one."""
+    tiles = [t for t in first_fit(n_in, size, device) if t[1] == size]
+    if len(tiles) < 2 or tiles[-1][0] == size:
+        return []
+    return sorted(i for i, _ in tiles[-1][2])
+
+
 @dataclass
 class Layout:
     """Where rows of given lengths go in their tiles, as device tensors built once (a sweep's batches all share one;

@@ -9,7 +9,7 @@ falls back to the longest prefix its item's options share.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,7 @@ import torch
 from probe.config import ScoreMode, ScoringOptions
 from probe.core.engine import pad_rows
 from probe.core.invariance import tile_rows
-from probe.core.packing import score_mixed
+from probe.core.packing import last_partial, score_mixed
 from probe.core.paper_method import common_prefix
 from probe.core.responses import second_order_from_text
 from probe.core.scoring import AdaptiveBatcher, build_scorer, check_rows, conversation, make_head
@@ -70,28 +70,16 @@ class ChunkFiles:
 FLUSH_ROWS = 256  # a process keeps its finished chunks in a file each time this many rows have finished
 
 
-def _windows(mine: list[int], chunks: list, size: int) -> list[list[int]]:
-    """This process's chunks, in order, cut into windows of about ``size`` rows (scored together, the window's prefix
-    caches kept while it is)."""
-    out, rows = [[]], 0
-    for c in mine:
-        if rows >= size:
-            out.append([])
-            rows = 0
-        out[-1].append(c)
-        rows += len(chunks[c][1])
-    return [w for w in out if w]
-
-
 def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: ScoringOptions = ScoringOptions(),
                 system: str | None = None, batch_size: int | None = None, verify: int = 4, progress=None,
                 dist: Dist = Dist(), keep: ChunkFiles | None = None, fill=None) -> pl.DataFrame | None:
     """One row per item x option: dataset, domain, source file, item_id, the data set's own example id, social
     group, option, label, score, gold, undesirable, text, and the item's prompt (what `probe trace --social` reads).
 
-    Each prefix's rows, sorted by length, are cut into chunks of 256; a process scores its chunks in windows of about
-    ``batch_size`` rows (None: the device's tile, `probe.core.invariance.tile_rows`), the rows of a window's many
-    prompts packed together into full tiles (`score_mixed`; ``fill``, a `TileFill`, counts how full the tiles were);
+    Each prefix's rows, sorted by length, are cut into chunks of 256; a process scores its chunks' rows in windows of
+    at most ``batch_size`` rows (None: the device's tile, `probe.core.invariance.tile_rows`), the rows of a window's
+    many prompts packed together into full tiles (`score_mixed`; ``fill``, a `TileFill`, counts how full the tiles
+    were); the rows of a window's last tile, where it is not full, wait for the next window's;
     the first two rows of the first chunks are self-checked. With ``keep`` the finished chunks are kept in
     the run folder as they finish (every `FLUSH_ROWS` rows of a process) and the chunks kept there are not scored
     again. Under torchrun (``dist``) the chunks left to score are dealt to the ranks by their cost (`deal`: rows
@@ -116,26 +104,44 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
     # chunk and a data set's long options no longer pile up on one rank; every batch is still a single process's
     costs = [float(len(chunks[c][1]) * max(len(r[2]) for r in chunks[c][1])) for c in left]
     mine = [left[k] for k in deal(costs, dist.world)[dist.rank]]
-    for window in _windows(mine, chunks, batch_size):
-        # the window's rows, of many prompts, packed together into full tiles (probe/core/packing.py): each row's
-        # bits are its own whatever shares its tile, so windows, batches and ranks change no score
-        built = {p: built[p] for p in {chunks[c][0] for c in window} if p in built}  # keep only this window's caches
-        for c in window:
-            prefix = chunks[c][0]
+    queue = deque((c, k) for c in mine for k in range(len(chunks[c][1])))  # (chunk, its row)
+    got = {c: np.empty(len(chunks[c][1]), dtype=np.float32) for c in mine}
+    waiting = {c: len(chunks[c][1]) for c in mine}
+    tile = tile_rows(loaded.device)
+    while queue:
+        # a window of rows, of many prompts, packed together into full tiles (probe/core/packing.py): each row's bits
+        # are its own whatever shares its tile, so windows, batches and ranks change no score
+        window = [queue.popleft() for _ in range(min(batch_size, len(queue)))]
+        prefixes = list(dict.fromkeys(chunks[c][0] for c, _ in window))
+        built = {p: built[p] for p in prefixes if p in built}  # keep only this window's caches
+        for prefix in prefixes:
             if prefix not in built:
                 head = make_head(loaded, mode, opts, response_in_prefix=scored[prefix])
                 built[prefix] = (head, build_scorer(loaded, head, list(prefix)))
-        order = list(built)
-        scorers = [built[p][1] for p in order]
-        rows = [(order.index(chunks[c][0]), r[2]) for c in window for r in chunks[c][1]]
-        index = torch.arange(len(rows))
-        flat = batcher.run(lambda sel: score_mixed(scorers, [rows[i][1] for i in sel.tolist()],
-                                                   [rows[i][0] for i in sel.tolist()], fill), index)
-        at = 0
-        for c in window:
+        slot = {p: j for j, p in enumerate(built)}
+        scorers = [sc for _, sc in built.values()]
+        if queue and tile and all(getattr(sc, "packed", False) for sc in scorers):
+            # the rows of a last tile left part empty wait for the next window's tiles (every tile full but the
+            # run's last: `last_partial`)
+            drop = int(scorers[0].head.drops_last_input)
+            later = set(last_partial([max(0, len(chunks[c][1][k][2]) - drop) for c, k in window], tile,
+                                     loaded.device))
+            queue.extendleft(reversed([window[i] for i in sorted(later)]))
+            window = [w for i, w in enumerate(window) if i not in later]
+        rows = [chunks[c][1][k][2] for c, k in window]
+        which = [slot[chunks[c][0]] for c, _ in window]
+        flat = batcher.run(lambda sel: score_mixed(scorers, [rows[i] for i in sel.tolist()],
+                                                   [which[i] for i in sel.tolist()], fill),
+                           torch.arange(len(rows)))
+        finished = []
+        for (c, k), v in zip(window, flat):
+            got[c][k] = v
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                finished.append(c)
+        for c in finished:
             prefix, part = chunks[c]
-            out = flat[at : at + len(part)]
-            at += len(part)
+            out = got.pop(c)
             if 2 * c < verify:
                 head, scorer = built[prefix]
                 cont, lengths = pad_rows([r[2] for r in part[:2]])

@@ -202,3 +202,35 @@ def test_an_explanation_keeps_its_bits_among_other_items_under_a_hostile_blas(ti
     for key in ("effects", "direct_difference", "atp"):
         assert among["patching"][key] == alone["patching"][key], key
     assert among["integrated_gradients"]["attributions"] == alone["integrated_gradients"]["attributions"]
+
+
+def test_social_windows_fill_every_tile_but_the_last_and_keep_every_rows_bits(tiny_models, hostile, monkeypatch):
+    """Windows of a few rows over tiles of 64 positions: the rows of a window's last tile, where it is not full, wait
+    for the next window (probe/social/scoring.py), so every tile but the run's last holds more than 64 - s positions
+    (s: the longest row; first fit opens a tile only for a row that fits in no other), and the scores are the bits of
+    one window holding every row."""
+    import probe.core.packing as packing
+    from probe.social.items import Item
+    from probe.social.scoring import score_items
+
+    monkeypatch.setenv("RM_PROBE_TILE_ROWS", "64")
+    lm = tiny_models["llama-rm"]
+    words = ["the doctor", "the nurse", "nobody", "a person from far away", "someone", "the old man who sat there"]
+    items = [Item("synthetic", "bias", str(i), f"Question {i % 5}: who did it?",
+                  (words[i % 6], words[(i + 1) % 6], words[(i + 2) % 6] + " and so on" * (i % 3)), ("a", "b", "c"),
+                  gold=2, undesirable=0) for i in range(30)]
+    want = score_items(lm, "reward", items, batch_size=10_000, verify=0)["score"].to_list()
+    calls = []
+    real = packing.layout
+
+    def spy(n_in, *args, **kw):
+        out = real(n_in, *args, **kw)
+        calls.append((max(n_in), [(used, length) for used, length, *_ in out.tiles]))
+        return out
+
+    monkeypatch.setattr(packing, "layout", spy)
+    got = score_items(lm, "reward", items, batch_size=20, verify=0)["score"].to_list()
+    assert got == want and len(set(want)) > 20
+    tiles = [(s, used) for s, call in calls for used, length in call if length == 64]
+    assert len(calls) >= 4 and len(tiles) > len(calls)
+    assert all(used > 64 - s for s, used in tiles[:-1]), tiles
