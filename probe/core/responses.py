@@ -23,6 +23,7 @@ import polars as pl
 
 from probe.config import ScoreMode, ScoringOptions
 from probe.core.engine import pad_rows
+from probe.core.packing import full_tile_batches
 from probe.core.scoring import AdaptiveBatcher, build_scorer, check_rows, conversation, make_head
 from probe.core.template import TemplateSplit, render, split_template
 from probe.core.vocab import control_token_ids
@@ -153,8 +154,10 @@ def score_rows(loaded: LoadedModel, mode: ScoreMode, rows: ResponseRows, indices
             continue
         head = make_head(loaded, mode, opts, response_in_prefix=rows.head_offset(prefix))
         scorer = build_scorer(loaded, head, list(prefix))
-        for s in range(0, len(members), batcher.batch_size):
-            part = members[s : s + batcher.batch_size]
+        tile = scorer.tiles if getattr(scorer, "packed", False) else None
+        drop = int(head.drops_last_input)
+        for part in full_tile_batches(members, lambda: batcher.batch_size,
+                                      lambda i: len(rows.continuations[i]) - drop, tile, loaded.device):
             cont, lengths = pad_rows([rows.continuations[i] for i in part])
             out[part] = batcher.run(scorer.score, cont, lengths=lengths, progress=progress)
         n_check = min(verify, len(members))

@@ -9,7 +9,7 @@ falls back to the longest prefix its item's options share.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,7 @@ import torch
 from probe.config import ScoreMode, ScoringOptions
 from probe.core.engine import pad_rows
 from probe.core.invariance import tile_rows
-from probe.core.packing import last_partial, score_mixed
+from probe.core.packing import full_tile_batches, score_mixed
 from probe.core.paper_method import common_prefix
 from probe.core.responses import second_order_from_text
 from probe.core.scoring import AdaptiveBatcher, build_scorer, check_rows, conversation, make_head
@@ -104,14 +104,14 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
     # chunk and a data set's long options no longer pile up on one rank; every batch is still a single process's
     costs = [float(len(chunks[c][1]) * max(len(r[2]) for r in chunks[c][1])) for c in left]
     mine = [left[k] for k in deal(costs, dist.world)[dist.rank]]
-    queue = deque((c, k) for c in mine for k in range(len(chunks[c][1])))  # (chunk, its row)
     got = {c: np.empty(len(chunks[c][1]), dtype=np.float32) for c in mine}
     waiting = {c: len(chunks[c][1]) for c in mine}
-    tile = tile_rows(loaded.device)
-    while queue:
-        # a window of rows, of many prompts, packed together into full tiles (probe/core/packing.py): each row's bits
-        # are its own whatever shares its tile, so windows, batches and ranks change no score
-        window = [queue.popleft() for _ in range(min(batch_size, len(queue)))]
+    drop = int(make_head(loaded, mode, opts, response_in_prefix=next(iter(scored.values()), 0)).drops_last_input)
+    # windows of rows, of many prompts, packed together into full tiles (probe/core/packing.py): each row's bits are
+    # its own whatever shares its tile, so windows, batches and ranks change no score
+    for window in full_tile_batches([(c, k) for c in mine for k in range(len(chunks[c][1]))],
+                                    lambda: batcher.batch_size, lambda ck: len(chunks[ck[0]][1][ck[1]][2]) - drop,
+                                    tile_rows(loaded.device), loaded.device):
         prefixes = list(dict.fromkeys(chunks[c][0] for c, _ in window))
         built = {p: built[p] for p in prefixes if p in built}  # keep only this window's caches
         for prefix in prefixes:
@@ -120,14 +120,6 @@ def score_items(loaded: LoadedModel, mode: ScoreMode, items: list[Item], opts: S
                 built[prefix] = (head, build_scorer(loaded, head, list(prefix)))
         slot = {p: j for j, p in enumerate(built)}
         scorers = [sc for _, sc in built.values()]
-        if queue and tile and all(getattr(sc, "packed", False) for sc in scorers):
-            # the rows of a last tile left part empty wait for the next window's tiles (every tile full but the
-            # run's last: `last_partial`)
-            drop = int(scorers[0].head.drops_last_input)
-            later = set(last_partial([max(0, len(chunks[c][1][k][2]) - drop) for c, k in window], tile,
-                                     loaded.device))
-            queue.extendleft(reversed([window[i] for i in sorted(later)]))
-            window = [w for i, w in enumerate(window) if i not in later]
         rows = [chunks[c][1][k][2] for c, k in window]
         which = [slot[chunks[c][0]] for c, _ in window]
         flat = batcher.run(lambda sel: score_mixed(scorers, [rows[i] for i in sel.tolist()],

@@ -35,7 +35,7 @@ def _arch(name: str):
 
     if not tiny_hybrid.available(name):
         pytest.skip(f"this transformers has no {tiny_hybrid.ARCHS[name][1]}")
-    if cache._LINEAR is None and name in cache.HYBRID_MODEL_TYPES:
+    if not cache.HAS_UNIFIED and name in cache.HYBRID_MODEL_TYPES:
         pytest.skip(f"transformers < {cache.UNIFIED_CACHE}: a hybrid is refused in one line there "
                     "(tests/unit/test_shared_prefix_coverage.py)")
 

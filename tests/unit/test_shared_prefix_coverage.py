@@ -97,10 +97,11 @@ def test_gemma4_with_shared_key_value_layers_stays_on_the_cache_path(tokenizers)
 def test_a_hybrid_under_a_transformers_without_the_unified_cache_is_refused_in_one_line(config_class, monkeypatch):
     """Before transformers 5.5 each hybrid kept a cache class of its own (the Mamba models none in their output): the
     prefix state had no rule, and the runs failed with tracebacks deep in the engine (transformers 5.2, CI's lowest
-    column). Now the plan refuses them from the config alone, naming the version to install; a plain decoder passes."""
+    column); up to 5.14 some families still did (experiments/results/versions_hybrid.md). Now the plan refuses them
+    from the config alone, naming the version to install; a plain decoder passes."""
     from probe.core import cache
 
-    monkeypatch.setattr(cache, "_LINEAR", None)  # what transformers 5.2 has (natively None there)
+    monkeypatch.setattr(cache, "HAS_UNIFIED", False)  # what transformers 5.2 to 5.14 have (natively False there)
     config = getattr(transformers, config_class)()
     if config_class == "LlamaConfig":
         assert cache.plan(config).path == "cache"
@@ -109,4 +110,5 @@ def test_a_hybrid_under_a_transformers_without_the_unified_cache_is_refused_in_o
         cache.plan(config)
     line = str(err.value)
     assert "\n" not in line and f"needs transformers >= {cache.UNIFIED_CACHE}" in line
+    assert cache.UNIFIED_CACHE == "5.15"
     assert f"this is {transformers.__version__}" in line and "pip install -U" in line
