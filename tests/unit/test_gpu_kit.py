@@ -168,7 +168,7 @@ def test_the_result_page_names_every_number(tmp_path):
         assert text in page, text
 
 
-def test_the_paper_study_projection_reproduces_the_measured_sweeps(tmp_path):
+def test_the_paper_study_projection_reproduces_the_measured_sweeps(tmp_path, paper_release):
     """experiments/project_paper_study.py projects each of the paper's ten models from the GPU run's bench.json: for
     the two shapes the run measured (Llama-3.1-8B, Gemma-2-27B) the projection must give back the measured seconds
     (FLOPs, vocabulary and new tokens per row as the benchmark counted them), and the totals are the rows' sums."""
