@@ -298,7 +298,7 @@ def require_unified_cache(config) -> None:
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     kinds = {getattr(config, "model_type", None), getattr(text, "model_type", None)}
     types = set(getattr(text, "layer_types", None) or ())
-    if kinds & set(HYBRID_MODEL_TYPES) or types - set(ATTENTION_TYPES + NOTHING_TYPES):
+    if kinds & set(HYBRID_MODEL_TYPES) or types - set(ATTENTION_TYPES + NOTHING_TYPES) - set(FULL_PATH_TYPES):
         raise UnsupportedCache(
             f"{architecture(config)}: a hybrid linear-attention or state-space model needs transformers >= "
             f"{UNIFIED_CACHE} (the first whose hybrid caches continue a prefix exactly); this is {transformers.__version__}: "
