@@ -374,3 +374,14 @@ def lmunit_folder(folder: Path, family: str, spread: float = 1.0) -> Path:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def social_items(n: int, prompts: int = 4) -> list:
+    """``n`` synthetic three-option social items over ``prompts`` questions, options of 1 to 20 words (the
+    batch-invariance tests' social rows)."""
+    from probe.social.items import Item
+
+    words = ["the doctor", "the nurse", "nobody", "a person from far away", "someone", "the old man who sat there"]
+    return [Item("synthetic", "bias", str(i), f"Question {i % prompts}: who did it?",
+                 (words[i % 6], words[(i + 1) % 6], words[(i + 2) % 6] + " and so on" * (i % 3)), ("a", "b", "c"),
+                 gold=2, undesirable=0) for i in range(n)]

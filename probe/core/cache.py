@@ -301,7 +301,8 @@ def require_unified_cache(config) -> None:
     if kinds & set(HYBRID_MODEL_TYPES) or types - set(ATTENTION_TYPES + NOTHING_TYPES) - set(FULL_PATH_TYPES):
         raise UnsupportedCache(
             f"{architecture(config)}: a hybrid linear-attention or state-space model needs transformers >= "
-            f"{UNIFIED_CACHE} (the first whose hybrid caches continue a prefix exactly); this is {transformers.__version__}: "
+            f"{UNIFIED_CACHE} (the first whose hybrid caches continue a prefix exactly); "
+            f"this is {transformers.__version__}: "
             f"pip install -U 'transformers>={UNIFIED_CACHE}'")
 
 

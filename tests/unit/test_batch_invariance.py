@@ -26,6 +26,7 @@ from probe.config import ScoringOptions
 from probe.core.engine import FullSequenceScorer, PrefixScorer
 from probe.core.scoring import AdaptiveBatcher, PairScorer, conversation, make_head, reference_head, sweep_rows
 from probe.core.template import split_template
+from tests import tiny
 
 pytestmark = pytest.mark.parity
 PROMPT = "What, in one word, is the greatest thing ever?"
@@ -202,15 +203,11 @@ def test_gcg_reports_the_score_its_result_has_alone_and_searches_alike_at_any_ba
 
 
 def test_social_items_have_the_same_bits_at_every_batch_size(tiny_models):
-    from probe.social.items import Item
     from probe.social.scoring import score_items
 
     lm = tiny_models["llama-rm"]
     _claimed(lm)
-    words = ["the doctor", "the nurse", "nobody", "a person from far away", "someone", "the old man who sat there"]
-    items = [Item("synthetic", "bias", str(i), f"Question {i % 4}: who did it?",
-                  (words[i % 6], words[(i + 1) % 6], words[(i + 2) % 6] + " and so on" * (i % 3)), ("a", "b", "c"),
-                  gold=2, undesirable=0) for i in range(18)]
+    items = tiny.social_items(18)
     want = score_items(lm, "reward", items, batch_size=64, verify=0)["score"].to_list()
     assert len(set(want)) > 10
     for batch in (5, 1):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from probe.core.scoring import AdaptiveBatcher, PairScorer, make_head, reference_head, sweep_rows
+from tests import tiny
 from tests.hostile_blas import HostileBLAS, rows_of, ulps
 from tests.unit.test_batch_invariance import PATHS, PROMPT, _at, _responses, _scorer, _setup, _tight
 
@@ -148,14 +149,10 @@ def test_gcg_and_the_beam_search_alike_at_any_batch_size_under_a_hostile_blas(ti
 
 
 def test_social_items_keep_their_bits_at_every_batch_size_under_a_hostile_blas(tiny_models, hostile):
-    from probe.social.items import Item
     from probe.social.scoring import score_items
 
     lm = tiny_models["gemma2-rm"]
-    words = ["the doctor", "the nurse", "nobody", "a person from far away", "someone", "the old man who sat there"]
-    items = [Item("synthetic", "bias", str(i), f"Question {i % 4}: who did it?",
-                  (words[i % 6], words[(i + 1) % 6], words[(i + 2) % 6] + " and so on" * (i % 3)), ("a", "b", "c"),
-                  gold=2, undesirable=0) for i in range(12)]
+    items = tiny.social_items(12)
     want = score_items(lm, "reward", items, batch_size=64, verify=0)["score"].to_list()
     assert len(set(want)) > 8
     for batch in (5, 1):
@@ -210,15 +207,11 @@ def test_social_windows_fill_every_tile_but_the_last_and_keep_every_rows_bits(ti
     (s: the longest row; first fit opens a tile only for a row that fits in no other), and the scores are the bits of
     one window holding every row."""
     import probe.core.packing as packing
-    from probe.social.items import Item
     from probe.social.scoring import score_items
 
     monkeypatch.setenv("RM_PROBE_TILE_ROWS", "64")
     lm = tiny_models["llama-rm"]
-    words = ["the doctor", "the nurse", "nobody", "a person from far away", "someone", "the old man who sat there"]
-    items = [Item("synthetic", "bias", str(i), f"Question {i % 5}: who did it?",
-                  (words[i % 6], words[(i + 1) % 6], words[(i + 2) % 6] + " and so on" * (i % 3)), ("a", "b", "c"),
-                  gold=2, undesirable=0) for i in range(30)]
+    items = tiny.social_items(30, prompts=5)
     want = score_items(lm, "reward", items, batch_size=10_000, verify=0)["score"].to_list()
     calls = []
     real = packing.layout
