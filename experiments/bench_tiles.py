@@ -17,6 +17,7 @@ token rows computed) for each workload.
 
     python -m experiments.bench_tiles --baseline /tmp/before [--repeats 3] [--threads 1]
     -> experiments/results/bench_tiles_cpu.json and .md
+    python -m experiments.bench_tiles --baseline /tmp/before --only responses   # that row again, the others kept
 """
 
 from __future__ import annotations
@@ -131,6 +132,14 @@ def main(argv=None) -> int:
                          "this_cpu_s": statistics.median(p["this_cpu_s"] for p in pairs),
                          "before_cpu_s": statistics.median(p["before_cpu_s"] for p in pairs),
                          "fill": pairs[-1]["fill"]}
+    old = OUT / "bench_tiles_cpu.json"
+    if args.only and old.is_file():  # the other workloads' rows kept, each naming the commits it ran on
+        kept = json.loads(old.read_text())
+        for work, r in kept["results"].items():
+            r.setdefault("commits", kept["commits"])
+        results = {w: results.get(w) or kept["results"][w] for w in WORKLOADS if w in results or w in kept["results"]}
+    for r in results.values():
+        r.setdefault("commits", commits)
     out = {"machine": platform.processor() or platform.machine(), "threads": args.threads, "commits": commits,
            "repeats": args.repeats, "results": results}
     OUT.mkdir(parents=True, exist_ok=True)
@@ -141,13 +150,13 @@ def main(argv=None) -> int:
              f"{args.threads} thread(s), engine loop only, process CPU seconds (this shared 2-core VM's wall times "
              "spread by 15% or more between identical runs). Ratio: this tree over the tree before, median of the "
              "pairs. Fill: token rows scored over token rows computed in this tree's fixed-shape forwards.", "",
-             "| workload | this tree s | before s | ratio (median) | pairs' ratios | tile fill |",
-             "|---|---|---|---|---|---|"]
+             "| workload | this tree s | before s | ratio (median) | pairs' ratios | tile fill | commit |",
+             "|---|---|---|---|---|---|---|"]
     for work, r in results.items():
         ratios = ", ".join(f"{p['ratio']:.3f}" for p in r["pairs"])
         fill = "-" if r["fill"] is None else f"{r['fill']:.3f}"
         lines.append(f"| {WORKLOADS[work]} | {r['this_cpu_s']:.2f} | {r['before_cpu_s']:.2f} | "
-                     f"{r['median_ratio']:.3f} | {ratios} | {fill} |")
+                     f"{r['median_ratio']:.3f} | {ratios} | {fill} | {r['commits']['this']} |")
     (OUT / "bench_tiles_cpu.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
