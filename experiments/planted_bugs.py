@@ -355,7 +355,7 @@ ROUND_8 = [
   ("pooled direct differences are the effects", "probe/attribution/explain.py", 'got["direct"].append(p.direct_difference[k])', 'got["direct"].append(p.effects[k])', _AGREE8),
   ("pooled AtP from the direct differences", "probe/attribution/explain.py", 'got["atp"].append(p.atp[k])', 'got["atp"].append(p.direct_difference[k])', _AGREE8),
   ("n_pairs counts the responses", "probe/attribution/explain.py", '"n_pairs": comp.get("n", 0), "levels": levels}', '"n_pairs": len(per), "levels": levels}', _AGREE8),
-  ("the median per response is the mean", "probe/attribution/explain.py", "float(np.median([p for p in per if p is not None]))", "float(np.mean([p for p in per if p is not None]))", _AGREE8),
+  ("the median per response is the mean", "probe/attribution/explain.py", "float(np.median([p for p in per if p is not None]))", "float(np.mean([p for p in per if p is not None]))", f"{_AGREE8} {_X8}::test_the_median_per_response_is_a_median_not_a_mean"),
   ("Spearman's interval with Pearson's variance", "probe/attribution/patching.py", "half = 1.959964 * math.sqrt((1 + r * r / 2) / (n - 3))", "half = 1.959964 * math.sqrt(1 / (n - 3))", _AGREE8),
   ("a response's AtP agreement over the direct differences", "probe/attribution/patching.py", 'out[lev]["atp_vs_patching"] = agreement([p.atp[k] for k in keys], eff)', 'out[lev]["atp_vs_patching"] = agreement([p.direct_difference[k] for k in keys], eff)', _AGREE8),
   ("Gauss-Legendre nodes at the thirds", "probe/attribution/ig.py", "GL2 = (np.array([-1.0, 1.0]) / math.sqrt(3.0),", "GL2 = (np.array([-1.0, 1.0]) / 3.0,", _IG8),

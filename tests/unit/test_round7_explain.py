@@ -342,6 +342,27 @@ def test_agreements_over_the_right_pairs_by_hand(tiny_models):
     assert ag["n_pairs"] == 3 * 5
 
 
+def test_the_median_per_response_is_a_median_not_a_mean(tiny_models, monkeypatch):
+    """The tiny models' patched responses all agree at Spearman 1, where a mean and a median are one number: here each
+    response's agreement is set to one of three skewed values (0.1, -0.6, 0.9: median 0.1, mean 0.133), and the
+    summary must be their median, over exactly those responses."""
+    import probe.attribution.explain as ex
+
+    values = iter([0.1, -0.6, 0.9])
+    real = ex.agreements
+
+    def skewed(p):
+        out = real(p)
+        out["components"]["direct_vs_patching"]["spearman"] = next(values)
+        return out
+
+    monkeypatch.setattr(ex, "agreements", skewed)
+    out = probe.explain(tiny_models["llama-lm"], None, PROMPT, ["Love", "the cat", "freedom", "Love and peace"],
+                        score="logprob", ig_steps=0, batch_size=16)
+    ag = out["agreement"]
+    assert ag["per_response"] == [0.1, -0.6, 0.9] and ag["median_per_response"] == 0.1
+
+
 def _gl_panel(a, b, log):
     """Two Gauss-Legendre nodes and weights on [a, b], in alpha or in log alpha (then d alpha = alpha d log alpha)."""
     t, w = np.array([-1, 1]) / math.sqrt(3), np.array([1.0, 1.0])
