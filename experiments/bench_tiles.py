@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     (OUT / "bench_tiles_cpu.json").write_text(json.dumps(out, indent=1) + "\n")
     lines = ["# Batch invariance by construction: its cost on the CPU, and its tiles' fill", "",
              f"`python -m experiments.bench_tiles --baseline <checkout of {commits['before']}>` on {commits['this']}: "
-             f"each workload in a fresh process per tree, the trees alternating, {args.repeats} pairs, "
+             "each workload in a fresh process per tree, the trees alternating, the pairs listed in its row, "
              f"{args.threads} thread(s), engine loop only, process CPU seconds (this shared 2-core VM's wall times "
              "spread by 15% or more between identical runs). Ratio: this tree over the tree before, median of the "
              "pairs. Fill: token rows scored over token rows computed in this tree's fixed-shape forwards.", "",
