@@ -362,3 +362,22 @@ def test_the_dry_run_plans_a_hybrid_row_with_its_state(tokenizers, tmp_path, cap
     with torch.no_grad():
         cache = output_cache(model.model(input_ids=torch.arange(3, 51)[None], use_cache=True))
     assert p["path"] == "cache" and p["bytes_per_row"] > row_state_bytes(cache) > 0
+
+
+def test_minimax_placeholders_before_dummy_layers_keep_the_prefix(hybrid, monkeypatch):
+    """Before transformers had `DummyLayer` (5.17, the GPU machine's), MiniMax's lightning layers sat on empty
+    layers that reported no past, and the model's mask then hid the prefix: rm-probe's placeholders report its length
+    (`_past_only`). Here on this transformers with `DummyLayer` taken away: still the model's own forward."""
+    from probe.core import cache
+
+    lm = hybrid("minimax")
+    _, split = _setup(lm, "minimax")
+    rows = sweep_rows(np.arange(0, 300, 23), split.suffix_ids)
+    monkeypatch.setattr(cache, "_DUMMY", None)
+    fast = PrefixScorer(lm.model, make_head(lm, "reward"), split.prefix_ids)
+    replica = cache.replicate(fast.cache, 3)
+    assert all(layer.get_seq_length() == fast.n_prefix for layer in replica.layers)
+    own = FullSequenceScorer(lm.model, make_head(lm, "reward"), split.prefix_ids, batch_size=1)
+    ref = own.score(rows)
+    assert ref.std() > 1e-3
+    _close(fast.score(rows).cpu(), ref)
